@@ -1,0 +1,96 @@
+//! `postbox`: the transactional outbox for PostgreSQL, from the command line.
+
+mod commands;
+mod config;
+mod db;
+mod demo;
+mod pgcluster;
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Transactional outbox for PostgreSQL: deliver every committed event, at least once.
+#[derive(Parser, Debug)]
+#[command(name = "postbox", version, propagate_version = true)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Settings every command shares. A flag beats its environment variable, which
+/// beats the config file.
+#[derive(Args, Debug, Clone)]
+pub struct Global {
+    /// PostgreSQL connection URL, e.g. postgres://user@host:5432/db
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Schema holding postbox's tables [default: postbox]
+    #[arg(long, env = "POSTBOX_SCHEMA", global = true)]
+    pub schema: Option<String>,
+    /// TOML config file (see README: Configuration)
+    #[arg(long, env = "POSTBOX_CONFIG", global = true)]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create or upgrade postbox's schema (idempotent; safe to run concurrently)
+    Migrate,
+    /// Enqueue one event (in its own transaction) and print its id
+    Enqueue(commands::EnqueueArgs),
+    /// Deliver committed events to a sink
+    Relay(commands::RelayArgs),
+    /// Show counts by status and the oldest pending age
+    Status(commands::StatusArgs),
+    /// Run the whole flow on a throwaway database: shop orders, relay, idempotent consumer
+    Demo(demo::DemoArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(commands::run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {}", report(e.as_ref()));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// An error and its chain of causes on one line, without repeats.
+pub fn report(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    postbox_relay::redact::mask_secrets(&text)
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("POSTBOX_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}

@@ -1,0 +1,165 @@
+//! Relay settings: data, validated once at start-up with errors that name the field.
+
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// A setting is out of range; `field` is its path in the config file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid configuration: {field}: {reason}")]
+pub struct ConfigError {
+    pub field: String,
+    pub reason: String,
+}
+
+impl ConfigError {
+    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// How the relay claims, publishes and retries (`[relay]` in the config file).
+/// Durations are written like `500ms`, `30s`, `10m`.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelayConfig {
+    /// Events claimed under one lease and handed to the sink at once (1–10000).
+    pub batch_size: u32,
+    /// Longest wait between two claims when no notification arrives.
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// How long a claim is owned before any relay may reclaim it. Must exceed
+    /// `publish_timeout`: a publish still running when its lease expires may be
+    /// delivered twice.
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+    /// Longest wait for the sink to answer a batch; then the batch is retried.
+    #[serde(with = "humantime_serde")]
+    pub publish_timeout: Duration,
+    /// Delivery attempts before an event becomes a dead letter (`failed`).
+    pub max_attempts: i32,
+    /// First retry delay; doubles per attempt up to `backoff_max`, with full jitter.
+    #[serde(with = "humantime_serde")]
+    pub backoff_base: Duration,
+    /// Longest retry delay (also caps a destination's `Retry-After`).
+    #[serde(with = "humantime_serde")]
+    pub backoff_max: Duration,
+    /// How often expired leases are looked for.
+    #[serde(with = "humantime_serde")]
+    pub rescue_interval: Duration,
+    /// LISTEN for the outbox's insert notifications to claim without waiting for the next poll.
+    pub listen: bool,
+    /// On SIGTERM/SIGINT, how long in-flight batches may take to finish before the relay exits anyway.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: 500,
+            poll_interval: Duration::from_secs(1),
+            lease: Duration::from_secs(60),
+            publish_timeout: Duration::from_secs(30),
+            max_attempts: 20,
+            backoff_base: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(600),
+            rescue_interval: Duration::from_secs(5),
+            listen: true,
+            shutdown_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl RelayConfig {
+    /// Check every setting; the error names the first field out of range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let f = |name: &str| format!("relay.{name}");
+        if !(1..=10_000).contains(&self.batch_size) {
+            return Err(ConfigError::new(
+                f("batch_size"),
+                format!("must be between 1 and 10000, got {}", self.batch_size),
+            ));
+        }
+        let positive = [
+            ("poll_interval", self.poll_interval),
+            ("lease", self.lease),
+            ("publish_timeout", self.publish_timeout),
+            ("backoff_max", self.backoff_max),
+            ("rescue_interval", self.rescue_interval),
+        ];
+        for (name, d) in positive {
+            if d.is_zero() {
+                return Err(ConfigError::new(f(name), "must be greater than zero"));
+            }
+        }
+        if self.lease < Duration::from_secs(1) {
+            return Err(ConfigError::new(f("lease"), "must be at least 1s"));
+        }
+        if self.publish_timeout >= self.lease {
+            return Err(ConfigError::new(
+                f("publish_timeout"),
+                format!(
+                    "must be shorter than relay.lease ({}), or a slow publish could be delivered twice",
+                    humantime::format_duration(self.lease)
+                ),
+            ));
+        }
+        if self.max_attempts < 1 {
+            return Err(ConfigError::new(
+                f("max_attempts"),
+                format!("must be at least 1, got {}", self.max_attempts),
+            ));
+        }
+        if self.backoff_base > self.backoff_max {
+            return Err(ConfigError::new(
+                f("backoff_base"),
+                "must not exceed relay.backoff_max",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        RelayConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases: Vec<(RelayConfig, &str)> = vec![
+            (RelayConfig { batch_size: 0, ..Default::default() }, "relay.batch_size"),
+            (RelayConfig { max_attempts: 0, ..Default::default() }, "relay.max_attempts"),
+            (
+                RelayConfig { publish_timeout: Duration::from_secs(90), ..Default::default() },
+                "relay.publish_timeout",
+            ),
+            (RelayConfig { poll_interval: Duration::ZERO, ..Default::default() }, "relay.poll_interval"),
+        ];
+        for (c, field) in cases {
+            let err = c.validate().unwrap_err();
+            assert_eq!(err.field, field);
+            assert!(err.to_string().starts_with(&format!("invalid configuration: {field}: ")));
+        }
+    }
+
+    #[test]
+    fn parses_from_toml_and_rejects_unknown_fields() {
+        let c: RelayConfig = toml_like(r#"{"batch_size": 10, "lease": "2m", "publish_timeout": "5s"}"#);
+        assert_eq!(c.batch_size, 10);
+        assert_eq!(c.lease, Duration::from_secs(120));
+        let err = serde_json::from_str::<RelayConfig>(r#"{"batch_sise": 1}"#).unwrap_err();
+        assert!(err.to_string().contains("unknown field `batch_sise`"), "{err}");
+    }
+
+    fn toml_like(json: &str) -> RelayConfig {
+        serde_json::from_str(json).unwrap()
+    }
+}

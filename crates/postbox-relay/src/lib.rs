@@ -1,0 +1,21 @@
+//! The postbox relay: claims committed outbox events under leases, publishes
+//! them through a [`Sink`], and settles each one — delivered, retried with
+//! backoff, or dead-lettered — only while its lease still holds.
+//!
+//! Layout: [`store`] holds every SQL statement the relay runs; [`relay`] is the
+//! engine; [`sink`] is the transport boundary and [`sinks`] the transports;
+//! [`cloudevents`] the message body; [`redact`] keeps secrets out of errors.
+
+pub mod backoff;
+pub mod cloudevents;
+pub mod config;
+pub mod redact;
+pub mod relay;
+pub mod sink;
+pub mod sinks;
+pub mod store;
+
+pub use config::{ConfigError, RelayConfig};
+pub use relay::{Relay, RunMode, Stats, StatsSnapshot};
+pub use sink::{Message, Outcome, Sink, SinkError};
+pub use store::Store;

@@ -1,0 +1,525 @@
+//! The relay engine: claim → publish → settle, as three tasks joined by small
+//! bounded channels, plus a rescuer for expired leases and a LISTEN task.
+//!
+//! - The **claimer** claims a batch under a fresh lease (one committed
+//!   statement) and hands it on; while the publisher works it already claims
+//!   the next batch. With a full batch it claims again at once; otherwise it
+//!   waits for a notification, the next due retry, or the poll interval.
+//! - The **publisher** gives each batch to the sink, bounded by
+//!   `publish_timeout`; a sink that panics or overruns yields retries.
+//! - The **settler** acknowledges delivered events and schedules retries or
+//!   dead letters in one statement each, only where the lease token still
+//!   matches; rows no longer held are counted as lost acknowledgements.
+//! - The **rescuer** returns events with expired leases to `pending`.
+//!
+//! No transaction is ever open while a sink publishes.
+
+use crate::backoff;
+use crate::config::{ConfigError, RelayConfig};
+use crate::redact::sanitize_error;
+use crate::sink::{Outcome, Sink};
+use crate::store::{Claim, Failure, Store};
+use futures::FutureExt;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, Notify};
+use tokio_util::sync::CancellationToken;
+
+/// Whether `run` returns when the outbox is empty.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunMode {
+    /// Run until cancelled.
+    Forever,
+    /// Return once nothing is pending or in flight (events waiting for a retry
+    /// or for an expired lease are waited for; dead letters are not), or when cancelled.
+    Drain,
+}
+
+/// Counters since the relay started.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub delivered: AtomicU64,
+    pub retried: AtomicU64,
+    pub dead_lettered: AtomicU64,
+    pub lost_acks: AtomicU64,
+    pub rescued: AtomicU64,
+    pub claimed: AtomicU64,
+}
+
+/// A copy of [`Stats`] at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StatsSnapshot {
+    pub delivered: u64,
+    pub retried: u64,
+    pub dead_lettered: u64,
+    pub lost_acks: u64,
+    pub rescued: u64,
+    pub claimed: u64,
+}
+
+impl Stats {
+    pub fn snapshot(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            delivered: self.delivered.load(Ordering::Relaxed),
+            retried: self.retried.load(Ordering::Relaxed),
+            dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
+            lost_acks: self.lost_acks.load(Ordering::Relaxed),
+            rescued: self.rescued.load(Ordering::Relaxed),
+            claimed: self.claimed.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// One relay process's engine.
+pub struct Relay {
+    store: Store,
+    sink: Arc<dyn Sink>,
+    config: RelayConfig,
+    stats: Arc<Stats>,
+}
+
+/// Shared between the relay's tasks for one `run`.
+struct Shared {
+    store: Store,
+    sink: Arc<dyn Sink>,
+    config: RelayConfig,
+    stats: Arc<Stats>,
+    /// Woken by notifications and by the settler.
+    wake: Notify,
+    /// Batches claimed and not yet settled by this process.
+    in_flight: AtomicUsize,
+    /// Cancelled on SIGTERM: stop claiming, release what was not published.
+    shutdown: CancellationToken,
+}
+
+const DB_RETRY_BASE: Duration = Duration::from_millis(100);
+const DB_RETRY_MAX: Duration = Duration::from_secs(10);
+const RESCUE_LIMIT: i64 = 1000;
+
+impl Relay {
+    /// A relay over `store`, publishing through `sink`; fails if `config` is invalid.
+    pub fn new(store: Store, sink: Arc<dyn Sink>, config: RelayConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self {
+            store,
+            sink,
+            config,
+            stats: Arc::default(),
+        })
+    }
+
+    /// Live counters (for progress reports and metrics).
+    pub fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
+    }
+
+    /// Run until `shutdown` is cancelled (or, in [`RunMode::Drain`], until the
+    /// outbox is empty). On shutdown, claiming stops, the batch being published
+    /// finishes and is settled, claimed batches not yet published are released,
+    /// and `run` returns within `shutdown_timeout`.
+    pub async fn run(&self, mode: RunMode, shutdown: CancellationToken) -> StatsSnapshot {
+        let shared = Arc::new(Shared {
+            store: self.store.clone(),
+            sink: self.sink.clone(),
+            config: self.config.clone(),
+            stats: self.stats.clone(),
+            wake: Notify::new(),
+            in_flight: AtomicUsize::new(0),
+            shutdown,
+        });
+        let background = CancellationToken::new();
+        let (to_publish, publish_rx) = mpsc::channel::<Claim>(1);
+        let (to_settle, settle_rx) = mpsc::channel(4);
+
+        let publisher = tokio::spawn(publish_loop(shared.clone(), publish_rx, to_settle));
+        let settler = tokio::spawn(settle_loop(shared.clone(), settle_rx));
+        let rescuer = tokio::spawn(rescue_loop(shared.clone(), background.clone()));
+        let listener = shared
+            .config
+            .listen
+            .then(|| tokio::spawn(listen_loop(shared.clone(), background.clone())));
+
+        tracing::info!(
+            sink = %shared.sink.describe(),
+            schema = %shared.store.schema(),
+            batch_size = shared.config.batch_size,
+            ?mode,
+            "relay started"
+        );
+        claim_loop(&shared, mode, to_publish).await;
+
+        // The claimer has stopped and dropped its sender: the publisher and the
+        // settler finish what is in their channels, then end.
+        let drained = async {
+            let _ = publisher.await;
+            let _ = settler.await;
+        };
+        if shared.shutdown.is_cancelled() {
+            if tokio::time::timeout(shared.config.shutdown_timeout, drained)
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    timeout = %humantime::format_duration(shared.config.shutdown_timeout),
+                    "in-flight batches did not finish in time; their leases will expire and other relays will redeliver them"
+                );
+            }
+        } else {
+            drained.await;
+        }
+        background.cancel();
+        let _ = rescuer.await;
+        if let Some(l) = listener {
+            let _ = l.await;
+        }
+        let stats = self.stats.snapshot();
+        tracing::info!(?stats, "relay stopped");
+        stats
+    }
+}
+
+async fn claim_loop(shared: &Shared, mode: RunMode, to_publish: mpsc::Sender<Claim>) {
+    let config = &shared.config;
+    let mut db_failures = 0;
+    while !shared.shutdown.is_cancelled() {
+        let claimed = shared
+            .store
+            .claim(i64::from(config.batch_size), config.lease)
+            .await;
+        let claim = match claimed {
+            Ok(c) => {
+                db_failures = 0;
+                c
+            }
+            Err(e) => {
+                db_failures += 1;
+                let delay = backoff::full_jitter(db_failures, DB_RETRY_BASE, DB_RETRY_MAX);
+                tracing::warn!(error = %sanitize_error(&e.to_string()), retry_in = ?delay, "claim failed");
+                wait(shared, delay).await;
+                continue;
+            }
+        };
+        let n = claim.ids.len();
+        if n > 0 {
+            shared.stats.claimed.fetch_add(n as u64, Ordering::Relaxed);
+            shared.in_flight.fetch_add(1, Ordering::SeqCst);
+            if let Err(mpsc::error::SendError(claim)) = to_publish.send(claim).await {
+                // The publisher is gone (it only ends after we do): give the batch back.
+                release(shared, &claim).await;
+                shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+                return;
+            }
+            if n == config.batch_size as usize {
+                continue;
+            }
+        }
+        // A partial or empty batch: nothing more is due right now.
+        let mut delay = config.poll_interval;
+        if n == 0 {
+            match shared.store.next_due().await {
+                Ok(next) => {
+                    let idle = shared.in_flight.load(Ordering::SeqCst) == 0;
+                    if mode == RunMode::Drain && idle && next.pending_in.is_none() && !next.in_flight
+                    {
+                        tracing::info!("outbox drained: nothing pending or in flight");
+                        return;
+                    }
+                    if let Some(due) = next.pending_in {
+                        delay = delay.min(due.max(Duration::from_millis(1)));
+                    }
+                    if mode == RunMode::Drain && next.in_flight && idle {
+                        // Another relay's lease, or an expired one: check back at the rescue pace.
+                        delay = delay.min(config.rescue_interval);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %sanitize_error(&e.to_string()), "checking for due events failed");
+                }
+            }
+        }
+        wait(shared, delay).await;
+    }
+}
+
+/// Sleep for `delay`, or less if woken by a notification or shutdown.
+async fn wait(shared: &Shared, delay: Duration) {
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => {}
+        _ = shared.wake.notified() => {}
+        _ = shared.shutdown.cancelled() => {}
+    }
+}
+
+async fn publish_loop(
+    shared: Arc<Shared>,
+    mut batches: mpsc::Receiver<Claim>,
+    to_settle: mpsc::Sender<(Claim, Vec<Outcome>)>,
+) {
+    while let Some(claim) = batches.recv().await {
+        if shared.shutdown.is_cancelled() {
+            release(&shared, &claim).await;
+            shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+            continue;
+        }
+        let started = Instant::now();
+        let publish = AssertUnwindSafe(shared.sink.publish(&claim.messages)).catch_unwind();
+        let outcomes = match tokio::time::timeout(shared.config.publish_timeout, publish).await {
+            Ok(Ok(outcomes)) if outcomes.len() == claim.messages.len() => outcomes,
+            Ok(Ok(outcomes)) => {
+                let error = format!(
+                    "sink returned {} outcomes for {} events",
+                    outcomes.len(),
+                    claim.messages.len()
+                );
+                tracing::error!(sink = %shared.sink.describe(), "{error}; retrying the batch");
+                vec![Outcome::retry(error); claim.messages.len()]
+            }
+            Ok(Err(_panic)) => {
+                tracing::error!(sink = %shared.sink.describe(), "sink panicked; retrying the batch");
+                vec![Outcome::retry("sink panicked while publishing"); claim.messages.len()]
+            }
+            Err(_elapsed) => {
+                let error = format!(
+                    "publish timed out after {}",
+                    humantime::format_duration(shared.config.publish_timeout)
+                );
+                tracing::warn!(sink = %shared.sink.describe(), "{error}");
+                vec![Outcome::retry(error); claim.messages.len()]
+            }
+        };
+        tracing::debug!(events = claim.ids.len(), elapsed = ?started.elapsed(), "published batch");
+        if to_settle.send((claim, outcomes)).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn settle_loop(shared: Arc<Shared>, mut settled: mpsc::Receiver<(Claim, Vec<Outcome>)>) {
+    while let Some((claim, outcomes)) = settled.recv().await {
+        settle(&shared, &claim, outcomes).await;
+        shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+        shared.wake.notify_one();
+    }
+}
+
+async fn settle(shared: &Shared, claim: &Claim, outcomes: Vec<Outcome>) {
+    let config = &shared.config;
+    let mut delivered = Vec::new();
+    let mut failures = Vec::new();
+    for ((id, message), outcome) in claim.ids.iter().zip(&claim.messages).zip(outcomes) {
+        match outcome {
+            Outcome::Delivered => delivered.push(*id),
+            Outcome::Retry { error, after } => {
+                let delay = after
+                    .unwrap_or_else(|| {
+                        backoff::full_jitter(message.attempt, config.backoff_base, config.backoff_max)
+                    })
+                    .min(config.backoff_max);
+                failures.push(Failure {
+                    id: *id,
+                    reject: false,
+                    delay,
+                    error: sanitize_error(&error),
+                });
+            }
+            Outcome::Reject { error } => {
+                let error = sanitize_error(&error);
+                tracing::warn!(event_id = %message.event_id, event_type = %message.event_type, %error, "rejected by the sink; dead-lettered");
+                failures.push(Failure {
+                    id: *id,
+                    reject: true,
+                    delay: Duration::ZERO,
+                    error,
+                });
+            }
+        }
+    }
+
+    let acked = retry_db(shared, claim, "acknowledging delivered events", || {
+        shared.store.ack_delivered(claim.token, &delivered)
+    })
+    .await;
+    if let Some(acked) = acked {
+        shared
+            .stats
+            .delivered
+            .fetch_add(acked.len() as u64, Ordering::Relaxed);
+        lost(shared, claim, delivered.len() - acked.len(), "delivered");
+    }
+
+    if failures.is_empty() {
+        return;
+    }
+    let settled = retry_db(shared, claim, "scheduling retries", || {
+        shared
+            .store
+            .settle_failed(claim.token, config.max_attempts, &failures)
+    })
+    .await;
+    if let Some(s) = settled {
+        let rejected = failures.iter().filter(|f| f.reject).count();
+        let retried = s.updated.saturating_sub(s.dead_lettered);
+        shared
+            .stats
+            .retried
+            .fetch_add(retried as u64, Ordering::Relaxed);
+        shared
+            .stats
+            .dead_lettered
+            .fetch_add(s.dead_lettered as u64, Ordering::Relaxed);
+        if s.dead_lettered > rejected {
+            tracing::warn!(
+                count = s.dead_lettered - rejected,
+                max_attempts = config.max_attempts,
+                "events exhausted their retry budget and were dead-lettered"
+            );
+        }
+        if retried > 0 {
+            tracing::debug!(count = retried, error = %failures[0].error, "scheduled retries");
+        }
+        lost(shared, claim, failures.len() - s.updated, "failed");
+    }
+}
+
+fn lost(shared: &Shared, claim: &Claim, count: usize, what: &str) {
+    if count > 0 {
+        shared
+            .stats
+            .lost_acks
+            .fetch_add(count as u64, Ordering::Relaxed);
+        tracing::warn!(
+            count,
+            lease = %claim.token,
+            "{what} events were no longer held by this relay's lease (it expired and another claim took them); their state was left to the newer claim"
+        );
+    }
+}
+
+/// Run a settling statement until it succeeds. Gives up when the lease has
+/// surely expired: the rows are then another claim's business (and the events
+/// will be delivered again, which consumers tolerate).
+async fn retry_db<T, F, Fut>(shared: &Shared, claim: &Claim, what: &str, op: F) -> Option<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+{
+    let give_up = Instant::now() + shared.config.lease;
+    let mut failures = 0;
+    loop {
+        match op().await {
+            Ok(v) => return Some(v),
+            Err(e) => {
+                failures += 1;
+                let error = sanitize_error(&e.to_string());
+                if Instant::now() >= give_up {
+                    tracing::error!(%error, lease = %claim.token, "{what} failed until the lease expired; these events will be delivered again");
+                    return None;
+                }
+                let delay = backoff::full_jitter(failures, DB_RETRY_BASE, DB_RETRY_MAX);
+                tracing::warn!(%error, retry_in = ?delay, "{what} failed");
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+async fn release(shared: &Shared, claim: &Claim) {
+    match shared.store.release(claim.token, &claim.ids).await {
+        Ok(n) => tracing::info!(released = n, "released a claimed batch that was not published"),
+        Err(e) => tracing::warn!(
+            error = %sanitize_error(&e.to_string()),
+            "could not release a claimed batch; its lease will expire and it will be redelivered"
+        ),
+    }
+}
+
+async fn rescue_loop(shared: Arc<Shared>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(shared.config.rescue_interval) => {}
+            _ = stop.cancelled() => return,
+        }
+        loop {
+            match shared
+                .store
+                .rescue_expired(shared.config.max_attempts, RESCUE_LIMIT)
+                .await
+            {
+                Ok(r) => {
+                    let n = r.requeued.len() + r.dead_lettered.len();
+                    if n == 0 {
+                        break;
+                    }
+                    shared
+                        .stats
+                        .rescued
+                        .fetch_add(r.requeued.len() as u64, Ordering::Relaxed);
+                    shared
+                        .stats
+                        .dead_lettered
+                        .fetch_add(r.dead_lettered.len() as u64, Ordering::Relaxed);
+                    tracing::warn!(
+                        requeued = r.requeued.len(),
+                        dead_lettered = r.dead_lettered.len(),
+                        "reclaimed events whose lease expired"
+                    );
+                    shared.wake.notify_one();
+                    if (n as i64) < RESCUE_LIMIT {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %sanitize_error(&e.to_string()), "looking for expired leases failed");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+async fn listen_loop(shared: Arc<Shared>, stop: CancellationToken) {
+    let channel = shared.store.schema().notify_channel();
+    let mut failures = 0;
+    while !stop.is_cancelled() {
+        let listener = async {
+            let mut l = sqlx::postgres::PgListener::connect_with(shared.store.pool()).await?;
+            l.listen(&channel).await?;
+            Ok::<_, sqlx::Error>(l)
+        };
+        let mut listener = match listener.await {
+            Ok(l) => l,
+            Err(e) => {
+                failures += 1;
+                let delay = backoff::full_jitter(failures, Duration::from_millis(500), Duration::from_secs(30));
+                tracing::warn!(error = %sanitize_error(&e.to_string()), retry_in = ?delay, "LISTEN failed; polling meanwhile");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => continue,
+                    _ = stop.cancelled() => return,
+                }
+            }
+        };
+        failures = 0;
+        tracing::debug!(%channel, "listening for new events");
+        loop {
+            tokio::select! {
+                n = listener.try_recv() => match n {
+                    Ok(Some(_)) => shared.wake.notify_one(),
+                    Ok(None) => {
+                        // Connection lost: notifications may have been missed.
+                        shared.wake.notify_one();
+                        tracing::warn!("LISTEN connection lost; reconnecting");
+                        break;
+                    }
+                    Err(e) => {
+                        shared.wake.notify_one();
+                        tracing::warn!(error = %sanitize_error(&e.to_string()), "LISTEN failed; reconnecting");
+                        break;
+                    }
+                },
+                _ = stop.cancelled() => return,
+            }
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! The boundary between the relay and every transport.
+//!
+//! A [`Sink`] receives a batch of committed events and answers with exactly one
+//! [`Outcome`] per event, in input order. The contract every sink keeps:
+//!
+//! - **Delivered** means the transport durably accepted the message (a broker
+//!   acknowledgement, a 2xx answer), not merely that a write call returned.
+//! - When in doubt, answer **Retry**: the relay will deliver again with the same
+//!   event id, and consumers deduplicate. Duplicates are allowed; losses are not.
+//! - **Reject** is for a message the destination will never accept as it is; the
+//!   event becomes a dead letter for an operator to inspect and replay.
+//! - Errors in outcomes must not contain credentials; the relay sanitizes them
+//!   again before storing, but a sink should not rely on that.
+//!
+//! Sinks know nothing about Postgres.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde_json::value::RawValue;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// One committed event on its way out.
+#[derive(Clone, Debug)]
+pub struct Message {
+    /// The stable id: the same on every attempt and every replay.
+    pub event_id: Uuid,
+    pub event_type: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub schema_version: i32,
+    /// The payload, as the JSON text that was committed.
+    pub payload: Box<RawValue>,
+    /// Producer-supplied headers, forwarded by transports that carry headers.
+    pub headers: BTreeMap<String, String>,
+    /// When the producing transaction inserted the event.
+    pub created_at: DateTime<Utc>,
+    /// 1 on the first delivery attempt.
+    pub attempt: i32,
+}
+
+/// What happened to one message.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// The transport durably accepted the message.
+    Delivered,
+    /// Not delivered (or not known to be): try again, after `after` when given.
+    Retry {
+        error: String,
+        after: Option<Duration>,
+    },
+    /// The destination will never accept this message: dead-letter it.
+    Reject { error: String },
+}
+
+impl Outcome {
+    /// A retry with no preferred delay.
+    pub fn retry(error: impl Into<String>) -> Self {
+        Outcome::Retry {
+            error: error.into(),
+            after: None,
+        }
+    }
+
+    /// A permanent rejection.
+    pub fn reject(error: impl Into<String>) -> Self {
+        Outcome::Reject {
+            error: error.into(),
+        }
+    }
+}
+
+/// A sink could not be set up or reached.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SinkError {
+    /// The sink's configuration (usually its URL) is invalid; the message names the part.
+    #[error("invalid sink configuration: {0}")]
+    Config(String),
+    /// The destination could not be reached or refused the check.
+    #[error("sink {sink} is unreachable: {reason}")]
+    Unreachable { sink: String, reason: String },
+}
+
+/// A transport the relay publishes to.
+#[async_trait]
+pub trait Sink: Send + Sync + 'static {
+    /// Publish a batch; return exactly one outcome per message, in input order.
+    async fn publish(&self, batch: &[Message]) -> Vec<Outcome>;
+
+    /// Check that the destination is reachable (start-up and readiness).
+    async fn check(&self) -> Result<(), SinkError>;
+
+    /// A description for logs, without credentials (e.g. `redis://127.0.0.1:6379/0 list postbox:{event_type}`).
+    fn describe(&self) -> String;
+}

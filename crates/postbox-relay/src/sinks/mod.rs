@@ -1,0 +1,50 @@
+//! The transports. Each sink is built from a URL (`--sink`) plus the shared
+//! [`SinkOptions`]; [`from_url`] picks the sink by scheme.
+
+pub mod redis;
+pub mod stdout;
+mod template;
+
+pub use template::KeyTemplate;
+
+use crate::sink::{Sink, SinkError};
+use std::sync::Arc;
+
+/// Settings every sink shares.
+#[derive(Clone, Debug, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkOptions {
+    /// The CloudEvents `source` attribute of every message.
+    #[serde(default = "default_source")]
+    pub source: String,
+}
+
+fn default_source() -> String {
+    crate::cloudevents::DEFAULT_SOURCE.to_owned()
+}
+
+impl Default for SinkOptions {
+    fn default() -> Self {
+        Self {
+            source: default_source(),
+        }
+    }
+}
+
+/// Build the sink a URL names: `redis://…`, `rediss://…` or `stdout`.
+pub fn from_url(url: &str, options: &SinkOptions) -> Result<Arc<dyn Sink>, SinkError> {
+    if options.source.is_empty() {
+        return Err(SinkError::Config(
+            "sink.source: the CloudEvents source must not be empty".into(),
+        ));
+    }
+    let scheme = url.split_once(':').map_or(url, |(s, _)| s);
+    match scheme {
+        "stdout" => Ok(Arc::new(stdout::StdoutSink::new(options.clone()))),
+        "redis" | "rediss" => Ok(Arc::new(redis::RedisSink::from_url(url, options.clone())?)),
+        _ => Err(SinkError::Config(format!(
+            "unsupported sink {:?}: expected redis://HOST:PORT[/DB][?mode=list|stream&key=TEMPLATE] or stdout",
+            crate::redact::sanitize_error(scheme)
+        ))),
+    }
+}

@@ -1,0 +1,43 @@
+//! `stdout`: one CloudEvents JSON line per event, for development and piping.
+
+use super::SinkOptions;
+use crate::cloudevents;
+use crate::sink::{Message, Outcome, Sink, SinkError};
+use async_trait::async_trait;
+use std::io::Write;
+
+pub struct StdoutSink {
+    options: SinkOptions,
+}
+
+impl StdoutSink {
+    pub fn new(options: SinkOptions) -> Self {
+        Self { options }
+    }
+}
+
+#[async_trait]
+impl Sink for StdoutSink {
+    async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
+        let mut text = String::new();
+        for m in batch {
+            text.push_str(&cloudevents::to_json(m, &self.options.source));
+            text.push('\n');
+        }
+        // A development sink: a short blocking write is acceptable here.
+        let mut out = std::io::stdout().lock();
+        let written = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+        match written {
+            Ok(()) => vec![Outcome::Delivered; batch.len()],
+            Err(e) => vec![Outcome::retry(format!("writing to stdout failed: {e}")); batch.len()],
+        }
+    }
+
+    async fn check(&self) -> Result<(), SinkError> {
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        "stdout".to_owned()
+    }
+}

@@ -1,0 +1,204 @@
+use crate::Error;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use uuid::Uuid;
+
+/// Longest accepted event type, aggregate type, aggregate id: 255 bytes.
+pub const MAX_NAME_BYTES: usize = 255;
+
+/// An event to enqueue, validated on construction.
+///
+/// Its `event_id` (UUIDv7) is generated here, once: the relay delivers it with
+/// that id on every attempt and every replay, so consumers can deduplicate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewEvent {
+    pub(crate) event_id: Uuid,
+    pub(crate) event_type: String,
+    pub(crate) aggregate_type: String,
+    pub(crate) aggregate_id: String,
+    pub(crate) schema_version: i32,
+    pub(crate) payload: String,
+    pub(crate) headers: String,
+}
+
+impl NewEvent {
+    /// An event of `event_type` about the aggregate (`aggregate_type`, `aggregate_id`),
+    /// carrying `payload` serialized as JSON.
+    pub fn new(
+        event_type: impl Into<String>,
+        aggregate_type: impl Into<String>,
+        aggregate_id: impl Into<String>,
+        payload: &impl Serialize,
+    ) -> Result<Self, Error> {
+        let payload = serde_json::to_string(payload).map_err(Error::Payload)?;
+        Self::from_json(event_type, aggregate_type, aggregate_id, payload)
+    }
+
+    /// Like [`NewEvent::new`] with a payload that is already JSON text (it is
+    /// checked to be valid JSON).
+    pub fn from_json(
+        event_type: impl Into<String>,
+        aggregate_type: impl Into<String>,
+        aggregate_id: impl Into<String>,
+        payload: impl Into<String>,
+    ) -> Result<Self, Error> {
+        let event = Self {
+            event_id: Uuid::now_v7(),
+            event_type: name("event_type", event_type.into())?,
+            aggregate_type: name("aggregate_type", aggregate_type.into())?,
+            aggregate_id: name("aggregate_id", aggregate_id.into())?,
+            schema_version: 1,
+            payload: payload.into(),
+            headers: "{}".to_owned(),
+        };
+        serde_json::from_str::<serde::de::IgnoredAny>(&event.payload).map_err(Error::Payload)?;
+        check_json_text("payload", &event.payload)?;
+        Ok(event)
+    }
+
+    /// Set the payload's schema version (default 1).
+    pub fn schema_version(mut self, version: i32) -> Result<Self, Error> {
+        if version < 1 {
+            return Err(Error::InvalidEvent {
+                field: "schema_version",
+                reason: format!("must be at least 1, got {version}"),
+            });
+        }
+        self.schema_version = version;
+        Ok(self)
+    }
+
+    /// Attach string headers, forwarded by transports that carry headers.
+    pub fn headers<K, V>(mut self, headers: impl IntoIterator<Item = (K, V)>) -> Result<Self, Error>
+    where
+        K: Into<String>,
+        V: Into<String>,
+    {
+        let map: BTreeMap<String, String> = headers
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        for key in map.keys() {
+            if key.is_empty() {
+                return Err(Error::InvalidEvent {
+                    field: "headers",
+                    reason: "contain an empty name".to_owned(),
+                });
+            }
+        }
+        self.headers = serde_json::to_string(&map).map_err(Error::Payload)?;
+        check_json_text("headers", &self.headers)?;
+        Ok(self)
+    }
+
+    /// Use a given event id instead of a fresh UUIDv7 (for example to re-enqueue
+    /// the same logical event from another system).
+    pub fn with_event_id(mut self, event_id: Uuid) -> Self {
+        self.event_id = event_id;
+        self
+    }
+
+    /// The event id consumers will see.
+    pub fn event_id(&self) -> Uuid {
+        self.event_id
+    }
+
+    /// The event type.
+    pub fn event_type(&self) -> &str {
+        &self.event_type
+    }
+
+    /// The payload as JSON text.
+    pub fn payload_json(&self) -> &str {
+        &self.payload
+    }
+
+    pub(crate) fn check_payload_size(&self, max: usize) -> Result<(), Error> {
+        if self.payload.len() > max {
+            return Err(Error::InvalidEvent {
+                field: "payload",
+                reason: format!(
+                    "is {} bytes once serialized, over the limit of {max} bytes",
+                    self.payload.len()
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn name(field: &'static str, value: String) -> Result<String, Error> {
+    let reason = if value.is_empty() {
+        "must not be empty".to_owned()
+    } else if value.len() > MAX_NAME_BYTES {
+        format!(
+            "must be at most {MAX_NAME_BYTES} bytes, got {}",
+            value.len()
+        )
+    } else if value.contains('\0') {
+        "must not contain NUL characters".to_owned()
+    } else {
+        return Ok(value);
+    };
+    Err(Error::InvalidEvent { field, reason })
+}
+
+/// Postgres' jsonb cannot store the NUL character; say so before the database does.
+fn check_json_text(field: &'static str, json: &str) -> Result<(), Error> {
+    if json.contains("\\u0000") {
+        return Err(Error::InvalidEvent {
+            field,
+            reason: "must not contain the NUL character (\\u0000), which jsonb cannot store"
+                .to_owned(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn builds_a_valid_event() {
+        let e = NewEvent::new("order.created", "order", "42", &json!({"a": 1}))
+            .unwrap()
+            .schema_version(2)
+            .unwrap()
+            .headers([("traceparent", "00-abc")])
+            .unwrap();
+        assert_eq!(e.event_id.get_version_num(), 7);
+        assert_eq!(e.payload, r#"{"a":1}"#);
+        assert_eq!(e.headers, r#"{"traceparent":"00-abc"}"#);
+        assert_eq!(e.schema_version, 2);
+    }
+
+    #[test]
+    fn rejects_empty_long_and_nul_names() {
+        let long = "x".repeat(256);
+        let cases = [
+            ("", "order", "1", "event_type must not be empty"),
+            ("t", "", "1", "aggregate_type must not be empty"),
+            ("t", "order", "", "aggregate_id must not be empty"),
+            (long.as_str(), "order", "1", "event_type must be at most 255 bytes"),
+            ("t", "order", "a\0b", "aggregate_id must not contain NUL"),
+        ];
+        for (t, a, id, want) in cases {
+            let err = NewEvent::new(t, a, id, &json!({})).unwrap_err().to_string();
+            assert!(err.contains(want), "{err} !~ {want}");
+        }
+        assert!(NewEvent::new("x".repeat(255), "a", "1", &json!(1)).is_ok());
+    }
+
+    #[test]
+    fn rejects_bad_payloads() {
+        let err = NewEvent::from_json("t", "a", "1", "{not json").unwrap_err();
+        assert!(matches!(err, Error::Payload(_)));
+        let err = NewEvent::new("t", "a", "1", &json!({"s": "a\u{0}b"})).unwrap_err();
+        assert!(err.to_string().contains("NUL"), "{err}");
+        let e = NewEvent::new("t", "a", "1", &json!({"s": "x".repeat(100)})).unwrap();
+        assert!(e.check_payload_size(50).unwrap_err().to_string().contains("over the limit"));
+        assert!(NewEvent::new("t", "a", "1", &json!(1)).unwrap().schema_version(0).is_err());
+    }
+}

@@ -1,0 +1,73 @@
+//! The schema's versioned migrations, embedded in every binary that links postbox.
+
+use sha2::{Digest, Sha256};
+
+/// One versioned migration. `sql` is a template: `{schema}` stands for the schema.
+#[derive(Clone, Copy, Debug)]
+pub struct Migration {
+    pub version: i32,
+    pub name: &'static str,
+    pub sql: &'static str,
+}
+
+impl Migration {
+    /// SHA-256 of the template, hex: detects a released migration that was edited.
+    pub fn checksum(&self) -> String {
+        Sha256::digest(self.sql.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+}
+
+/// All migrations, in order. Never edit a released one: add a new one.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "outbox",
+    sql: include_str!("../migrations/0001_outbox.sql"),
+}];
+
+/// The bookkeeping table and lock, rendered per schema.
+pub(crate) const CREATE_SCHEMA: &str = "CREATE SCHEMA IF NOT EXISTS {schema}";
+pub(crate) const CREATE_HISTORY: &str = "CREATE TABLE IF NOT EXISTS {schema}.schema_migrations (\
+     version integer PRIMARY KEY, name text NOT NULL, checksum text NOT NULL, \
+     applied_at timestamptz NOT NULL DEFAULT now())";
+pub(crate) const SELECT_APPLIED: &str =
+    "SELECT version, checksum FROM {schema}.schema_migrations ORDER BY version";
+pub(crate) const INSERT_APPLIED: &str =
+    "INSERT INTO {schema}.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)";
+/// Session-level advisory lock serializing concurrent `migrate` runs on one schema.
+pub(crate) const LOCK: &str = "SELECT pg_advisory_lock(hashtextextended('postbox.migrate.' || $1, 0))";
+pub(crate) const UNLOCK: &str =
+    "SELECT pg_advisory_unlock(hashtextextended('postbox.migrate.' || $1, 0))";
+
+/// Which migrations still need to run, given the (version, checksum) pairs applied.
+pub(crate) fn pending(
+    schema: &crate::Schema,
+    applied: &[(i32, String)],
+) -> Result<Vec<&'static Migration>, crate::Error> {
+    let latest = MIGRATIONS.last().map_or(0, |m| m.version);
+    if let Some((found, _)) = applied.iter().find(|(v, _)| *v > latest) {
+        return Err(crate::Error::SchemaTooNew {
+            schema: schema.name().to_owned(),
+            found: *found,
+            latest,
+        });
+    }
+    let mut todo = Vec::new();
+    for m in MIGRATIONS {
+        match applied.iter().find(|(v, _)| *v == m.version) {
+            Some((_, sum)) if *sum != m.checksum() => {
+                return Err(crate::Error::MigrationChanged {
+                    version: m.version,
+                    name: m.name,
+                    applied: sum.clone(),
+                    expected: m.checksum(),
+                })
+            }
+            Some(_) => {}
+            None => todo.push(m),
+        }
+    }
+    Ok(todo)
+}

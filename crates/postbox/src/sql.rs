@@ -1,0 +1,68 @@
+//! Every statement the library runs, rendered once per schema.
+//! (The relay's statements live in `postbox-relay`'s store.)
+
+use crate::Schema;
+
+#[derive(Debug)]
+pub(crate) struct Queries {
+    pub insert_one: String,
+    pub insert_many: String,
+    pub inbox_record: String,
+    pub inbox_purge: String,
+}
+
+impl Queries {
+    pub fn new(schema: &Schema) -> Self {
+        Self {
+            insert_one: schema.render(
+                "INSERT INTO {schema}.outbox \
+                 (event_id, event_type, aggregate_type, aggregate_id, schema_version, payload, headers) \
+                 VALUES ($1, $2, $3, $4, $5, $6::text::jsonb, $7::text::jsonb)",
+            ),
+            insert_many: schema.render(
+                "INSERT INTO {schema}.outbox \
+                 (event_id, event_type, aggregate_type, aggregate_id, schema_version, payload, headers) \
+                 SELECT e.event_id, e.event_type, e.aggregate_type, e.aggregate_id, e.schema_version, \
+                        e.payload::jsonb, e.headers::jsonb \
+                 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int4[], $6::text[], $7::text[]) \
+                   WITH ORDINALITY \
+                   AS e(event_id, event_type, aggregate_type, aggregate_id, schema_version, payload, headers, ord) \
+                 ORDER BY e.ord",
+            ),
+            inbox_record: schema.render(
+                "INSERT INTO {schema}.inbox (consumer, event_id) VALUES ($1, $2) \
+                 ON CONFLICT DO NOTHING",
+            ),
+            inbox_purge: schema.render(
+                "DELETE FROM {schema}.inbox WHERE ctid = ANY(ARRAY( \
+                   SELECT ctid FROM {schema}.inbox \
+                   WHERE processed_at < now() - make_interval(secs => $1) LIMIT $2))",
+            ),
+        }
+    }
+}
+
+/// Column-wise arrays for the batch insert.
+pub(crate) struct Columns {
+    pub event_ids: Vec<uuid::Uuid>,
+    pub event_types: Vec<String>,
+    pub aggregate_types: Vec<String>,
+    pub aggregate_ids: Vec<String>,
+    pub schema_versions: Vec<i32>,
+    pub payloads: Vec<String>,
+    pub headers: Vec<String>,
+}
+
+impl Columns {
+    pub fn new(events: &[crate::NewEvent]) -> Self {
+        Self {
+            event_ids: events.iter().map(|e| e.event_id).collect(),
+            event_types: events.iter().map(|e| e.event_type.clone()).collect(),
+            aggregate_types: events.iter().map(|e| e.aggregate_type.clone()).collect(),
+            aggregate_ids: events.iter().map(|e| e.aggregate_id.clone()).collect(),
+            schema_versions: events.iter().map(|e| e.schema_version).collect(),
+            payloads: events.iter().map(|e| e.payload.clone()).collect(),
+            headers: events.iter().map(|e| e.headers.clone()).collect(),
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! The library on [sqlx](https://docs.rs/sqlx): every function takes
+//! `&mut PgConnection`, so it serves a plain connection and a transaction
+//! (`&mut *tx`) alike.
+
+use crate::inbox::check_consumer;
+use crate::migrations::{self, Migration};
+use crate::sql::Columns;
+use crate::{Error, InboxOutcome, NewEvent, Outbox, Schema};
+use ::sqlx::{Connection, PgConnection, Row};
+use uuid::Uuid;
+
+/// Enqueue one event in the caller's transaction; returns its event id.
+///
+/// The event is visible to relays only once the caller's transaction commits,
+/// and never if it rolls back.
+pub async fn enqueue(
+    outbox: &Outbox,
+    conn: &mut PgConnection,
+    event: &NewEvent,
+) -> Result<Uuid, Error> {
+    outbox.check(event)?;
+    ::sqlx::query(&outbox.sql.insert_one)
+        .bind(event.event_id)
+        .bind(&event.event_type)
+        .bind(&event.aggregate_type)
+        .bind(&event.aggregate_id)
+        .bind(event.schema_version)
+        .bind(&event.payload)
+        .bind(&event.headers)
+        .execute(conn)
+        .await?;
+    Ok(event.event_id)
+}
+
+/// Enqueue many events with one statement in the caller's transaction; returns
+/// their ids in input order.
+pub async fn enqueue_batch(
+    outbox: &Outbox,
+    conn: &mut PgConnection,
+    events: &[NewEvent],
+) -> Result<Vec<Uuid>, Error> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    for e in events {
+        outbox.check(e)?;
+    }
+    let c = Columns::new(events);
+    ::sqlx::query(&outbox.sql.insert_many)
+        .bind(&c.event_ids)
+        .bind(&c.event_types)
+        .bind(&c.aggregate_types)
+        .bind(&c.aggregate_ids)
+        .bind(&c.schema_versions)
+        .bind(&c.payloads)
+        .bind(&c.headers)
+        .execute(conn)
+        .await?;
+    Ok(c.event_ids)
+}
+
+/// Record that `consumer` handles `event_id`, in the caller's transaction.
+///
+/// Apply the business effect in the same transaction only when this returns
+/// [`InboxOutcome::New`]; a [`InboxOutcome::Duplicate`] was applied before.
+pub async fn record_inbox(
+    outbox: &Outbox,
+    conn: &mut PgConnection,
+    consumer: &str,
+    event_id: Uuid,
+) -> Result<InboxOutcome, Error> {
+    check_consumer(consumer)?;
+    let done = ::sqlx::query(&outbox.sql.inbox_record)
+        .bind(consumer)
+        .bind(event_id)
+        .execute(conn)
+        .await?;
+    Ok(InboxOutcome::from_rows(done.rows_affected()))
+}
+
+/// Delete up to `limit` inbox rows older than `older_than`; returns how many went.
+/// Call it repeatedly (it is bounded so it never holds locks for long).
+pub async fn purge_inbox(
+    outbox: &Outbox,
+    conn: &mut PgConnection,
+    older_than: std::time::Duration,
+    limit: i64,
+) -> Result<u64, Error> {
+    let done = ::sqlx::query(&outbox.sql.inbox_purge)
+        .bind(older_than.as_secs_f64())
+        .bind(limit)
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+/// Bring `schema` up to the latest migration; returns the versions applied now
+/// (empty when it was already up to date).
+///
+/// Safe to run from several processes at once: a session advisory lock per
+/// schema serializes them, and each migration commits with its history row.
+pub async fn migrate(conn: &mut PgConnection, schema: &Schema) -> Result<Vec<i32>, Error> {
+    ::sqlx::query(migrations::LOCK)
+        .bind(schema.name())
+        .execute(&mut *conn)
+        .await?;
+    let result = migrate_locked(conn, schema).await;
+    let unlocked = ::sqlx::query(migrations::UNLOCK)
+        .bind(schema.name())
+        .execute(&mut *conn)
+        .await;
+    let applied = result?;
+    unlocked?;
+    Ok(applied)
+}
+
+async fn migrate_locked(conn: &mut PgConnection, schema: &Schema) -> Result<Vec<i32>, Error> {
+    ::sqlx::raw_sql(&schema.render(migrations::CREATE_SCHEMA))
+        .execute(&mut *conn)
+        .await?;
+    ::sqlx::raw_sql(&schema.render(migrations::CREATE_HISTORY))
+        .execute(&mut *conn)
+        .await?;
+    let applied: Vec<(i32, String)> =
+        ::sqlx::query(&schema.render(migrations::SELECT_APPLIED))
+            .fetch_all(&mut *conn)
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<_, ::sqlx::Error>>()?;
+    let mut done = Vec::new();
+    for m in migrations::pending(schema, &applied)? {
+        apply(conn, schema, m)
+            .await
+            .map_err(|source| Error::Migration {
+                version: m.version,
+                name: m.name,
+                source: Box::new(source),
+            })?;
+        tracing::info!(schema = %schema, version = m.version, name = m.name, "applied migration");
+        done.push(m.version);
+    }
+    Ok(done)
+}
+
+async fn apply(conn: &mut PgConnection, schema: &Schema, m: &Migration) -> Result<(), Error> {
+    let mut tx = conn.begin().await?;
+    ::sqlx::raw_sql(&schema.render(m.sql))
+        .execute(&mut *tx)
+        .await?;
+    ::sqlx::query(&schema.render(migrations::INSERT_APPLIED))
+        .bind(m.version)
+        .bind(m.name)
+        .bind(m.checksum())
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(())
+}

@@ -1,0 +1,79 @@
+//! The library on [tokio-postgres](https://docs.rs/tokio-postgres): every
+//! function takes a [`GenericClient`], so it serves a `Client` and a
+//! `Transaction` alike.
+
+use crate::inbox::check_consumer;
+use crate::sql::Columns;
+use crate::{Error, InboxOutcome, NewEvent, Outbox};
+use ::tokio_postgres::GenericClient;
+use uuid::Uuid;
+
+/// Enqueue one event in the caller's transaction; returns its event id.
+pub async fn enqueue<C: GenericClient>(
+    outbox: &Outbox,
+    client: &C,
+    event: &NewEvent,
+) -> Result<Uuid, Error> {
+    outbox.check(event)?;
+    client
+        .execute(
+            &outbox.sql.insert_one,
+            &[
+                &event.event_id,
+                &event.event_type,
+                &event.aggregate_type,
+                &event.aggregate_id,
+                &event.schema_version,
+                &event.payload,
+                &event.headers,
+            ],
+        )
+        .await?;
+    Ok(event.event_id)
+}
+
+/// Enqueue many events with one statement in the caller's transaction; returns
+/// their ids in input order.
+pub async fn enqueue_batch<C: GenericClient>(
+    outbox: &Outbox,
+    client: &C,
+    events: &[NewEvent],
+) -> Result<Vec<Uuid>, Error> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    for e in events {
+        outbox.check(e)?;
+    }
+    let c = Columns::new(events);
+    client
+        .execute(
+            &outbox.sql.insert_many,
+            &[
+                &c.event_ids,
+                &c.event_types,
+                &c.aggregate_types,
+                &c.aggregate_ids,
+                &c.schema_versions,
+                &c.payloads,
+                &c.headers,
+            ],
+        )
+        .await?;
+    Ok(c.event_ids)
+}
+
+/// Record that `consumer` handles `event_id`, in the caller's transaction.
+/// Apply the effect only when this returns [`InboxOutcome::New`].
+pub async fn record_inbox<C: GenericClient>(
+    outbox: &Outbox,
+    client: &C,
+    consumer: &str,
+    event_id: Uuid,
+) -> Result<InboxOutcome, Error> {
+    check_consumer(consumer)?;
+    let rows = client
+        .execute(&outbox.sql.inbox_record, &[&consumer, &event_id])
+        .await?;
+    Ok(InboxOutcome::from_rows(rows))
+}
