@@ -1,0 +1,3 @@
+//! End-to-end tests of the `postbox` binary against real PostgreSQL and Redis.
+
+mod cli;

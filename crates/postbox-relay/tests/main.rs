@@ -1,0 +1,6 @@
+//! The relay's integration tests, against real PostgreSQL and Redis (one schema per test).
+
+mod support;
+
+mod engine;
+mod redis_sink;

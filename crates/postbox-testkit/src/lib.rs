@@ -1,0 +1,133 @@
+//! Test helpers shared by postbox's test suites (not published).
+//!
+//! - [`TestDb`]: a fresh, migrated schema per test in the database named by
+//!   `POSTBOX_TEST_DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`),
+//!   so tests run in parallel without seeing each other's rows.
+//! - [`wait_for`]: poll a condition until it holds or a deadline passes; tests
+//!   never sleep for a fixed time to "let things happen".
+//! - [`redis_url`] / [`unique`]: a Redis to talk to and collision-free key names.
+
+use postbox::Schema;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+use std::future::Future;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+/// The database tests run against.
+pub fn database_url() -> String {
+    std::env::var("POSTBOX_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// The Redis tests run against.
+pub fn redis_url() -> String {
+    std::env::var("POSTBOX_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// A name no other test uses: `prefix` + 12 random hex digits.
+pub fn unique(prefix: &str) -> String {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    format!("{prefix}{}", &id[..12])
+}
+
+/// One test's schema, migrated, with a pool on it.
+pub struct TestDb {
+    pub pool: PgPool,
+    pub schema: Schema,
+    pub url: String,
+}
+
+impl TestDb {
+    /// A new schema `t_<random>` with postbox's migrations applied.
+    pub async fn new() -> TestDb {
+        let db = Self::empty().await;
+        let mut conn = db.pool.acquire().await.expect("acquire a connection");
+        postbox::sqlx::migrate(&mut conn, &db.schema)
+            .await
+            .expect("migrate the test schema");
+        db
+    }
+
+    /// A pool and a fresh schema name, without migrating (the schema does not exist yet).
+    pub async fn empty() -> TestDb {
+        let url = database_url();
+        let pool = pool(&url, 10).await;
+        let schema = Schema::new(&unique("t_")).expect("valid schema name");
+        TestDb { pool, schema, url }
+    }
+
+    /// Another pool on the same database (e.g. for a second relay).
+    pub async fn another_pool(&self, size: u32) -> PgPool {
+        pool(&self.url, size).await
+    }
+
+    /// `sql` with `{schema}` replaced by this test's schema.
+    pub fn sql(&self, sql: &str) -> String {
+        self.schema.render(sql)
+    }
+
+    /// Run statements (no parameters) in this test's schema.
+    pub async fn exec(&self, sql: &str) {
+        sqlx::raw_sql(&self.sql(sql))
+            .execute(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// A single i64 from a query (e.g. a count).
+    pub async fn count(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(&self.sql(sql))
+            .fetch_one(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// Drop the schema (call at the end of a passing test; a failing one leaves it to inspect).
+    pub async fn drop_schema(self) {
+        let _ = sqlx::raw_sql(&self.sql("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+            .execute(&self.pool)
+            .await;
+        self.pool.close().await;
+    }
+}
+
+async fn pool(url: &str, size: u32) -> PgPool {
+    let options = PgConnectOptions::from_str(url).expect("POSTBOX_TEST_DATABASE_URL is a valid URL");
+    PgPoolOptions::new()
+        .max_connections(size)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_with(options)
+        .await
+        .expect("connect to the test database (is PostgreSQL running? see DEVELOPERS.md)")
+}
+
+/// Poll `condition` every few milliseconds until it returns true; panic with
+/// `what` if it still has not after `timeout`.
+pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        if condition().await {
+            return;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(100));
+    }
+}
+
+/// A Redis connection for assertions.
+pub async fn redis() -> redis::aio::MultiplexedConnection {
+    redis::Client::open(redis_url())
+        .expect("valid Redis URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect to Redis (is it running? see DEVELOPERS.md)")
+}

@@ -1,0 +1,4 @@
+//! The library's integration tests, against a real PostgreSQL (one schema per test).
+
+mod enqueue;
+mod migrate;
