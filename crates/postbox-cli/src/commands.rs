@@ -79,7 +79,10 @@ impl Settings {
             .or_else(|| file.schema.clone())
             .unwrap_or_else(|| "postbox".to_owned());
         let schema = Schema::new(&schema_name)?;
-        let database_url = global.database_url.clone().or_else(|| file.database_url.clone());
+        let database_url = global
+            .database_url
+            .clone()
+            .or_else(|| file.database_url.clone());
         Ok(Self {
             file,
             database_url,
@@ -101,6 +104,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, AnyError> {
         Command::Relay(args) => relay(&settings, args).await,
         Command::Status(args) => status(&settings, args).await,
         Command::Demo(args) => crate::demo::run(&settings, args).await,
+        Command::Receive(args) => crate::receive::run(&settings, args).await,
     }
 }
 
@@ -112,7 +116,11 @@ async fn migrate(settings: &Settings) -> Result<ExitCode, AnyError> {
         println!("schema {} is up to date", settings.schema);
     } else {
         let list: Vec<String> = applied.iter().map(i32::to_string).collect();
-        println!("schema {}: applied migration(s) {}", settings.schema, list.join(", "));
+        println!(
+            "schema {}: applied migration(s) {}",
+            settings.schema,
+            list.join(", ")
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -125,9 +133,14 @@ async fn enqueue(settings: &Settings, args: EnqueueArgs) -> Result<ExitCode, Any
             .ok_or_else(|| format!("--header {h:?}: expected NAME=VALUE"))?;
         headers.push((name.to_owned(), value.to_owned()));
     }
-    let event = NewEvent::from_json(args.event_type, args.aggregate_type, args.aggregate_id, args.payload)?
-        .schema_version(args.schema_version)?
-        .headers(headers)?;
+    let event = NewEvent::from_json(
+        args.event_type,
+        args.aggregate_type,
+        args.aggregate_id,
+        args.payload,
+    )?
+    .schema_version(args.schema_version)?
+    .headers(headers)?;
     let outbox = Outbox::new(settings.schema.clone());
     let pool = settings.pool("postbox-enqueue").await?;
     let mut tx = pool.begin().await?;
@@ -138,7 +151,10 @@ async fn enqueue(settings: &Settings, args: EnqueueArgs) -> Result<ExitCode, Any
 }
 
 /// The relay settings after merging flags, environment and file.
-pub fn relay_config(settings: &Settings, args: &RelayArgs) -> Result<(RelayConfig, String, SinkOptions), AnyError> {
+pub fn relay_config(
+    settings: &Settings,
+    args: &RelayArgs,
+) -> Result<(RelayConfig, String, SinkOptions), AnyError> {
     let mut config = settings.file.relay.clone();
     if let Some(b) = args.batch_size {
         config.batch_size = b;
@@ -150,7 +166,11 @@ pub fn relay_config(settings: &Settings, args: &RelayArgs) -> Result<(RelayConfi
         .or_else(|| settings.file.sink.url.clone())
         .ok_or("no sink given: pass --sink (e.g. redis://127.0.0.1:6379 or stdout), set POSTBOX_SINK, or set [sink] url in the config file")?;
     let mut options = SinkOptions::default();
-    if let Some(s) = args.source.clone().or_else(|| settings.file.sink.source.clone()) {
+    if let Some(s) = args
+        .source
+        .clone()
+        .or_else(|| settings.file.sink.source.clone())
+    {
         options.source = s;
     }
     Ok((config, sink, options))
@@ -168,7 +188,11 @@ async fn relay(settings: &Settings, args: RelayArgs) -> Result<ExitCode, AnyErro
     let relay = Relay::new(store, sink, config)?;
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
-    let mode = if args.drain { RunMode::Drain } else { RunMode::Forever };
+    let mode = if args.drain {
+        RunMode::Drain
+    } else {
+        RunMode::Forever
+    };
     let stats = relay.run(mode, shutdown).await;
     if args.drain {
         println!(
@@ -182,8 +206,13 @@ async fn relay(settings: &Settings, args: RelayArgs) -> Result<ExitCode, AnyErro
 /// Cancel `token` on SIGINT or SIGTERM.
 pub async fn cancel_on_signal(token: CancellationToken) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        tracing::warn!("cannot install signal handlers; stop the relay with SIGKILL (leases will expire)");
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!(
+            "cannot install signal handlers; stop the relay with SIGKILL (leases will expire)"
+        );
         return;
     };
     tokio::select! {
@@ -203,7 +232,9 @@ async fn status(settings: &Settings, args: StatusArgs) -> Result<ExitCode, AnyEr
     } else {
         let age = counts
             .oldest_pending_age_seconds
-            .map(|s| humantime::format_duration(Duration::from_millis((s * 1000.0) as u64)).to_string())
+            .map(|s| {
+                humantime::format_duration(Duration::from_millis((s * 1000.0) as u64)).to_string()
+            })
             .unwrap_or_else(|| "-".to_owned());
         println!("schema      {}", settings.schema);
         println!("pending     {}", counts.pending);

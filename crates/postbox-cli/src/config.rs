@@ -94,7 +94,10 @@ mod tests {
     #[test]
     fn names_unknown_and_mistyped_fields() {
         let err = FileConfig::parse("[relay]\nbatch_sise = 5\n").unwrap_err();
-        assert!(err.contains("unknown field `batch_sise`") && err.contains("line 2"), "{err}");
+        assert!(
+            err.contains("unknown field `batch_sise`") && err.contains("line 2"),
+            "{err}"
+        );
         let err = FileConfig::parse("[relay]\nlease = \"soon\"\n").unwrap_err();
         assert!(err.contains("line 2"), "{err}");
         let err = FileConfig::parse("database_url = \"postgres://u:hunter2@h/db\"\nextra = 1\n")

@@ -52,7 +52,11 @@ pub fn lazy_pool(options: PgConnectOptions, size: u32) -> PgPool {
 }
 
 /// A pool whose first connection succeeded, retrying with backoff for up to `patience`.
-pub async fn pool(options: PgConnectOptions, size: u32, patience: Duration) -> Result<PgPool, DbError> {
+pub async fn pool(
+    options: PgConnectOptions,
+    size: u32,
+    patience: Duration,
+) -> Result<PgPool, DbError> {
     let started = Instant::now();
     let mut attempt = 0;
     loop {
@@ -65,7 +69,11 @@ pub async fn pool(options: PgConnectOptions, size: u32, patience: Duration) -> R
         match pool {
             Ok(p) => return Ok(p),
             Err(e) if started.elapsed() < patience && retryable(&e) => {
-                let delay = backoff::exponential(attempt, Duration::from_millis(200), Duration::from_secs(5));
+                let delay = backoff::exponential(
+                    attempt,
+                    Duration::from_millis(200),
+                    Duration::from_secs(5),
+                );
                 tracing::warn!(
                     target = %target(&options),
                     error = %postbox_relay::redact::sanitize_error(&e.to_string()),
@@ -77,7 +85,10 @@ pub async fn pool(options: PgConnectOptions, size: u32, patience: Duration) -> R
             Err(source) => {
                 return Err(DbError::Unreachable {
                     target: target(&options),
-                    waited: humantime::format_duration(Duration::from_secs(started.elapsed().as_secs())).to_string(),
+                    waited: humantime::format_duration(Duration::from_secs(
+                        started.elapsed().as_secs(),
+                    ))
+                    .to_string(),
                     source,
                 })
             }

@@ -61,7 +61,12 @@ pub async fn run(settings: &Settings, args: DemoArgs) -> Result<ExitCode, AnyErr
         return Err("--rate must be at least 1".into());
     }
     let (cluster, url, schema, shop) = match &settings.database_url {
-        Some(url) => (None, url.clone(), Schema::new("postbox_demo")?, "postbox_demo_shop"),
+        Some(url) => (
+            None,
+            url.clone(),
+            Schema::new("postbox_demo")?,
+            "postbox_demo_shop",
+        ),
         None => {
             println!("No DATABASE_URL: starting a throwaway PostgreSQL cluster…");
             let cluster = TempCluster::start().await?;
@@ -79,7 +84,12 @@ pub async fn run(settings: &Settings, args: DemoArgs) -> Result<ExitCode, AnyErr
     result
 }
 
-async fn run_on(url: &str, schema: Schema, shop: &str, args: &DemoArgs) -> Result<ExitCode, AnyError> {
+async fn run_on(
+    url: &str,
+    schema: Schema,
+    shop: &str,
+    args: &DemoArgs,
+) -> Result<ExitCode, AnyError> {
     let options = crate::db::options(Some(url), "postbox-demo")?;
     let pool = crate::db::pool(options, 12, Duration::from_secs(15)).await?;
     prepare(&pool, &schema, shop).await?;
@@ -98,7 +108,7 @@ async fn run_on(url: &str, schema: Schema, shop: &str, args: &DemoArgs) -> Resul
         batch_size: 100,
         poll_interval: Duration::from_millis(200),
         lease: Duration::from_secs(10),
-        publish_timeout: Duration::from_secs(5),
+        publish_timeout: Duration::from_secs(4),
         backoff_base: Duration::from_millis(20),
         backoff_max: Duration::from_millis(500),
         ..RelayConfig::default()
@@ -181,10 +191,19 @@ async fn run_on(url: &str, schema: Schema, shop: &str, args: &DemoArgs) -> Resul
     println!("postbox demo: report ({:.1} s)", elapsed.as_secs_f64());
     println!("  orders attempted                {}", args.orders);
     println!("  committed with their event      {committed}");
-    println!("  rolled back                     {}", c.rolled_back.load(Ordering::Relaxed));
+    println!(
+        "  rolled back                     {}",
+        c.rolled_back.load(Ordering::Relaxed)
+    );
     println!("  events sent by the relay        {}", counts.sent);
-    println!("  deliveries to the consumer      {}", c.deliveries.load(Ordering::Relaxed));
-    println!("  duplicates absorbed by inbox    {}", c.duplicates.load(Ordering::Relaxed));
+    println!(
+        "  deliveries to the consumer      {}",
+        c.deliveries.load(Ordering::Relaxed)
+    );
+    println!(
+        "  duplicates absorbed by inbox    {}",
+        c.duplicates.load(Ordering::Relaxed)
+    );
     println!("  redeliveries after a lost ack   {}", relay_stats.retried);
     println!("  invoices (effects applied)      {invoices} for {orders} orders, {missing} missing");
     println!("  rolled-back events delivered    {ghost}");
@@ -248,7 +267,8 @@ async fn produce(
     counters: Arc<Counters>,
     rolled_back: Arc<Mutex<HashSet<Uuid>>>,
 ) -> Result<(), AnyError> {
-    let insert = format!("INSERT INTO {shop}.orders (id, customer, total_cents) VALUES ($1, $2, $3)");
+    let insert =
+        format!("INSERT INTO {shop}.orders (id, customer, total_cents) VALUES ($1, $2, $3)");
     let mut pace = tokio::time::interval(Duration::from_secs_f64(PRODUCERS as f64 / rate as f64));
     let mut order_id = producer + 1;
     while order_id <= orders {

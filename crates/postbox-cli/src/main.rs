@@ -5,6 +5,7 @@ mod config;
 mod db;
 mod demo;
 mod pgcluster;
+mod receive;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -47,6 +48,8 @@ pub enum Command {
     Status(commands::StatusArgs),
     /// Run the whole flow on a throwaway database: shop orders, relay, idempotent consumer
     Demo(demo::DemoArgs),
+    /// Receive signed HTTP deliveries (QStash, Standard Webhooks) and store each once for the application
+    Receive(receive::ReceiveArgs),
 }
 
 fn main() -> ExitCode {

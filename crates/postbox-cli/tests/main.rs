@@ -1,3 +1,4 @@
 //! End-to-end tests of the `postbox` binary against real PostgreSQL and Redis.
 
 mod cli;
+mod receive;

@@ -31,8 +31,9 @@ pub struct RelayConfig {
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
     /// How long a claim is owned before any relay may reclaim it. Must exceed
-    /// `publish_timeout`: a publish still running when its lease expires may be
-    /// delivered twice.
+    /// twice `publish_timeout`: the next batch is claimed while the current one
+    /// publishes, so a claim may wait one publish before its own starts. A
+    /// publish still running when its lease expires may be delivered twice.
     #[serde(with = "humantime_serde")]
     pub lease: Duration,
     /// Longest wait for the sink to answer a batch; then the batch is retried.
@@ -62,7 +63,7 @@ impl Default for RelayConfig {
             batch_size: 500,
             poll_interval: Duration::from_secs(1),
             lease: Duration::from_secs(60),
-            publish_timeout: Duration::from_secs(30),
+            publish_timeout: Duration::from_secs(20),
             max_attempts: 20,
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(600),
@@ -98,11 +99,12 @@ impl RelayConfig {
         if self.lease < Duration::from_secs(1) {
             return Err(ConfigError::new(f("lease"), "must be at least 1s"));
         }
-        if self.publish_timeout >= self.lease {
+        if self.publish_timeout * 2 >= self.lease {
             return Err(ConfigError::new(
                 f("publish_timeout"),
                 format!(
-                    "must be shorter than relay.lease ({}), or a slow publish could be delivered twice",
+                    "must be less than half of relay.lease ({}): a batch claimed ahead may wait \
+                     one publish before its own, and a publish outliving its lease is delivered twice",
                     humantime::format_duration(self.lease)
                 ),
             ));
@@ -135,28 +137,55 @@ mod tests {
     #[test]
     fn errors_name_the_field() {
         let cases: Vec<(RelayConfig, &str)> = vec![
-            (RelayConfig { batch_size: 0, ..Default::default() }, "relay.batch_size"),
-            (RelayConfig { max_attempts: 0, ..Default::default() }, "relay.max_attempts"),
             (
-                RelayConfig { publish_timeout: Duration::from_secs(90), ..Default::default() },
+                RelayConfig {
+                    batch_size: 0,
+                    ..Default::default()
+                },
+                "relay.batch_size",
+            ),
+            (
+                RelayConfig {
+                    max_attempts: 0,
+                    ..Default::default()
+                },
+                "relay.max_attempts",
+            ),
+            (
+                RelayConfig {
+                    publish_timeout: Duration::from_secs(90),
+                    ..Default::default()
+                },
                 "relay.publish_timeout",
             ),
-            (RelayConfig { poll_interval: Duration::ZERO, ..Default::default() }, "relay.poll_interval"),
+            (
+                RelayConfig {
+                    poll_interval: Duration::ZERO,
+                    ..Default::default()
+                },
+                "relay.poll_interval",
+            ),
         ];
         for (c, field) in cases {
             let err = c.validate().unwrap_err();
             assert_eq!(err.field, field);
-            assert!(err.to_string().starts_with(&format!("invalid configuration: {field}: ")));
+            assert!(err
+                .to_string()
+                .starts_with(&format!("invalid configuration: {field}: ")));
         }
     }
 
     #[test]
     fn parses_from_toml_and_rejects_unknown_fields() {
-        let c: RelayConfig = toml_like(r#"{"batch_size": 10, "lease": "2m", "publish_timeout": "5s"}"#);
+        let c: RelayConfig =
+            toml_like(r#"{"batch_size": 10, "lease": "2m", "publish_timeout": "5s"}"#);
         assert_eq!(c.batch_size, 10);
         assert_eq!(c.lease, Duration::from_secs(120));
         let err = serde_json::from_str::<RelayConfig>(r#"{"batch_sise": 1}"#).unwrap_err();
-        assert!(err.to_string().contains("unknown field `batch_sise`"), "{err}");
+        assert!(
+            err.to_string().contains("unknown field `batch_sise`"),
+            "{err}"
+        );
     }
 
     fn toml_like(json: &str) -> RelayConfig {

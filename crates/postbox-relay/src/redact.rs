@@ -36,7 +36,9 @@ fn mask_url_userinfo(text: &str) -> String {
         let (head, tail) = rest.split_at(pos + 3);
         out.push_str(head);
         let authority_end = tail
-            .find(|c: char| c == '/' || c == '?' || c == '#' || c.is_whitespace() || c == '"' || c == '\'')
+            .find(|c: char| {
+                c == '/' || c == '?' || c == '#' || c.is_whitespace() || c == '"' || c == '\''
+            })
             .unwrap_or(tail.len());
         let authority = &tail[..authority_end];
         match authority.rfind('@') {
@@ -54,7 +56,14 @@ fn mask_url_userinfo(text: &str) -> String {
 
 fn mask_after_words(text: &str) -> String {
     const WORDS: [&str; 8] = [
-        "bearer ", "basic ", "password=", "passwd=", "token=", "secret=", "key=", "authorization: ",
+        "bearer ",
+        "basic ",
+        "password=",
+        "passwd=",
+        "token=",
+        "secret=",
+        "key=",
+        "authorization: ",
     ];
     let lower = text.to_ascii_lowercase();
     let mut out = String::with_capacity(text.len());
@@ -66,8 +75,14 @@ fn mask_after_words(text: &str) -> String {
                 out.push_str(&text[i..i + w.len()]);
                 out.push_str("***");
                 let value_start = i + w.len();
+                // An Authorization header's value runs to the end of the
+                // field (scheme and credentials); other values end at a space.
+                let whole_field = w.starts_with("authorization");
                 let value_len = text[value_start..]
-                    .find(|c: char| c.is_whitespace() || c == '&' || c == ',' || c == ';' || c == '"' || c == '\'')
+                    .find(|c: char| {
+                        (c.is_whitespace() && !whole_field)
+                            || matches!(c, '&' | ',' | ';' | '"' | '\'' | '\n' | '\r')
+                    })
                     .unwrap_or(text.len() - value_start);
                 i = value_start + value_len;
             }

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 /// Whether `run` returns when the outbox is empty.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,7 +101,11 @@ const RESCUE_LIMIT: i64 = 1000;
 
 impl Relay {
     /// A relay over `store`, publishing through `sink`; fails if `config` is invalid.
-    pub fn new(store: Store, sink: Arc<dyn Sink>, config: RelayConfig) -> Result<Self, ConfigError> {
+    pub fn new(
+        store: Store,
+        sink: Arc<dyn Sink>,
+        config: RelayConfig,
+    ) -> Result<Self, ConfigError> {
         config.validate()?;
         Ok(Self {
             store,
@@ -133,13 +138,14 @@ impl Relay {
         let (to_publish, publish_rx) = mpsc::channel::<Claim>(1);
         let (to_settle, settle_rx) = mpsc::channel(4);
 
-        let publisher = tokio::spawn(publish_loop(shared.clone(), publish_rx, to_settle));
-        let settler = tokio::spawn(settle_loop(shared.clone(), settle_rx));
-        let rescuer = tokio::spawn(rescue_loop(shared.clone(), background.clone()));
+        // Every task is aborted if `run`'s future is dropped before it ends.
+        let publisher = spawn(publish_loop(shared.clone(), publish_rx, to_settle));
+        let settler = spawn(settle_loop(shared.clone(), settle_rx));
+        let rescuer = spawn(rescue_loop(shared.clone(), background.clone()));
         let listener = shared
             .config
             .listen
-            .then(|| tokio::spawn(listen_loop(shared.clone(), background.clone())));
+            .then(|| spawn(listen_loop(shared.clone(), background.clone())));
 
         tracing::info!(
             sink = %shared.sink.describe(),
@@ -156,8 +162,9 @@ impl Relay {
             let _ = publisher.await;
             let _ = settler.await;
         };
+        tokio::pin!(drained);
         if shared.shutdown.is_cancelled() {
-            if tokio::time::timeout(shared.config.shutdown_timeout, drained)
+            if tokio::time::timeout(shared.config.shutdown_timeout, &mut drained)
                 .await
                 .is_err()
             {
@@ -178,6 +185,14 @@ impl Relay {
         tracing::info!(?stats, "relay stopped");
         stats
     }
+}
+
+fn spawn<F>(task: F) -> AbortOnDropHandle<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    AbortOnDropHandle::new(tokio::spawn(task))
 }
 
 async fn claim_loop(shared: &Shared, mode: RunMode, to_publish: mpsc::Sender<Claim>) {
@@ -221,7 +236,10 @@ async fn claim_loop(shared: &Shared, mode: RunMode, to_publish: mpsc::Sender<Cla
             match shared.store.next_due().await {
                 Ok(next) => {
                     let idle = shared.in_flight.load(Ordering::SeqCst) == 0;
-                    if mode == RunMode::Drain && idle && next.pending_in.is_none() && !next.in_flight
+                    if mode == RunMode::Drain
+                        && idle
+                        && next.pending_in.is_none()
+                        && !next.in_flight
                     {
                         tracing::info!("outbox drained: nothing pending or in flight");
                         return;
@@ -314,7 +332,11 @@ async fn settle(shared: &Shared, claim: &Claim, outcomes: Vec<Outcome>) {
             Outcome::Retry { error, after } => {
                 let delay = after
                     .unwrap_or_else(|| {
-                        backoff::full_jitter(message.attempt, config.backoff_base, config.backoff_max)
+                        backoff::full_jitter(
+                            message.attempt,
+                            config.backoff_base,
+                            config.backoff_max,
+                        )
                     })
                     .min(config.backoff_max);
                 failures.push(Failure {
@@ -427,7 +449,10 @@ where
 
 async fn release(shared: &Shared, claim: &Claim) {
     match shared.store.release(claim.token, &claim.ids).await {
-        Ok(n) => tracing::info!(released = n, "released a claimed batch that was not published"),
+        Ok(n) => tracing::info!(
+            released = n,
+            "released a claimed batch that was not published"
+        ),
         Err(e) => tracing::warn!(
             error = %sanitize_error(&e.to_string()),
             "could not release a claimed batch; its lease will expire and it will be redelivered"
@@ -492,7 +517,11 @@ async fn listen_loop(shared: Arc<Shared>, stop: CancellationToken) {
             Ok(l) => l,
             Err(e) => {
                 failures += 1;
-                let delay = backoff::full_jitter(failures, Duration::from_millis(500), Duration::from_secs(30));
+                let delay = backoff::full_jitter(
+                    failures,
+                    Duration::from_millis(500),
+                    Duration::from_secs(30),
+                );
                 tracing::warn!(error = %sanitize_error(&e.to_string()), retry_in = ?delay, "LISTEN failed; polling meanwhile");
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => continue,

@@ -4,3 +4,8 @@ mod support;
 
 mod engine;
 mod redis_sink;
+
+mod amqp;
+mod conformance;
+mod kafka;
+mod nats;

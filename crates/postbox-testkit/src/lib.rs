@@ -7,6 +7,8 @@
 //!   never sleep for a fixed time to "let things happen".
 //! - [`redis_url`] / [`unique`]: a Redis to talk to and collision-free key names.
 
+pub mod proxy;
+
 use postbox::Schema;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
@@ -93,7 +95,8 @@ impl TestDb {
 }
 
 async fn pool(url: &str, size: u32) -> PgPool {
-    let options = PgConnectOptions::from_str(url).expect("POSTBOX_TEST_DATABASE_URL is a valid URL");
+    let options =
+        PgConnectOptions::from_str(url).expect("POSTBOX_TEST_DATABASE_URL is a valid URL");
     PgPoolOptions::new()
         .max_connections(size)
         .acquire_timeout(Duration::from_secs(30))

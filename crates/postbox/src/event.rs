@@ -181,7 +181,12 @@ mod tests {
             ("", "order", "1", "event_type must not be empty"),
             ("t", "", "1", "aggregate_type must not be empty"),
             ("t", "order", "", "aggregate_id must not be empty"),
-            (long.as_str(), "order", "1", "event_type must be at most 255 bytes"),
+            (
+                long.as_str(),
+                "order",
+                "1",
+                "event_type must be at most 255 bytes",
+            ),
             ("t", "order", "a\0b", "aggregate_id must not contain NUL"),
         ];
         for (t, a, id, want) in cases {
@@ -198,7 +203,14 @@ mod tests {
         let err = NewEvent::new("t", "a", "1", &json!({"s": "a\u{0}b"})).unwrap_err();
         assert!(err.to_string().contains("NUL"), "{err}");
         let e = NewEvent::new("t", "a", "1", &json!({"s": "x".repeat(100)})).unwrap();
-        assert!(e.check_payload_size(50).unwrap_err().to_string().contains("over the limit"));
-        assert!(NewEvent::new("t", "a", "1", &json!(1)).unwrap().schema_version(0).is_err());
+        assert!(e
+            .check_payload_size(50)
+            .unwrap_err()
+            .to_string()
+            .contains("over the limit"));
+        assert!(NewEvent::new("t", "a", "1", &json!(1))
+            .unwrap()
+            .schema_version(0)
+            .is_err());
     }
 }

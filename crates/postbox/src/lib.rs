@@ -23,15 +23,19 @@
 //! ```
 //!
 //! Cargo features: `sqlx` (default) and `tokio-postgres` select the driver
-//! functions; `verify` adds signature verification for deliveries.
+//! functions; `verify` adds signature verification for deliveries, and `axum` an
+//! extractor that applies it before a handler runs.
 
 mod error;
 mod event;
 mod inbox;
 mod migrations;
+pub mod received;
 mod schema;
 mod sql;
 
+#[cfg(feature = "axum")]
+pub mod axum;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
 #[cfg(feature = "tokio-postgres")]

@@ -21,11 +21,18 @@ impl Migration {
 }
 
 /// All migrations, in order. Never edit a released one: add a new one.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "outbox",
-    sql: include_str!("../migrations/0001_outbox.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "outbox",
+        sql: include_str!("../migrations/0001_outbox.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "received",
+        sql: include_str!("../migrations/0002_received.sql"),
+    },
+];
 
 /// The bookkeeping table and lock, rendered per schema.
 pub(crate) const CREATE_SCHEMA: &str = "CREATE SCHEMA IF NOT EXISTS {schema}";
@@ -37,7 +44,8 @@ pub(crate) const SELECT_APPLIED: &str =
 pub(crate) const INSERT_APPLIED: &str =
     "INSERT INTO {schema}.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)";
 /// Session-level advisory lock serializing concurrent `migrate` runs on one schema.
-pub(crate) const LOCK: &str = "SELECT pg_advisory_lock(hashtextextended('postbox.migrate.' || $1, 0))";
+pub(crate) const LOCK: &str =
+    "SELECT pg_advisory_lock(hashtextextended('postbox.migrate.' || $1, 0))";
 pub(crate) const UNLOCK: &str =
     "SELECT pg_advisory_unlock(hashtextextended('postbox.migrate.' || $1, 0))";
 

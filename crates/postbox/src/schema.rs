@@ -38,7 +38,9 @@ impl Schema {
             ));
         }
         if name.starts_with("pg_") {
-            return Err(invalid("names starting with 'pg_' are reserved by PostgreSQL"));
+            return Err(invalid(
+                "names starting with 'pg_' are reserved by PostgreSQL",
+            ));
         }
         Ok(Self(name.to_owned()))
     }
@@ -105,7 +107,16 @@ mod tests {
 
     #[test]
     fn rejects_names_that_would_need_quoting() {
-        for bad in ["", "Postbox", "1abc", "a-b", "a\"b", "a;drop", "pg_x", &"a".repeat(64)] {
+        for bad in [
+            "",
+            "Postbox",
+            "1abc",
+            "a-b",
+            "a\"b",
+            "a;drop",
+            "pg_x",
+            &"a".repeat(64),
+        ] {
             let err = Schema::new(bad).unwrap_err().to_string();
             assert!(err.contains("invalid schema name"), "{bad}: {err}");
         }

@@ -9,6 +9,18 @@ pub(crate) struct Queries {
     pub insert_many: String,
     pub inbox_record: String,
     pub inbox_purge: String,
+    #[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
+    pub received: ReceivedQueries,
+}
+
+/// The statements behind [`crate::received`] (the store of `postbox receive`).
+#[derive(Debug)]
+#[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
+pub(crate) struct ReceivedQueries {
+    pub store: String,
+    pub take: String,
+    pub mark_processed: String,
+    pub purge: String,
 }
 
 impl Queries {
@@ -36,6 +48,35 @@ impl Queries {
             inbox_purge: schema.render(
                 "DELETE FROM {schema}.inbox WHERE ctid = ANY(ARRAY( \
                    SELECT ctid FROM {schema}.inbox \
+                   WHERE processed_at < now() - make_interval(secs => $1) LIMIT $2))",
+            ),
+            received: ReceivedQueries::new(schema),
+        }
+    }
+}
+
+impl ReceivedQueries {
+    fn new(schema: &Schema) -> Self {
+        Self {
+            store: schema.render(
+                "INSERT INTO {schema}.received (consumer, event_id, headers, body) \
+                 VALUES ($1, $2, $3::text::jsonb, $4) \
+                 ON CONFLICT (consumer, event_id) DO NOTHING",
+            ),
+            take: schema.render(
+                "SELECT id, consumer, event_id, headers, body, received_at \
+                 FROM {schema}.received \
+                 WHERE consumer = $1 AND processed_at IS NULL \
+                 ORDER BY id LIMIT $2 \
+                 FOR UPDATE SKIP LOCKED",
+            ),
+            mark_processed: schema.render(
+                "UPDATE {schema}.received SET processed_at = now() \
+                 WHERE consumer = $1 AND id = ANY($2) AND processed_at IS NULL",
+            ),
+            purge: schema.render(
+                "DELETE FROM {schema}.received WHERE ctid = ANY(ARRAY( \
+                   SELECT ctid FROM {schema}.received \
                    WHERE processed_at < now() - make_interval(secs => $1) LIMIT $2))",
             ),
         }

@@ -101,12 +101,12 @@ pub async fn purge_inbox(
 /// schema serializes them, and each migration commits with its history row.
 pub async fn migrate(conn: &mut PgConnection, schema: &Schema) -> Result<Vec<i32>, Error> {
     ::sqlx::query(migrations::LOCK)
-        .bind(schema.name())
+        .bind(schema.name().to_owned())
         .execute(&mut *conn)
         .await?;
     let result = migrate_locked(conn, schema).await;
     let unlocked = ::sqlx::query(migrations::UNLOCK)
-        .bind(schema.name())
+        .bind(schema.name().to_owned())
         .execute(&mut *conn)
         .await;
     let applied = result?;
@@ -115,22 +115,23 @@ pub async fn migrate(conn: &mut PgConnection, schema: &Schema) -> Result<Vec<i32
 }
 
 async fn migrate_locked(conn: &mut PgConnection, schema: &Schema) -> Result<Vec<i32>, Error> {
-    ::sqlx::raw_sql(&schema.render(migrations::CREATE_SCHEMA))
-        .execute(&mut *conn)
-        .await?;
-    ::sqlx::raw_sql(&schema.render(migrations::CREATE_HISTORY))
-        .execute(&mut *conn)
-        .await?;
-    let applied: Vec<(i32, String)> =
-        ::sqlx::query(&schema.render(migrations::SELECT_APPLIED))
-            .fetch_all(&mut *conn)
-            .await?
-            .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-            .collect::<Result<_, ::sqlx::Error>>()?;
+    let create_schema = schema.render(migrations::CREATE_SCHEMA);
+    let create_history = schema.render(migrations::CREATE_HISTORY);
+    let select_applied = schema.render(migrations::SELECT_APPLIED);
+    ::sqlx::query(&create_schema).execute(&mut *conn).await?;
+    ::sqlx::query(&create_history).execute(&mut *conn).await?;
+    let rows = ::sqlx::query(&select_applied).fetch_all(&mut *conn).await?;
+    let applied: Vec<(i32, String)> = rows
+        .iter()
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        .collect::<Result<_, ::sqlx::Error>>()?;
     let mut done = Vec::new();
-    for m in migrations::pending(schema, &applied)? {
-        apply(conn, schema, m)
+    let todo: Vec<Migration> = migrations::pending(schema, &applied)?
+        .into_iter()
+        .copied()
+        .collect();
+    for m in todo {
+        apply(conn, schema, &m)
             .await
             .map_err(|source| Error::Migration {
                 version: m.version,
@@ -144,16 +145,37 @@ async fn migrate_locked(conn: &mut PgConnection, schema: &Schema) -> Result<Vec<
 }
 
 async fn apply(conn: &mut PgConnection, schema: &Schema, m: &Migration) -> Result<(), Error> {
+    let body = schema.render(m.sql);
+    let record = schema.render(migrations::INSERT_APPLIED);
     let mut tx = conn.begin().await?;
-    ::sqlx::raw_sql(&schema.render(m.sql))
-        .execute(&mut *tx)
-        .await?;
-    ::sqlx::query(&schema.render(migrations::INSERT_APPLIED))
+    ::sqlx::Executor::execute(&mut *tx, body.as_str()).await?;
+    ::sqlx::query(&record)
         .bind(m.version)
-        .bind(m.name)
+        .bind(m.name.to_owned())
         .bind(m.checksum())
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// Library futures must be `Send`, so callers can run them in `tokio::spawn`.
+    #[allow(dead_code)]
+    fn futures_are_send(
+        conn: &'static mut super::PgConnection,
+        outbox: &'static super::Outbox,
+        event: &'static super::NewEvent,
+    ) {
+        fn send<T: Send>(_: T) {}
+        send(super::enqueue(outbox, conn, event));
+        send(super::enqueue_batch(
+            outbox,
+            conn,
+            std::slice::from_ref(event),
+        ));
+        send(super::record_inbox(outbox, conn, "c", event.event_id()));
+        send(super::migrate(conn, outbox.schema()));
+    }
 }

@@ -77,3 +77,20 @@ pub async fn record_inbox<C: GenericClient>(
         .await?;
     Ok(InboxOutcome::from_rows(rows))
 }
+
+/// Delete up to `limit` inbox rows processed more than `older_than` ago; returns
+/// how many went. Call it repeatedly (it is bounded so it never holds locks for long).
+pub async fn purge_inbox<C: GenericClient>(
+    outbox: &Outbox,
+    client: &C,
+    older_than: std::time::Duration,
+    limit: i64,
+) -> Result<u64, Error> {
+    let rows = client
+        .execute(
+            &outbox.sql.inbox_purge,
+            &[&older_than.as_secs_f64(), &limit],
+        )
+        .await?;
+    Ok(rows)
+}

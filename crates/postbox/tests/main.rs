@@ -1,4 +1,6 @@
 //! The library's integration tests, against a real PostgreSQL (one schema per test).
 
 mod enqueue;
+mod inbox;
 mod migrate;
+mod received;

@@ -1,6 +1,10 @@
 //! The transports. Each sink is built from a URL (`--sink`) plus the shared
 //! [`SinkOptions`]; [`from_url`] picks the sink by scheme.
 
+pub mod amqp;
+#[cfg(feature = "kafka")]
+pub mod kafka;
+pub mod nats;
 pub mod redis;
 pub mod stdout;
 mod template;
@@ -42,8 +46,16 @@ pub fn from_url(url: &str, options: &SinkOptions) -> Result<Arc<dyn Sink>, SinkE
     match scheme {
         "stdout" => Ok(Arc::new(stdout::StdoutSink::new(options.clone()))),
         "redis" | "rediss" => Ok(Arc::new(redis::RedisSink::from_url(url, options.clone())?)),
+        "nats" => Ok(Arc::new(nats::NatsSink::from_url(url, options.clone())?)),
+        "amqp" | "amqps" => Ok(Arc::new(amqp::AmqpSink::from_url(url, options.clone())?)),
+        #[cfg(feature = "kafka")]
+        "kafka" => Ok(Arc::new(kafka::KafkaSink::from_url(url, options.clone())?)),
+        #[cfg(not(feature = "kafka"))]
+        "kafka" => Err(SinkError::Config(
+            "the kafka sink is not built into this binary: build postbox with --features kafka".into(),
+        )),
         _ => Err(SinkError::Config(format!(
-            "unsupported sink {:?}: expected redis://HOST:PORT[/DB][?mode=list|stream&key=TEMPLATE] or stdout",
+            "unsupported sink {:?}: expected redis://, nats://, amqp://, kafka:// or stdout",
             crate::redact::sanitize_error(scheme)
         ))),
     }

@@ -65,14 +65,18 @@ impl RedisSink {
                 }
                 "key" => key = value.into_owned(),
                 "maxlen" => {
-                    maxlen = Some(value.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                        SinkError::Config(format!(
+                    maxlen = Some(value.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(
+                        || {
+                            SinkError::Config(format!(
                             "sink URL parameter maxlen: expected a positive integer, got {value:?}"
                         ))
-                    })?)
+                        },
+                    )?)
                 }
                 // Connection parameters the redis client understands.
-                "protocol" | "insecure" => passthrough.push((name.into_owned(), value.into_owned())),
+                "protocol" | "insecure" => {
+                    passthrough.push((name.into_owned(), value.into_owned()))
+                }
                 other => {
                     return Err(SinkError::Config(format!(
                         "sink URL parameter {other:?} is unknown; expected mode, key or maxlen"
@@ -215,7 +219,10 @@ mod tests {
         .unwrap();
         assert_eq!(s.mode, Mode::Stream);
         assert_eq!(s.maxlen, Some(1000));
-        assert_eq!(s.describe(), "redis://127.0.0.1:6380/2 stream ev:{aggregate_type}");
+        assert_eq!(
+            s.describe(),
+            "redis://127.0.0.1:6380/2 stream ev:{aggregate_type}"
+        );
         assert!(!s.describe().contains("pw"));
     }
 
@@ -226,7 +233,10 @@ mod tests {
             ("redis://h?colour=red", "\"colour\" is unknown"),
             ("redis://h?key={oops}", "unknown placeholder {oops}"),
             ("redis://h?maxlen=10", "only applies to mode=stream"),
-            ("redis://h?mode=stream&maxlen=-1", "maxlen: expected a positive integer"),
+            (
+                "redis://h?mode=stream&maxlen=-1",
+                "maxlen: expected a positive integer",
+            ),
         ];
         for (url, want) in cases {
             let err = match RedisSink::from_url(url, SinkOptions::default()) {

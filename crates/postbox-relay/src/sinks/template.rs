@@ -82,7 +82,9 @@ mod tests {
     fn parses_and_rejects() {
         let t = KeyTemplate::parse("key", "postbox:{event_type}:{aggregate_id}").unwrap();
         assert_eq!(t.parts.len(), 4);
-        let err = KeyTemplate::parse("key", "x:{nope}").unwrap_err().to_string();
+        let err = KeyTemplate::parse("key", "x:{nope}")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("key: unknown placeholder {nope}"), "{err}");
         assert!(KeyTemplate::parse("key", "x:{event_type").is_err());
         assert!(KeyTemplate::parse("key", "").is_err());

@@ -208,7 +208,11 @@ impl Store {
     }
 
     /// Reclaim up to `limit` events whose lease expired.
-    pub async fn rescue_expired(&self, max_attempts: i32, limit: i64) -> Result<Rescued, sqlx::Error> {
+    pub async fn rescue_expired(
+        &self,
+        max_attempts: i32,
+        limit: i64,
+    ) -> Result<Rescued, sqlx::Error> {
         let rows = sqlx::query(&self.sql.rescue_expired)
             .bind(max_attempts)
             .bind(limit)
@@ -228,7 +232,9 @@ impl Store {
 
     /// When the next pending event is due, and whether anything is in flight.
     pub async fn next_due(&self) -> Result<NextDue, sqlx::Error> {
-        let row = sqlx::query(&self.sql.next_due).fetch_one(&self.pool).await?;
+        let row = sqlx::query(&self.sql.next_due)
+            .fetch_one(&self.pool)
+            .await?;
         let secs: Option<f64> = row.try_get(0)?;
         Ok(NextDue {
             pending_in: secs.map(|s| Duration::from_secs_f64(s.max(0.0))),

@@ -1,0 +1,296 @@
+use postbox_testkit::{redis, redis_url, unique, TestDb};
+use redis::AsyncCommands;
+use std::collections::HashSet;
+use std::process::{Command, Output};
+
+fn postbox(db: &TestDb, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_postbox"))
+        .args(args)
+        .env("DATABASE_URL", &db.url)
+        .env("POSTBOX_SCHEMA", db.schema.name())
+        .env("POSTBOX_LOG", "warn")
+        .env_remove("POSTBOX_CONFIG")
+        .env_remove("POSTBOX_SINK")
+        .output()
+        .expect("run postbox")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[track_caller]
+fn ok(o: Output) -> String {
+    assert!(
+        o.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status,
+        stdout(&o),
+        stderr(&o)
+    );
+    stdout(&o)
+}
+
+#[tokio::test]
+async fn migrate_sql_enqueue_relay_drain_and_status() {
+    let db = TestDb::empty().await;
+    assert!(ok(postbox(&db, &["migrate"])).contains("applied migration"));
+    assert!(
+        ok(postbox(&db, &["migrate"])).contains("up to date"),
+        "a second run changes nothing"
+    );
+
+    // Producers in any language use the SQL function; some transactions roll back.
+    let mut committed = HashSet::new();
+    let mut rolled_back = HashSet::new();
+    for i in 0..60 {
+        let mut tx = db.pool.begin().await.unwrap();
+        let id: uuid::Uuid = sqlx::query_scalar(&db.sql(
+            "SELECT {schema}.enqueue('order.created', 'order', $1, jsonb_build_object('n', $2::int))",
+        ))
+        .bind(format!("o-{i}"))
+        .bind(i)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        if i % 5 == 0 {
+            tx.rollback().await.unwrap();
+            rolled_back.insert(id.to_string());
+        } else {
+            tx.commit().await.unwrap();
+            committed.insert(id.to_string());
+        }
+    }
+    // And the enqueue command.
+    let id = ok(postbox(
+        &db,
+        &[
+            "enqueue",
+            "--type",
+            "order.created",
+            "--aggregate-type",
+            "order",
+            "--aggregate-id",
+            "o-x",
+            "--payload",
+            r#"{"n": -1}"#,
+            "--header",
+            "traceparent=00-abc",
+        ],
+    ));
+    committed.insert(id.trim().to_owned());
+
+    let prefix = unique("test:cli:");
+    let sink = format!("{}?key={prefix}:{{event_type}}", redis_url());
+    let summary = ok(postbox(
+        &db,
+        &["relay", "--sink", &sink, "--drain", "--batch-size", "7"],
+    ));
+    assert!(
+        summary.contains(&format!(
+            "drained: {} delivered, 0 retried, 0 dead-lettered",
+            committed.len()
+        )),
+        "{summary}"
+    );
+
+    let mut r = redis().await;
+    let key = format!("{prefix}:order.created");
+    let bodies: Vec<String> = r.lrange(&key, 0, -1).await.unwrap();
+    let delivered: HashSet<String> = bodies
+        .iter()
+        .map(|b| {
+            serde_json::from_str::<serde_json::Value>(b).unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(bodies.len(), committed.len(), "each committed event once");
+    assert_eq!(delivered, committed);
+    assert!(rolled_back.is_disjoint(&delivered));
+    let _: () = r.del(&key).await.unwrap();
+
+    let status: serde_json::Value =
+        serde_json::from_str(&ok(postbox(&db, &["status", "--json"]))).unwrap();
+    assert_eq!(status["pending"], 0);
+    assert_eq!(status["processing"], 0);
+    assert_eq!(status["failed"], 0);
+    assert_eq!(status["sent"], committed.len());
+    assert!(status["oldest_pending_age_seconds"].is_null());
+    assert!(ok(postbox(&db, &["status"])).contains("pending     0"));
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn invalid_input_and_config_get_clear_errors() {
+    let db = TestDb::new().await;
+    let dir = std::env::temp_dir().join(unique("postbox-cli-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad_field = dir.join("bad_field.toml");
+    std::fs::write(&bad_field, "[relay]\nbatch_size = 0\n").unwrap();
+    let unknown = dir.join("unknown.toml");
+    std::fs::write(
+        &unknown,
+        "database_url = \"postgres://u:hunter2@h/db\"\n[relay]\nbatchsize = 5\n",
+    )
+    .unwrap();
+
+    let cfg = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![
+                "--config".into(),
+                cfg(&bad_field),
+                "relay".into(),
+                "--sink".into(),
+                "stdout".into(),
+            ],
+            "relay.batch_size: must be between 1 and 10000",
+        ),
+        (
+            vec!["--config".into(), cfg(&unknown), "status".into()],
+            "unknown field `batchsize`",
+        ),
+        (
+            vec![
+                "--config".into(),
+                cfg(&dir.join("missing.toml")),
+                "status".into(),
+            ],
+            "cannot read config file",
+        ),
+        (
+            vec!["relay".into(), "--sink".into(), "kafka-ish://x".into()],
+            "unsupported sink",
+        ),
+        (
+            vec![
+                "relay".into(),
+                "--sink".into(),
+                "redis://127.0.0.1?mode=queue".into(),
+            ],
+            "mode: expected list or stream",
+        ),
+        (vec!["relay".into()], "no sink given"),
+        (
+            vec!["--schema".into(), "Bad-Name".into(), "migrate".into()],
+            "invalid schema name",
+        ),
+        (
+            vec![
+                "enqueue".into(),
+                "--type".into(),
+                "".into(),
+                "--aggregate-type".into(),
+                "a".into(),
+                "--aggregate-id".into(),
+                "1".into(),
+                "--payload".into(),
+                "{}".into(),
+            ],
+            "event_type must not be empty",
+        ),
+        (
+            vec![
+                "enqueue".into(),
+                "--type".into(),
+                "t".into(),
+                "--aggregate-type".into(),
+                "a".into(),
+                "--aggregate-id".into(),
+                "1".into(),
+                "--payload".into(),
+                "{oops".into(),
+            ],
+            "payload could not be serialized",
+        ),
+    ];
+    for (args, want) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = postbox(&db, &args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = stderr(&out);
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("hunter2"), "{args:?} leaked a secret: {err}");
+    }
+
+    // A database URL with a password that cannot be reached: a clear error without the password.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = Command::new(env!("CARGO_BIN_EXE_postbox"))
+        .args(["status"])
+        .env(
+            "DATABASE_URL",
+            format!("postgres://app:hunter2@127.0.0.1:{closed}/db"),
+        )
+        .env("POSTBOX_LOG", "error")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "cannot connect to PostgreSQL at 127.0.0.1:{closed}/db"
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "{err}");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_postbox"))
+        .args(["status"])
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(
+        stderr(&out).contains("no database given"),
+        "{}",
+        stderr(&out)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    db.drop_schema().await;
+}
+
+#[test]
+fn every_command_has_help() {
+    for cmd in [
+        vec!["--help"],
+        vec!["migrate", "--help"],
+        vec!["enqueue", "--help"],
+        vec!["relay", "--help"],
+        vec!["status", "--help"],
+        vec!["demo", "--help"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_postbox"))
+            .args(&cmd)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{cmd:?}");
+        assert!(stdout(&out).contains("Usage: postbox"), "{cmd:?}");
+    }
+}
+
+#[test]
+fn the_demo_runs_on_a_throwaway_cluster() {
+    let out = Command::new(env!("CARGO_BIN_EXE_postbox"))
+        .args(["demo", "--orders", "400", "--rate", "2000"])
+        .env_remove("DATABASE_URL")
+        .env_remove("POSTBOX_CONFIG")
+        .env("POSTBOX_LOG", "warn")
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    assert!(text.contains("rolled-back events delivered    0"), "{text}");
+    assert!(
+        text.contains("OK: every committed event delivered"),
+        "{text}"
+    );
+}

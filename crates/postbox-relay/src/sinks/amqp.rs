@@ -1,0 +1,645 @@
+//! RabbitMQ (AMQP 0-9-1): every event is published to an exchange with
+//! publisher confirms; a broker confirm is the only thing that counts as
+//! delivered.
+//!
+//! URL: `amqp://USER:PASSWORD@HOST:PORT/VHOST?exchange=NAME[&routing_key=TEMPLATE][&unroutable=reject|retry][&timeout=DURATION][&heartbeat=SECONDS]`
+//! (`amqps://` for TLS, default port 5671).
+//!
+//! - `USER:PASSWORD` default to `guest:guest`; percent-encode special
+//!   characters. `/VHOST` is percent-encoded (`/%2f` is the vhost `/`);
+//!   omitted or empty it is the default vhost `/`.
+//! - `exchange` (required): the exchange to publish to. It must exist; the
+//!   start-up check fails when it does not. `exchange=` (empty) is RabbitMQ's
+//!   default exchange, which routes to the queue named by the routing key.
+//! - `routing_key` (default `{event_type}`): a template with the placeholders
+//!   `{event_type}`, `{aggregate_type}` and `{aggregate_id}`; at most 255 bytes
+//!   once rendered (a longer one is a reject).
+//! - `unroutable` (default `reject`): what to do when the broker returns a
+//!   message because no queue is bound for its routing key (messages are
+//!   published `mandatory`). `reject` dead-letters the event at once;
+//!   `retry` retries it with backoff, for topologies where queues are bound
+//!   later.
+//! - `timeout` (default `10s`): connecting, and waiting for the confirms of a
+//!   batch. A batch not confirmed in time is retried.
+//! - `heartbeat`: the AMQP heartbeat in seconds, passed to the broker.
+//!
+//! Each message: the body is the CloudEvents JSON document (structured mode);
+//! properties `content_type` = `application/cloudevents+json`,
+//! `delivery_mode` = 2 (persistent), `message_id` = the event id, `type` = the
+//! event type, `timestamp` = the commit's insert time (seconds), `app_id` =
+//! the CloudEvents source. Headers: the CloudEvents attributes with the
+//! `cloudEvents_` prefix of the CloudEvents AMQP binding (`cloudEvents_id`,
+//! `cloudEvents_specversion`, `cloudEvents_type`, `cloudEvents_source`,
+//! `cloudEvents_subject` = aggregate id, `cloudEvents_time`,
+//! `cloudEvents_aggregatetype`, `cloudEvents_schemaversion`), so a headers
+//! exchange or a consumer can route and filter without parsing the body; and
+//! the producer's headers under their own names (names of at most 255 bytes,
+//! 64 KiB of producer headers in all, or the event is a reject; producer
+//! headers starting with `cloudEvents` are not forwarded).
+//!
+//! Delivery: the batch is published on one channel in confirm mode, then every
+//! confirm is awaited. An ack is `Delivered`; a nack, a timeout or a lost
+//! connection is a retry; a returned (unroutable) message follows `unroutable`.
+//! After a connection or channel error the next publish reconnects. RabbitMQ
+//! does not deduplicate: a retry after an ambiguous failure (connection lost
+//! before the confirm) is delivered again with the same `message_id`, and
+//! consumers deduplicate on it.
+//!
+//! Credentials from the URL are sent only to the broker, never logged, shown
+//! by `describe()` or put into an outcome.
+
+use super::{KeyTemplate, SinkOptions};
+use crate::cloudevents;
+use crate::redact::sanitize_error;
+use crate::sink::{Message, Outcome, Sink, SinkError};
+use async_trait::async_trait;
+use chrono::SecondsFormat;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::uri::{AMQPAuthority, AMQPQueryString, AMQPScheme, AMQPUri, AMQPUserInfo};
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+const DEFAULT_ROUTING_KEY: &str = "{event_type}";
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+const CONTENT_TYPE: &str = "application/cloudevents+json";
+const PERSISTENT: u8 = 2;
+/// The most producer header bytes a message may carry (properties travel in
+/// one frame; RabbitMQ's smallest allowed `frame_max` is 4 KiB, its default 128 KiB).
+const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// The prefix of the CloudEvents AMQP binding for attributes in headers.
+const CE_PREFIX: &str = "cloudEvents_";
+
+/// What an unroutable (returned) message becomes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unroutable {
+    /// Dead-letter it: the topology has no queue for it.
+    Reject,
+    /// Retry it with backoff: a queue may be bound later.
+    Retry,
+}
+
+/// The RabbitMQ sink; see the module docs for the URL.
+pub struct AmqpSink {
+    uri: AMQPUri,
+    exchange: ShortString,
+    routing_key: KeyTemplate,
+    unroutable: Unroutable,
+    timeout: Duration,
+    options: SinkOptions,
+    described: String,
+    session: Mutex<Option<Session>>,
+    generations: AtomicU64,
+}
+
+struct Session {
+    connection: Connection,
+    channel: Channel,
+    /// Tells sessions apart (channel ids repeat across connections).
+    generation: u64,
+}
+
+/// Why talking to the broker failed (always sanitized before display).
+#[derive(Debug, thiserror::Error)]
+enum AmqpError {
+    #[error("{what}: {source}")]
+    Broker {
+        what: &'static str,
+        #[source]
+        source: lapin::Error,
+    },
+    #[error("{0}: timed out after {1:?}")]
+    Timeout(&'static str, Duration),
+}
+
+impl AmqpSink {
+    /// Parse the sink URL; connects lazily (on [`Sink::check`] or the first publish).
+    pub fn from_url(raw: &str, options: SinkOptions) -> Result<Self, SinkError> {
+        let url = url::Url::parse(raw).map_err(|e| {
+            SinkError::Config(format!(
+                "sink URL is not a valid amqp:// URL: {}",
+                sanitize_error(&e.to_string())
+            ))
+        })?;
+        let scheme = match url.scheme() {
+            "amqp" => AMQPScheme::AMQP,
+            "amqps" => AMQPScheme::AMQPS,
+            other => {
+                return Err(SinkError::Config(format!(
+                    "sink URL scheme {other:?} is not amqp or amqps"
+                )))
+            }
+        };
+        let host = url
+            .host_str()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| SinkError::Config("sink URL: the AMQP host is missing".into()))?
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let port = url.port().unwrap_or_else(|| scheme.default_port());
+        let defaults = AMQPUserInfo::default();
+        let username = match url.username() {
+            "" => defaults.username,
+            u => decode(u, "user name")?,
+        };
+        let password = match url.password() {
+            None => defaults.password,
+            Some(p) => decode(p, "password")?,
+        };
+        let vhost = match url.path() {
+            "" | "/" => "/".to_owned(),
+            path => decode(&path[1..], "vhost")?,
+        };
+
+        let mut exchange = None;
+        let mut routing_key = DEFAULT_ROUTING_KEY.to_owned();
+        let mut unroutable = Unroutable::Reject;
+        let mut timeout = DEFAULT_TIMEOUT;
+        let mut query = AMQPQueryString::default();
+        for (name, value) in url.query_pairs() {
+            match name.as_ref() {
+                "exchange" => exchange = Some(value.into_owned()),
+                "routing_key" => routing_key = value.into_owned(),
+                "unroutable" => {
+                    unroutable = match value.as_ref() {
+                        "reject" => Unroutable::Reject,
+                        "retry" => Unroutable::Retry,
+                        other => {
+                            return Err(SinkError::Config(format!(
+                                "sink URL parameter unroutable: expected reject or retry, got {other:?}"
+                            )))
+                        }
+                    }
+                }
+                "timeout" => {
+                    timeout = humantime::parse_duration(&value)
+                        .ok()
+                        .filter(|d| !d.is_zero())
+                        .ok_or_else(|| {
+                            SinkError::Config(format!(
+                                "sink URL parameter timeout: expected a duration like 5s or 500ms, got {value:?}"
+                            ))
+                        })?
+                }
+                "heartbeat" => {
+                    query.heartbeat = Some(value.parse::<u16>().map_err(|_| {
+                        SinkError::Config(format!(
+                            "sink URL parameter heartbeat: expected seconds (0-65535), got {value:?}"
+                        ))
+                    })?)
+                }
+                other => {
+                    return Err(SinkError::Config(format!(
+                        "sink URL parameter {:?} is unknown; expected exchange, routing_key, unroutable, timeout or heartbeat",
+                        sanitize_error(other)
+                    )))
+                }
+            }
+        }
+        let exchange = exchange.ok_or_else(|| {
+            SinkError::Config(
+                "sink URL parameter exchange is required (exchange= selects the default exchange)"
+                    .into(),
+            )
+        })?;
+        let exchange = ShortString::try_new(exchange).map_err(|_| {
+            SinkError::Config("sink URL parameter exchange: longer than 255 bytes".into())
+        })?;
+        let routing_key = KeyTemplate::parse("sink URL parameter routing_key", &routing_key)?;
+        query.connection_timeout = Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
+
+        let described = format!(
+            "{}://{}:{}/{} exchange {:?} routing_key {}{}",
+            url.scheme(),
+            url.host_str().unwrap_or_default(),
+            port,
+            url.path().trim_start_matches('/'),
+            exchange.as_str(),
+            routing_key.as_str(),
+            match unroutable {
+                Unroutable::Reject => "",
+                Unroutable::Retry => " unroutable=retry",
+            }
+        );
+        Ok(Self {
+            uri: AMQPUri {
+                scheme,
+                authority: AMQPAuthority {
+                    userinfo: AMQPUserInfo { username, password },
+                    host,
+                    port,
+                },
+                vhost,
+                query,
+            },
+            exchange,
+            routing_key,
+            unroutable,
+            timeout,
+            options,
+            described,
+            session: Mutex::new(None),
+            generations: AtomicU64::new(0),
+        })
+    }
+
+    /// What an unroutable message becomes.
+    pub fn unroutable(&self) -> Unroutable {
+        self.unroutable
+    }
+
+    /// Connect and open a channel in confirm mode.
+    async fn connect(&self) -> Result<Session, AmqpError> {
+        let properties =
+            ConnectionProperties::default().with_connection_name("postbox-relay".into());
+        let connection = self
+            .bounded(
+                "connecting",
+                Connection::connect_uri(self.uri.clone(), properties),
+            )
+            .await?;
+        let channel = self
+            .bounded("opening a channel", connection.create_channel())
+            .await?;
+        self.bounded(
+            "enabling publisher confirms",
+            channel.confirm_select(ConfirmSelectOptions::default()),
+        )
+        .await?;
+        Ok(Session {
+            connection,
+            channel,
+            generation: self.generations.fetch_add(1, Ordering::Relaxed),
+        })
+    }
+
+    async fn bounded<T>(
+        &self,
+        what: &'static str,
+        work: impl std::future::Future<Output = lapin::Result<T>>,
+    ) -> Result<T, AmqpError> {
+        tokio::time::timeout(self.timeout, work)
+            .await
+            .map_err(|_| AmqpError::Timeout(what, self.timeout))?
+            .map_err(|source| AmqpError::Broker { what, source })
+    }
+
+    /// The channel to publish on (and its session's generation), reconnecting
+    /// when the last one is gone.
+    async fn channel(&self) -> Result<(Channel, u64), AmqpError> {
+        let mut slot = self.session.lock().await;
+        if let Some(s) = slot.as_ref() {
+            if s.connection.status().connected() && s.channel.status().connected() {
+                return Ok((s.channel.clone(), s.generation));
+            }
+        }
+        if let Some(old) = slot.take() {
+            close_in_background(old);
+        }
+        let session = self.connect().await?;
+        let channel = (session.channel.clone(), session.generation);
+        *slot = Some(session);
+        Ok(channel)
+    }
+
+    /// Forget the session after an error so the next publish reconnects.
+    async fn discard(&self, generation: u64) {
+        let mut slot = self.session.lock().await;
+        if slot.as_ref().is_some_and(|s| s.generation == generation) {
+            if let Some(old) = slot.take() {
+                close_in_background(old);
+            }
+        }
+    }
+
+    fn properties(&self, m: &Message) -> Result<BasicProperties, String> {
+        let header_bytes: usize = m.headers.iter().map(|(n, v)| n.len() + v.len()).sum();
+        if header_bytes > MAX_HEADER_BYTES {
+            // The properties must fit in one frame; a larger header table would
+            // fail the whole channel (and so the batch) on every attempt.
+            return Err(format!(
+                "the producer headers take {header_bytes} bytes; at most {MAX_HEADER_BYTES} fit in an AMQP message"
+            ));
+        }
+        let mut headers = FieldTable::default();
+        for (name, value) in &m.headers {
+            if name.starts_with("cloudEvents") {
+                continue;
+            }
+            let key = ShortString::try_new(name.as_str())
+                .map_err(|_| format!("producer header name {name:?} is longer than 255 bytes"))?;
+            headers.insert(key, AMQPValue::LongString(LongString::from(value.as_str())));
+        }
+        let id = m.event_id.hyphenated().to_string();
+        let time = m.created_at.to_rfc3339_opts(SecondsFormat::Micros, true);
+        let text = [
+            ("id", id.as_str()),
+            ("specversion", "1.0"),
+            ("type", m.event_type.as_str()),
+            ("source", self.options.source.as_str()),
+            ("subject", m.aggregate_id.as_str()),
+            ("time", time.as_str()),
+            ("aggregatetype", m.aggregate_type.as_str()),
+        ];
+        for (name, value) in text {
+            headers.insert(
+                ShortString::from(format!("{CE_PREFIX}{name}")),
+                AMQPValue::LongString(LongString::from(value)),
+            );
+        }
+        headers.insert(
+            ShortString::from(format!("{CE_PREFIX}schemaversion")),
+            AMQPValue::LongInt(m.schema_version),
+        );
+        let short = |what: &str, value: &str| {
+            ShortString::try_new(value).map_err(|_| format!("{what} is longer than 255 bytes"))
+        };
+        let mut properties = BasicProperties::default()
+            .with_content_type(ShortString::from(CONTENT_TYPE))
+            .with_delivery_mode(PERSISTENT)
+            .with_message_id(ShortString::from(id))
+            .with_type(short("the event type", &m.event_type)?)
+            .with_app_id(short("the CloudEvents source", &self.options.source)?)
+            .with_headers(headers);
+        if let Ok(seconds) = u64::try_from(m.created_at.timestamp()) {
+            properties = properties.with_timestamp(seconds);
+        }
+        Ok(properties)
+    }
+
+    fn returned(&self, ret: &lapin::message::BasicReturnMessage, routing_key: &str) -> Outcome {
+        let error = format!(
+            "amqp: unroutable: exchange {:?} returned the message with routing key {:?} ({} {})",
+            self.exchange.as_str(),
+            sanitize_error(routing_key),
+            ret.reply_code,
+            sanitize_error(ret.reply_text.as_str())
+        );
+        match self.unroutable {
+            Unroutable::Reject => Outcome::reject(error),
+            Unroutable::Retry => Outcome::retry(error),
+        }
+    }
+}
+
+fn close_in_background(session: Session) {
+    tokio::spawn(async move {
+        let close = session
+            .connection
+            .close(200, ShortString::from("postbox: reconnecting"));
+        let _ = tokio::time::timeout(Duration::from_secs(5), close).await;
+    });
+}
+
+fn decode(s: &str, what: &str) -> Result<String, SinkError> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let byte = s
+                .get(i + 1..i + 3)
+                .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+                .ok_or_else(|| {
+                    SinkError::Config(format!(
+                        "sink URL: the {what} has an invalid percent-escape"
+                    ))
+                })?;
+            out.push(byte);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out)
+        .map_err(|_| SinkError::Config(format!("sink URL: the {what} is not valid UTF-8")))
+}
+
+#[async_trait]
+impl Sink for AmqpSink {
+    async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
+        if batch.is_empty() {
+            return Vec::new();
+        }
+        let (channel, generation) = match self.channel().await {
+            Ok(c) => c,
+            Err(e) => {
+                let error = format!("amqp: {}", sanitize_error(&e.to_string()));
+                return vec![Outcome::retry(error); batch.len()];
+            }
+        };
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; batch.len()];
+        let mut pending = Vec::with_capacity(batch.len());
+        let mut broken = None;
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        for (i, m) in batch.iter().enumerate() {
+            if let Some(error) = &broken {
+                outcomes[i] = Some(Outcome::retry(format!("amqp: {error}")));
+                continue;
+            }
+            let routing_key = self.routing_key.render(m);
+            let Ok(key) = ShortString::try_new(routing_key.as_str()) else {
+                outcomes[i] = Some(Outcome::reject(format!(
+                    "amqp: routing key {:?} is longer than 255 bytes",
+                    sanitize_error(&routing_key)
+                )));
+                continue;
+            };
+            let properties = match self.properties(m) {
+                Ok(p) => p,
+                Err(why) => {
+                    outcomes[i] = Some(Outcome::reject(format!("amqp: {}", sanitize_error(&why))));
+                    continue;
+                }
+            };
+            let body = cloudevents::to_json(m, &self.options.source);
+            let options = BasicPublishOptions {
+                mandatory: true,
+                ..Default::default()
+            };
+            let sent = tokio::time::timeout_at(
+                deadline,
+                channel.basic_publish(
+                    self.exchange.clone(),
+                    key,
+                    options,
+                    body.as_bytes(),
+                    properties,
+                ),
+            )
+            .await;
+            match sent {
+                Ok(Ok(confirm)) => pending.push((i, routing_key, confirm)),
+                Ok(Err(e)) => {
+                    let error = sanitize_error(&e.to_string());
+                    outcomes[i] = Some(Outcome::retry(format!("amqp: publishing: {error}")));
+                    broken = Some(error);
+                }
+                Err(_) => {
+                    let error = format!("publishing: timed out after {:?}", self.timeout);
+                    outcomes[i] = Some(Outcome::retry(format!("amqp: {error}")));
+                    broken = Some(error);
+                }
+            }
+        }
+        let waits = pending
+            .into_iter()
+            .map(|(i, routing_key, confirm)| async move {
+                (
+                    i,
+                    routing_key,
+                    tokio::time::timeout_at(deadline, confirm).await,
+                )
+            });
+        for (i, routing_key, confirmed) in futures::future::join_all(waits).await {
+            outcomes[i] = Some(match confirmed {
+                Ok(Ok(Confirmation::Ack(None))) => Outcome::Delivered,
+                Ok(Ok(Confirmation::Ack(Some(ret)))) | Ok(Ok(Confirmation::Nack(Some(ret)))) => {
+                    self.returned(&ret, &routing_key)
+                }
+                Ok(Ok(Confirmation::Nack(None))) => {
+                    Outcome::retry("amqp: the broker refused the message (basic.nack)")
+                }
+                Ok(Ok(Confirmation::NotRequested)) => {
+                    Outcome::retry("amqp: publisher confirms were not enabled on the channel")
+                }
+                Ok(Err(e)) => {
+                    let error = sanitize_error(&e.to_string());
+                    broken.get_or_insert_with(|| error.clone());
+                    Outcome::retry(format!("amqp: waiting for the confirm: {error}"))
+                }
+                Err(_) => {
+                    broken.get_or_insert_with(|| "confirm timed out".into());
+                    Outcome::retry(format!("amqp: no confirm within {:?}", self.timeout))
+                }
+            });
+        }
+        if broken.is_some() {
+            self.discard(generation).await;
+        }
+        outcomes
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|| Outcome::retry("amqp: no confirm")))
+            .collect()
+    }
+
+    async fn check(&self) -> Result<(), SinkError> {
+        let unreachable = |e: AmqpError| SinkError::Unreachable {
+            sink: self.describe(),
+            reason: sanitize_error(&e.to_string()),
+        };
+        self.channel().await.map_err(unreachable)?;
+        if self.exchange.as_str().is_empty() {
+            return Ok(());
+        }
+        // A passive declare of a missing exchange closes its channel: use a spare one.
+        let spare = {
+            let slot = self.session.lock().await;
+            match slot.as_ref() {
+                Some(s) => {
+                    self.bounded("opening a channel", s.connection.create_channel())
+                        .await
+                }
+                None => Err(AmqpError::Timeout("opening a channel", self.timeout)),
+            }
+        }
+        .map_err(unreachable)?;
+        let declared = self
+            .bounded(
+                "checking the exchange",
+                spare.exchange_declare(
+                    self.exchange.clone(),
+                    ExchangeKind::Topic,
+                    ExchangeDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                ),
+            )
+            .await;
+        let _ = tokio::time::timeout(
+            self.timeout,
+            spare.close(200, ShortString::from("check done")),
+        )
+        .await;
+        declared.map_err(|e| SinkError::Unreachable {
+            sink: self.describe(),
+            reason: format!(
+                "exchange {:?} is not usable (declare it first): {}",
+                self.exchange.as_str(),
+                sanitize_error(&e.to_string())
+            ),
+        })
+    }
+
+    fn describe(&self) -> String {
+        self.described.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_urls_without_leaking_credentials() {
+        let s = AmqpSink::from_url(
+            "amqp://app:s%40cret@rabbit:5673/shop?exchange=events&routing_key={aggregate_type}.{event_type}&unroutable=retry&timeout=3s",
+            SinkOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            s.describe(),
+            "amqp://rabbit:5673/shop exchange \"events\" routing_key {aggregate_type}.{event_type} unroutable=retry"
+        );
+        assert_eq!(s.uri.authority.userinfo.password, "s@cret");
+        assert_eq!(s.uri.vhost, "shop");
+        assert_eq!(s.unroutable(), Unroutable::Retry);
+        assert_eq!(s.timeout, Duration::from_secs(3));
+        let d = AmqpSink::from_url("amqp://127.0.0.1?exchange=", SinkOptions::default()).unwrap();
+        assert_eq!((d.uri.vhost.as_str(), d.uri.authority.port), ("/", 5672));
+        assert_eq!(d.uri.authority.host, "127.0.0.1");
+        let v = AmqpSink::from_url("amqps://h/%2f?exchange=x", SinkOptions::default()).unwrap();
+        assert_eq!((v.uri.vhost.as_str(), v.uri.authority.port), ("/", 5671));
+    }
+
+    #[test]
+    fn rejects_bad_parameters() {
+        let cases = [
+            ("amqp://h", "exchange is required"),
+            ("amqp://h?exchange=x&colour=red", "\"colour\" is unknown"),
+            (
+                "amqp://h?exchange=x&routing_key={nope}",
+                "unknown placeholder {nope}",
+            ),
+            (
+                "amqp://h?exchange=x&unroutable=drop",
+                "unroutable: expected reject or retry",
+            ),
+            (
+                "amqp://h?exchange=x&timeout=0s",
+                "timeout: expected a duration",
+            ),
+            (
+                "amqp://h?exchange=x&heartbeat=-1",
+                "heartbeat: expected seconds",
+            ),
+            ("amqp://u:%zz@h?exchange=x", "invalid percent-escape"),
+        ];
+        for (url, want) in cases {
+            let err = match AmqpSink::from_url(url, SinkOptions::default()) {
+                Ok(_) => panic!("{url} was accepted"),
+                Err(e) => e.to_string(),
+            };
+            assert!(err.contains(want), "{url}: {err}");
+            assert!(!err.contains("%zz"), "{err}");
+        }
+    }
+}

@@ -1,0 +1,630 @@
+//! NATS JetStream: every event is published to a subject and stored by the
+//! stream that captures that subject; a PubAck from the stream is the only
+//! thing that counts as delivered.
+//!
+//! URL: `nats://[USER:PASSWORD@|TOKEN@]HOST:PORT?subject=TEMPLATE[&stream=NAME][&timeout=DURATION][&tls=true]`
+//!
+//! - `subject` (default `postbox.{event_type}`): the subject template, with the
+//!   placeholders `{event_type}`, `{aggregate_type}` and `{aggregate_id}`. A
+//!   placeholder's value may contain dots (`order.created`), so it may span
+//!   several subject tokens.
+//! - `stream`: the JetStream stream to publish into. At start-up it is created
+//!   when it is missing, with one subject filter that captures every subject
+//!   the template can produce: the template's literal tokens up to the first
+//!   placeholder, then `>` (`events.{event_type}` → `events.>`;
+//!   `shop.{aggregate_type}.v1` → `shop.>`). `>` is the only NATS wildcard that
+//!   matches several tokens, and it must be the last token, so a template must
+//!   start with at least one literal token when `stream` is given. The stream
+//!   is created with the server's defaults (file storage, limits retention
+//!   without limits, a 2-minute duplicate window); create it yourself for
+//!   anything else. When it exists its subjects are left alone.
+//!   Without `stream`, start-up checks that some stream captures the
+//!   template's subjects and fails if none does.
+//! - `timeout` (default `10s`): connecting, and waiting for the PubAcks of a
+//!   batch. A batch whose acks do not arrive in time is retried.
+//! - `tls=true`: require TLS (the server's certificate is verified).
+//!
+//! A rendered subject with whitespace, an empty token, a `*` or `>` token, or
+//! more than 1024 bytes makes that event a reject.
+//!
+//! Each message: the body is the CloudEvents JSON document
+//! (`Content-Type: application/cloudevents+json`); headers are
+//! `Nats-Msg-Id` (the event id), the attributes `ce-id`, `ce-type`,
+//! `ce-source`, `ce-subject` (aggregate id), `ce-time`, `ce-aggregatetype`,
+//! `ce-schemaversion`, and the producer's headers under their own names.
+//! Producer headers named `Nats-*`, `ce-*` or `Content-Type` are not forwarded
+//! (they would change how JetStream treats the message or contradict the
+//! event); a producer header NATS cannot carry (a name with `:`, spaces or
+//! non-ASCII; a value with CR or LF) makes the event a reject.
+//!
+//! Delivery: the batch is published pipelined on one connection, then every
+//! PubAck is awaited. A PubAck (also one marked duplicate) is `Delivered`; a
+//! missing stream, a timeout or a lost connection is a retry; a message larger
+//! than the server's `max_payload` (1 MiB by default, for body plus headers)
+//! or the stream's `max_msg_size` is a reject. Deduplication: JetStream drops
+//! a second message with the same `Nats-Msg-Id` inside the stream's duplicate
+//! window, so a retry shortly after an ambiguous failure is stored once;
+//! outside the window consumers deduplicate on the event id.
+//!
+//! Credentials from the URL are sent only to the server, never logged or put
+//! into an outcome.
+
+use super::{KeyTemplate, SinkOptions};
+use crate::cloudevents;
+use crate::redact::sanitize_error;
+use crate::sink::{Message, Outcome, Sink, SinkError};
+use async_nats::header::{HeaderMap, HeaderName, HeaderValue};
+use async_nats::jetstream::{self, context::PublishErrorKind, stream};
+use async_trait::async_trait;
+use chrono::SecondsFormat;
+use std::str::FromStr;
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+const DEFAULT_SUBJECT: &str = "postbox.{event_type}";
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+const CONTENT_TYPE: &str = "application/cloudevents+json";
+/// The longest subject published (the server's control line is 4 KiB by default).
+const MAX_SUBJECT_BYTES: usize = 1024;
+
+/// How the sink authenticates (never printed).
+#[derive(Clone)]
+enum Auth {
+    None,
+    UserPassword(String, String),
+    Token(String),
+}
+
+/// The NATS JetStream sink; see the module docs for the URL.
+pub struct NatsSink {
+    server: String,
+    auth: Auth,
+    tls: bool,
+    subject: KeyTemplate,
+    capture: String,
+    stream: Option<String>,
+    timeout: Duration,
+    options: SinkOptions,
+    described: String,
+    connection: Mutex<Option<jetstream::Context>>,
+}
+
+/// Why a connection or a stream operation failed (always sanitized before display).
+#[derive(Debug, thiserror::Error)]
+enum NatsError {
+    #[error("connecting: {0}")]
+    Connect(#[source] async_nats::ConnectError),
+    #[error("connecting: timed out after {0:?}")]
+    ConnectTimeout(Duration),
+    #[error("looking up stream {name}: {source}")]
+    GetStream {
+        name: String,
+        #[source]
+        source: jetstream::context::GetStreamError,
+    },
+    #[error("creating stream {name}: {source}")]
+    CreateStream {
+        name: String,
+        #[source]
+        source: jetstream::context::CreateStreamError,
+    },
+    #[error("looking for a stream that captures {subject}: {source}")]
+    FindStream {
+        subject: String,
+        #[source]
+        source: jetstream::context::GetStreamByNameError,
+    },
+}
+
+impl NatsSink {
+    /// Parse the sink URL; connects lazily (on [`Sink::check`] or the first publish).
+    pub fn from_url(raw: &str, options: SinkOptions) -> Result<Self, SinkError> {
+        let url = url::Url::parse(raw).map_err(|e| {
+            SinkError::Config(format!(
+                "sink URL is not a valid nats:// URL: {}",
+                sanitize_error(&e.to_string())
+            ))
+        })?;
+        if url.scheme() != "nats" {
+            return Err(SinkError::Config(format!(
+                "sink URL scheme {:?} is not nats",
+                url.scheme()
+            )));
+        }
+        let host = url
+            .host_str()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| SinkError::Config("sink URL: the NATS host is missing".into()))?
+            .to_owned();
+        let port = url.port().unwrap_or(4222);
+        if !matches!(url.path(), "" | "/") {
+            return Err(SinkError::Config(
+                "sink URL: a nats:// URL has no path; put the subject in ?subject=".into(),
+            ));
+        }
+        let auth = parse_auth(&url)?;
+
+        let mut subject = DEFAULT_SUBJECT.to_owned();
+        let mut stream = None;
+        let mut timeout = DEFAULT_TIMEOUT;
+        let mut tls = false;
+        for (name, value) in url.query_pairs() {
+            match name.as_ref() {
+                "subject" => subject = value.into_owned(),
+                "stream" => stream = Some(value.into_owned()),
+                "timeout" => timeout = parse_timeout(&value)?,
+                "tls" => tls = parse_bool("tls", &value)?,
+                other => {
+                    return Err(SinkError::Config(format!(
+                        "sink URL parameter {:?} is unknown; \
+                         expected subject, stream, timeout or tls",
+                        sanitize_error(other)
+                    )))
+                }
+            }
+        }
+        check_subject_template(&subject)?;
+        let template = KeyTemplate::parse("sink URL parameter subject", &subject)?;
+        let capture = capture_subject(&subject);
+        if let Some(name) = &stream {
+            check_stream_name(name)?;
+            if capture == ">" {
+                return Err(SinkError::Config(format!(
+                    "sink URL parameter subject: {subject:?} must start with a literal token \
+                     (like events.{{event_type}}) when stream= is given, so the stream can capture \
+                     its subjects without capturing every subject"
+                )));
+            }
+        }
+        let mut described = format!("nats://{host}:{port} subject {subject}");
+        if let Some(name) = &stream {
+            described.push_str(&format!(" stream {name}"));
+        }
+        if tls {
+            described.push_str(" tls");
+        }
+        Ok(Self {
+            server: format!("nats://{host}:{port}"),
+            auth,
+            tls,
+            subject: template,
+            capture,
+            stream,
+            timeout,
+            options,
+            described,
+            connection: Mutex::new(None),
+        })
+    }
+
+    /// The subject filter a stream needs to capture every subject the template produces.
+    pub fn capture_subject(&self) -> &str {
+        &self.capture
+    }
+
+    async fn context(&self) -> Result<jetstream::Context, NatsError> {
+        let mut slot = self.connection.lock().await;
+        if let Some(js) = slot.as_ref() {
+            return Ok(js.clone());
+        }
+        let mut opts = async_nats::ConnectOptions::new()
+            .name("postbox-relay")
+            .connection_timeout(self.timeout)
+            .request_timeout(Some(self.timeout))
+            .require_tls(self.tls)
+            .event_callback(|event| async move {
+                tracing::debug!(event = %sanitize_error(&event.to_string()), "nats connection event");
+            });
+        opts = match &self.auth {
+            Auth::None => opts,
+            Auth::UserPassword(user, password) => {
+                opts.user_and_password(user.clone(), password.clone())
+            }
+            Auth::Token(token) => opts.token(token.clone()),
+        };
+        let client = tokio::time::timeout(self.timeout, opts.connect(self.server.as_str()))
+            .await
+            .map_err(|_| NatsError::ConnectTimeout(self.timeout))?
+            .map_err(NatsError::Connect)?;
+        let js = jetstream::ContextBuilder::new()
+            .timeout(self.timeout)
+            .build(client);
+        *slot = Some(js.clone());
+        Ok(js)
+    }
+
+    async fn ensure_stream(&self, js: &jetstream::Context) -> Result<(), NatsError> {
+        match &self.stream {
+            Some(name) => match js.get_stream(name).await {
+                Ok(_) => Ok(()),
+                Err(e) if is_stream_not_found(&e) => {
+                    let config = stream::Config {
+                        name: name.clone(),
+                        subjects: vec![self.capture.clone()],
+                        ..Default::default()
+                    };
+                    match js.create_stream(config).await {
+                        Ok(_) => Ok(()),
+                        // Another relay created it in the meantime.
+                        Err(e) if js.get_stream(name).await.is_ok() => {
+                            tracing::debug!(error = %e, "stream created concurrently");
+                            Ok(())
+                        }
+                        Err(source) => Err(NatsError::CreateStream {
+                            name: name.clone(),
+                            source,
+                        }),
+                    }
+                }
+                Err(source) => Err(NatsError::GetStream {
+                    name: name.clone(),
+                    source,
+                }),
+            },
+            None => js
+                .stream_by_subject(self.capture.clone())
+                .await
+                .map(|_| ())
+                .map_err(|source| NatsError::FindStream {
+                    subject: self.capture.clone(),
+                    source,
+                }),
+        }
+    }
+
+    /// The headers of one message, or why NATS cannot carry them.
+    fn headers(&self, m: &Message) -> Result<HeaderMap, String> {
+        let mut headers = HeaderMap::new();
+        for (name, value) in &m.headers {
+            let lower = name.to_ascii_lowercase();
+            if lower.starts_with("nats-") || lower.starts_with("ce-") || lower == "content-type" {
+                continue;
+            }
+            let header_name = HeaderName::from_str(name).map_err(|_| {
+                format!("producer header name {name:?} cannot be carried by NATS (use printable ASCII without ':' or spaces)")
+            })?;
+            let header_value = HeaderValue::from_str(value).map_err(|_| {
+                format!("producer header {name:?} has a value NATS cannot carry (CR or LF)")
+            })?;
+            headers.insert(header_name, header_value);
+        }
+        let id = m.event_id.hyphenated().to_string();
+        let attributes = [
+            ("Nats-Msg-Id", id.clone()),
+            ("Content-Type", CONTENT_TYPE.to_owned()),
+            ("ce-id", id),
+            ("ce-specversion", "1.0".to_owned()),
+            ("ce-type", m.event_type.clone()),
+            ("ce-source", self.options.source.clone()),
+            ("ce-subject", m.aggregate_id.clone()),
+            (
+                "ce-time",
+                m.created_at.to_rfc3339_opts(SecondsFormat::Micros, true),
+            ),
+            ("ce-aggregatetype", m.aggregate_type.clone()),
+            ("ce-schemaversion", m.schema_version.to_string()),
+        ];
+        for (name, value) in attributes {
+            let value = HeaderValue::from_str(&value).map_err(|_| {
+                format!("attribute {name} contains CR or LF, which NATS headers cannot carry")
+            })?;
+            headers.insert(name, value);
+        }
+        Ok(headers)
+    }
+}
+
+#[async_trait]
+impl Sink for NatsSink {
+    async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
+        if batch.is_empty() {
+            return Vec::new();
+        }
+        let js = match self.context().await {
+            Ok(js) => js,
+            Err(e) => {
+                let error = format!("nats: {}", sanitize_error(&e.to_string()));
+                return vec![Outcome::retry(error); batch.len()];
+            }
+        };
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; batch.len()];
+        let mut pending = Vec::with_capacity(batch.len());
+        for (i, m) in batch.iter().enumerate() {
+            let subject = self.subject.render(m);
+            if let Err(why) = check_subject(&subject) {
+                outcomes[i] = Some(Outcome::reject(format!(
+                    "nats: subject {:?} {why}",
+                    sanitize_error(&subject)
+                )));
+                continue;
+            }
+            let headers = match self.headers(m) {
+                Ok(h) => h,
+                Err(why) => {
+                    outcomes[i] = Some(Outcome::reject(format!("nats: {}", sanitize_error(&why))));
+                    continue;
+                }
+            };
+            let body = cloudevents::to_json(m, &self.options.source);
+            let publish = jetstream::message::PublishMessage::build()
+                .payload(body.into_bytes().into())
+                .headers(headers);
+            match js.send_publish(subject.clone(), publish).await {
+                Ok(ack) => pending.push((i, subject, ack)),
+                Err(e) => outcomes[i] = Some(classify(&subject, &e)),
+            }
+        }
+        let acks = futures::future::join_all(
+            pending
+                .into_iter()
+                .map(|(i, subject, ack)| async move { (i, subject, ack.await) }),
+        )
+        .await;
+        for (i, subject, ack) in acks {
+            outcomes[i] = Some(match ack {
+                Ok(_) => Outcome::Delivered,
+                Err(e) => classify(&subject, &e),
+            });
+        }
+        outcomes
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|| Outcome::retry("nats: no acknowledgement")))
+            .collect()
+    }
+
+    async fn check(&self) -> Result<(), SinkError> {
+        let unreachable = |e: NatsError| SinkError::Unreachable {
+            sink: self.describe(),
+            reason: sanitize_error(&e.to_string()),
+        };
+        let js = self.context().await.map_err(unreachable)?;
+        self.ensure_stream(&js).await.map_err(|e| match e {
+            NatsError::FindStream { .. } => SinkError::Unreachable {
+                sink: self.describe(),
+                reason: format!(
+                    "no JetStream stream captures subjects matching {}: create one, or add stream=NAME \
+                     to the sink URL to have it created ({})",
+                    self.capture,
+                    sanitize_error(&e.to_string())
+                ),
+            },
+            other => unreachable(other),
+        })
+    }
+
+    fn describe(&self) -> String {
+        self.described.clone()
+    }
+}
+
+/// Turn a publish or ack error into an outcome.
+fn classify(subject: &str, e: &jetstream::context::PublishError) -> Outcome {
+    let text = sanitize_error(&e.to_string());
+    match e.kind() {
+        PublishErrorKind::MaxPayloadExceeded => Outcome::reject(format!(
+            "nats: the message is larger than the server's max_payload: {text}"
+        )),
+        PublishErrorKind::StreamNotFound => Outcome::retry(format!(
+            "nats: no JetStream stream captures subject {}",
+            sanitize_error(subject)
+        )),
+        PublishErrorKind::Other
+            if jetstream_code(e) == Some(jetstream::ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM) =>
+        {
+            Outcome::reject(format!(
+                "nats: the message is larger than the stream's max_msg_size: {text}"
+            ))
+        }
+        _ => Outcome::retry(format!("nats: {text}")),
+    }
+}
+
+fn jetstream_code(e: &jetstream::context::PublishError) -> Option<jetstream::ErrorCode> {
+    let source = std::error::Error::source(e)?;
+    source
+        .downcast_ref::<jetstream::Error>()
+        .map(jetstream::Error::error_code)
+}
+
+fn is_stream_not_found(e: &jetstream::context::GetStreamError) -> bool {
+    matches!(
+        e.kind(),
+        jetstream::context::GetStreamErrorKind::JetStream(inner)
+            if inner.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
+    )
+}
+
+fn parse_auth(url: &url::Url) -> Result<Auth, SinkError> {
+    let decode = |s: &str, what: &str| {
+        percent_decode(s).ok_or_else(|| {
+            SinkError::Config(format!(
+                "sink URL: the {what} is not valid percent-encoded UTF-8"
+            ))
+        })
+    };
+    let user = decode(url.username(), "user name")?;
+    Ok(match url.password() {
+        Some(password) => Auth::UserPassword(user, decode(password, "password")?),
+        None if !user.is_empty() => Auth::Token(user),
+        None => Auth::None,
+    })
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn parse_timeout(value: &str) -> Result<Duration, SinkError> {
+    humantime::parse_duration(value)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            SinkError::Config(format!(
+                "sink URL parameter timeout: expected a duration like 5s or 500ms, got {value:?}"
+            ))
+        })
+}
+
+fn parse_bool(name: &str, value: &str) -> Result<bool, SinkError> {
+    match value {
+        "true" | "1" | "yes" => Ok(true),
+        "false" | "0" | "no" => Ok(false),
+        other => Err(SinkError::Config(format!(
+            "sink URL parameter {name}: expected true or false, got {other:?}"
+        ))),
+    }
+}
+
+/// The literal parts of the template must form a valid subject by themselves.
+fn check_subject_template(template: &str) -> Result<(), SinkError> {
+    let literal: String = {
+        // Replace each placeholder by one token so the literal text can be checked.
+        let mut out = String::new();
+        let mut rest = template;
+        while let Some(open) = rest.find('{') {
+            out.push_str(&rest[..open]);
+            out.push('x');
+            match rest[open..].find('}') {
+                Some(close) => rest = &rest[open + close + 1..],
+                None => {
+                    rest = "";
+                }
+            }
+        }
+        out.push_str(rest);
+        out
+    };
+    check_subject(&literal)
+        .map_err(|why| SinkError::Config(format!("sink URL parameter subject: {template:?} {why}")))
+}
+
+/// Why `subject` is not a subject a message can be published to.
+fn check_subject(subject: &str) -> Result<(), &'static str> {
+    if subject.is_empty() {
+        return Err("is empty");
+    }
+    if subject.len() > MAX_SUBJECT_BYTES {
+        // The server closes a connection whose control line is too long, which
+        // would fail every message of the batch on every attempt.
+        return Err("is longer than 1024 bytes");
+    }
+    if subject.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("contains whitespace or control characters, which NATS subjects cannot");
+    }
+    for token in subject.split('.') {
+        if token.is_empty() {
+            return Err("has an empty token (a leading, trailing or doubled '.')");
+        }
+        if token == "*" || token == ">" {
+            return Err("contains a wildcard token ('*' or '>'); messages need a literal subject");
+        }
+    }
+    Ok(())
+}
+
+/// The subject filter capturing every subject `template` can render: the
+/// literal tokens before the first placeholder, then `>`.
+fn capture_subject(template: &str) -> String {
+    match template.find('{') {
+        None => template.to_owned(),
+        Some(open) => match template[..open].rfind('.') {
+            Some(dot) => format!("{}.>", &template[..dot]),
+            None => ">".to_owned(),
+        },
+    }
+}
+
+fn check_stream_name(name: &str) -> Result<(), SinkError> {
+    let bad = name.is_empty()
+        || name.chars().any(|c| {
+            c.is_whitespace() || c.is_control() || matches!(c, '.' | '*' | '>' | '/' | '\\')
+        });
+    if bad {
+        return Err(SinkError::Config(format!(
+            "sink URL parameter stream: {name:?} is not a valid stream name \
+             (no spaces, '.', '*', '>', '/' or '\\')"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_urls_without_leaking_credentials() {
+        let s = NatsSink::from_url(
+            "nats://app:s3cret@127.0.0.1:4223?subject=shop.{aggregate_type}.{event_type}&stream=SHOP&timeout=2s",
+            SinkOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            s.describe(),
+            "nats://127.0.0.1:4223 subject shop.{aggregate_type}.{event_type} stream SHOP"
+        );
+        assert_eq!(s.capture_subject(), "shop.>");
+        assert_eq!(s.timeout, Duration::from_secs(2));
+        assert!(matches!(&s.auth, Auth::UserPassword(u, p) if u == "app" && p == "s3cret"));
+        let t = NatsSink::from_url("nats://tok%40en@h", SinkOptions::default()).unwrap();
+        assert!(matches!(&t.auth, Auth::Token(tok) if tok == "tok@en"));
+        assert_eq!(t.describe(), "nats://h:4222 subject postbox.{event_type}");
+    }
+
+    #[test]
+    fn capture_covers_multi_token_placeholders() {
+        assert_eq!(capture_subject("events.{event_type}"), "events.>");
+        assert_eq!(capture_subject("a.b.{aggregate_id}.c"), "a.b.>");
+        assert_eq!(capture_subject("a.b{event_type}"), "a.>");
+        assert_eq!(capture_subject("{event_type}"), ">");
+        assert_eq!(capture_subject("fixed.subject"), "fixed.subject");
+    }
+
+    #[test]
+    fn rejects_bad_parameters() {
+        let cases = [
+            ("nats://h?colour=red", "\"colour\" is unknown"),
+            ("nats://h?subject={oops}", "unknown placeholder {oops}"),
+            ("nats://h?subject=a..{event_type}", "empty token"),
+            ("nats://h?subject=a.*.{event_type}", "wildcard"),
+            (
+                "nats://h?subject={event_type}&stream=S",
+                "must start with a literal token",
+            ),
+            ("nats://h?stream=a.b", "not a valid stream name"),
+            ("nats://h?timeout=soon", "timeout: expected a duration"),
+            ("nats://h?tls=maybe", "tls: expected true or false"),
+            ("nats://h/path", "has no path"),
+            ("nats://:4222", "empty host"),
+        ];
+        for (url, want) in cases {
+            let err = match NatsSink::from_url(url, SinkOptions::default()) {
+                Ok(_) => panic!("{url} was accepted"),
+                Err(e) => e.to_string(),
+            };
+            assert!(err.contains(want), "{url}: {err}");
+        }
+    }
+
+    #[test]
+    fn checks_rendered_subjects() {
+        assert!(check_subject("orders.order.created").is_ok());
+        assert!(check_subject("orders.a b").is_err());
+        assert!(check_subject("orders.>").is_err());
+        assert!(check_subject("orders.").is_err());
+        assert!(check_subject(&format!("orders.{}", "x".repeat(1100))).is_err());
+    }
+}

@@ -1,0 +1,144 @@
+//! The Kafka sink (cargo feature `kafka`). No Kafka broker runs on the
+//! development machines or in CI, so these tests run only when
+//! `KAFKA_BROKERS` names one (`HOST:PORT[,HOST:PORT]`, topics auto-created);
+//! otherwise they print why they were skipped and pass.
+
+#[cfg(not(feature = "kafka"))]
+#[test]
+fn kafka_conformance_skipped_without_the_feature() {
+    println!("skipped: the kafka sink is not built; run with --features kafka and KAFKA_BROKERS=HOST:PORT");
+}
+
+#[cfg(feature = "kafka")]
+mod with_feature {
+    use crate::conformance::{self, Fixture, Reader, Received, Spec};
+    use async_trait::async_trait;
+    use postbox_relay::sinks::kafka::KafkaSink;
+    use postbox_relay::sinks::SinkOptions;
+    use postbox_relay::Sink;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message as _};
+    use rdkafka::ClientConfig;
+    use std::time::Duration;
+    use tokio::sync::Mutex;
+
+    fn brokers() -> Option<String> {
+        match std::env::var("KAFKA_BROKERS") {
+            Ok(b) if !b.trim().is_empty() => Some(b),
+            _ => {
+                println!("skipped: KAFKA_BROKERS is not set (no Kafka broker runs here); set it to HOST:PORT to run");
+                None
+            }
+        }
+    }
+
+    /// Reads one topic from the beginning with a fresh consumer group.
+    struct TopicReader {
+        consumer: std::sync::Arc<BaseConsumer>,
+        read: Mutex<Vec<Received>>,
+    }
+
+    impl TopicReader {
+        fn new(brokers: &str, topic: &str) -> Self {
+            let consumer: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", brokers)
+                .set("group.id", postbox_testkit::unique("conformance-"))
+                .set("auto.offset.reset", "earliest")
+                .set("enable.auto.commit", "false")
+                .create()
+                .expect("a Kafka consumer");
+            consumer.subscribe(&[topic]).expect("subscribe");
+            Self {
+                consumer: std::sync::Arc::new(consumer),
+                read: Mutex::new(Vec::new()),
+            }
+        }
+    }
+
+    #[async_trait]
+    impl Reader for TopicReader {
+        async fn received(&self) -> Vec<Received> {
+            let mut read = self.read.lock().await;
+            let consumer = self.consumer.clone();
+            let fresh = tokio::task::spawn_blocking(move || {
+                let mut out = Vec::new();
+                while let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+                    let message_id = m.headers().and_then(|h| {
+                        h.iter()
+                            .find(|h| h.key == "ce_id")
+                            .and_then(|h| h.value)
+                            .and_then(|v| String::from_utf8(v.to_vec()).ok())
+                    });
+                    out.push(Received {
+                        message_id,
+                        key: m.key().and_then(|k| String::from_utf8(k.to_vec()).ok()),
+                        body: m.payload().unwrap_or_default().to_vec(),
+                    });
+                }
+                out
+            })
+            .await
+            .expect("poll the consumer");
+            read.extend(fresh);
+            read.clone()
+        }
+    }
+
+    #[tokio::test]
+    async fn kafka_passes_conformance() {
+        let Some(brokers) = brokers() else { return };
+        let topic = postbox_testkit::unique("conformance-");
+        let spec = Spec {
+            name: "kafka",
+            broker: brokers.split(',').next().unwrap_or_default().to_owned(),
+            // The default message.max.bytes (producer and broker) is about 1 MB.
+            max_payload: 1_000_000 - 8 * 1024,
+            oversize: Some(conformance::MAX_PAYLOAD),
+            keyed: true,
+            // An invalid topic name is rejected before it reaches the broker.
+            poison: Some(|m| m.event_type = "has space".into()),
+            // Clients reach the brokers they are told about, bypassing a proxy.
+            outage: false,
+            hang_deadline: None,
+        };
+        // Every suite message has this event type; the poisoned one renders an invalid topic.
+        let reader = TopicReader::new(&brokers, &format!("{topic}.conformance.item.created"));
+        conformance::run(spec, |_proxy| async move {
+            let url = format!("kafka://{brokers}?topic={topic}.{{event_type}}&timeout=10s");
+            let sink = postbox_relay::sinks::from_url(&url, &SinkOptions::default())
+                .expect("a valid Kafka sink URL");
+            Fixture {
+                sink,
+                reader: Box::new(reader),
+                secret: None,
+            }
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn kafka_unreachable_broker_is_a_retry() {
+        // A port nothing listens on: every record times out and is retried.
+        let url = "kafka://127.0.0.1:1?topic=postbox-unreachable&timeout=1s";
+        let sink = KafkaSink::from_url(url, SinkOptions::default()).unwrap();
+        assert!(sink.check().await.is_err());
+        for o in sink.publish(&conformance::messages(3, 1)).await {
+            assert!(matches!(o, postbox_relay::Outcome::Retry { .. }), "{o:?}");
+        }
+    }
+
+    /// `KAFKA_BROKERS=… cargo test -p postbox-relay --features kafka --test main --release -- --ignored --nocapture kafka_throughput`
+    #[tokio::test]
+    #[ignore = "a measurement, not a check"]
+    async fn kafka_throughput() {
+        let Some(brokers) = brokers() else { return };
+        let topic = postbox_testkit::unique("throughput-");
+        let sink = KafkaSink::from_url(
+            &format!("kafka://{brokers}?topic={topic}"),
+            SinkOptions::default(),
+        )
+        .unwrap();
+        let rate = conformance::throughput(&sink, 100_000, conformance::MAX_BATCH).await;
+        println!("kafka: {rate:.0} events/s");
+    }
+}

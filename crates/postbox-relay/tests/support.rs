@@ -1,0 +1,173 @@
+//! Sinks and helpers for the relay's tests.
+
+use async_trait::async_trait;
+use postbox::{NewEvent, Outbox};
+use postbox_relay::{
+    Message, Outcome, Relay, RelayConfig, RunMode, Sink, SinkError, StatsSnapshot, Store,
+};
+use postbox_testkit::TestDb;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// Fast settings for tests: short polls, tiny backoff.
+pub fn fast_config() -> RelayConfig {
+    RelayConfig {
+        batch_size: 100,
+        poll_interval: Duration::from_millis(50),
+        lease: Duration::from_secs(30),
+        publish_timeout: Duration::from_secs(10),
+        max_attempts: 5,
+        backoff_base: Duration::from_millis(5),
+        backoff_max: Duration::from_millis(50),
+        rescue_interval: Duration::from_millis(100),
+        listen: true,
+        shutdown_timeout: Duration::from_secs(10),
+    }
+}
+
+/// Enqueue `n` committed events (`order.created`, aggregate `order`/`i`), returning their ids.
+pub async fn enqueue(db: &TestDb, n: usize) -> Vec<Uuid> {
+    enqueue_with(db, n, |i| serde_json::json!({"order_id": i})).await
+}
+
+pub async fn enqueue_with(
+    db: &TestDb,
+    n: usize,
+    payload: impl Fn(usize) -> serde_json::Value,
+) -> Vec<Uuid> {
+    let outbox = Outbox::new(db.schema.clone());
+    let events: Vec<NewEvent> = (0..n)
+        .map(|i| NewEvent::new("order.created", "order", i.to_string(), &payload(i)).unwrap())
+        .collect();
+    let mut ids = Vec::new();
+    for chunk in events.chunks(1000) {
+        let mut tx = db.pool.begin().await.unwrap();
+        ids.extend(
+            postbox::sqlx::enqueue_batch(&outbox, &mut tx, chunk)
+                .await
+                .unwrap(),
+        );
+        tx.commit().await.unwrap();
+    }
+    ids
+}
+
+pub fn store(db: &TestDb) -> Store {
+    Store::new(db.pool.clone(), db.schema.clone())
+}
+
+/// Run a relay to completion in drain mode (bounded by a generous timeout).
+pub async fn drain(db: &TestDb, sink: Arc<dyn Sink>, config: RelayConfig) -> StatsSnapshot {
+    let relay = Relay::new(store(db), sink, config).unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        relay.run(RunMode::Drain, CancellationToken::new()),
+    )
+    .await
+    .expect("the relay drains within the timeout")
+}
+
+/// What one test sink saw.
+#[derive(Default)]
+pub struct Seen {
+    /// Every message received, in order.
+    pub messages: Vec<Message>,
+    /// Event ids in some publish call right now (to detect overlapping claims).
+    pub in_flight: HashSet<Uuid>,
+    /// Event ids seen in two publish calls at the same time.
+    pub overlaps: Vec<Uuid>,
+}
+
+type Script = dyn Fn(&Message, usize) -> Outcome + Send + Sync;
+
+/// A sink that records everything and answers by a script `(message, times seen before) -> outcome`.
+pub struct ScriptedSink {
+    pub seen: Mutex<Seen>,
+    script: Box<Script>,
+    /// Optional pause inside publish, released by `release`.
+    hold: Option<Arc<Notify>>,
+    pub entered: Notify,
+}
+
+impl ScriptedSink {
+    pub fn new(script: impl Fn(&Message, usize) -> Outcome + Send + Sync + 'static) -> Arc<Self> {
+        Arc::new(Self {
+            seen: Mutex::default(),
+            script: Box::new(script),
+            hold: None,
+            entered: Notify::new(),
+        })
+    }
+
+    pub fn delivering() -> Arc<Self> {
+        Self::new(|_, _| Outcome::Delivered)
+    }
+
+    /// A delivering sink whose publish calls wait for `gate` before answering.
+    pub fn held(gate: Arc<Notify>) -> Arc<Self> {
+        Arc::new(Self {
+            seen: Mutex::default(),
+            script: Box::new(|_, _| Outcome::Delivered),
+            hold: Some(gate),
+            entered: Notify::new(),
+        })
+    }
+
+    pub fn count(&self) -> usize {
+        self.seen.lock().unwrap().messages.len()
+    }
+
+    pub fn ids(&self) -> Vec<Uuid> {
+        self.seen
+            .lock()
+            .unwrap()
+            .messages
+            .iter()
+            .map(|m| m.event_id)
+            .collect()
+    }
+}
+
+#[async_trait]
+impl Sink for ScriptedSink {
+    async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
+        let outcomes: Vec<Outcome> = {
+            let mut seen = self.seen.lock().unwrap();
+            let mut outcomes = Vec::new();
+            for m in batch {
+                if !seen.in_flight.insert(m.event_id) {
+                    seen.overlaps.push(m.event_id);
+                }
+                let before = seen
+                    .messages
+                    .iter()
+                    .filter(|s| s.event_id == m.event_id)
+                    .count();
+                outcomes.push((self.script)(m, before));
+                seen.messages.push(m.clone());
+            }
+            outcomes
+        };
+        self.entered.notify_one();
+        if let Some(gate) = &self.hold {
+            gate.notified().await;
+        }
+        let mut seen = self.seen.lock().unwrap();
+        for m in batch {
+            seen.in_flight.remove(&m.event_id);
+        }
+        outcomes
+    }
+
+    async fn check(&self) -> Result<(), SinkError> {
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        "scripted test sink".into()
+    }
+}

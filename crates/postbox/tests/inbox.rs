@@ -1,0 +1,232 @@
+//! The inbox: record (consumer, event id) in the caller's transaction, learn whether
+//! it is new, purge old rows by age. Both drivers.
+
+use postbox::{Error, InboxOutcome, Outbox};
+use postbox_testkit::TestDb;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// Move `n` inbox rows' `processed_at` two hours back.
+async fn age_rows(db: &TestDb, n: i64) {
+    db.exec(&format!(
+        "UPDATE {{schema}}.inbox SET processed_at = now() - interval '2 hours' \
+         WHERE ctid = ANY(ARRAY(SELECT ctid FROM {{schema}}.inbox ORDER BY event_id LIMIT {n}))"
+    ))
+    .await;
+}
+
+#[tokio::test]
+async fn sqlx_first_record_is_new_and_the_second_a_duplicate() {
+    let db = TestDb::new().await;
+    let outbox = Outbox::new(db.schema.clone());
+    let event = Uuid::now_v7();
+
+    let mut tx = db.pool.begin().await.unwrap();
+    let first = postbox::sqlx::record_inbox(&outbox, &mut tx, "billing", event)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(first, InboxOutcome::New);
+    assert!(first.is_new());
+
+    let mut tx = db.pool.begin().await.unwrap();
+    let second = postbox::sqlx::record_inbox(&outbox, &mut tx, "billing", event)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(second, InboxOutcome::Duplicate);
+
+    // Another consumer has its own record of the same event.
+    let mut conn = db.pool.acquire().await.unwrap();
+    let other = postbox::sqlx::record_inbox(&outbox, &mut conn, "shipping", event)
+        .await
+        .unwrap();
+    assert_eq!(other, InboxOutcome::New);
+    assert_eq!(db.count("SELECT count(*) FROM {schema}.inbox").await, 2);
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn sqlx_a_rolled_back_record_leaves_the_event_new() {
+    let db = TestDb::new().await;
+    let outbox = Outbox::new(db.schema.clone());
+    let event = Uuid::now_v7();
+
+    let mut tx = db.pool.begin().await.unwrap();
+    let outcome = postbox::sqlx::record_inbox(&outbox, &mut tx, "billing", event)
+        .await
+        .unwrap();
+    assert_eq!(outcome, InboxOutcome::New);
+    tx.rollback().await.unwrap(); // the effect failed: nothing was applied
+
+    let mut tx = db.pool.begin().await.unwrap();
+    let retried = postbox::sqlx::record_inbox(&outbox, &mut tx, "billing", event)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(
+        retried,
+        InboxOutcome::New,
+        "the redelivery must apply the effect"
+    );
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn sqlx_concurrent_records_of_one_event_yield_exactly_one_new() {
+    let db = TestDb::new().await;
+    let outbox = Outbox::new(db.schema.clone());
+    let event = Uuid::now_v7();
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (pool, outbox) = (db.pool.clone(), outbox.clone());
+            tokio::spawn(async move {
+                let mut tx = pool.begin().await.unwrap();
+                let outcome = postbox::sqlx::record_inbox(&outbox, &mut tx, "billing", event)
+                    .await
+                    .unwrap();
+                tx.commit().await.unwrap();
+                outcome
+            })
+        })
+        .collect();
+    let mut new = 0;
+    for t in tasks {
+        if t.await.unwrap().is_new() {
+            new += 1;
+        }
+    }
+    assert_eq!(new, 1);
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn sqlx_invalid_consumer_names_are_refused() {
+    let db = TestDb::new().await;
+    let outbox = Outbox::new(db.schema.clone());
+    let mut conn = db.pool.acquire().await.unwrap();
+    for bad in [String::new(), "c".repeat(256), "a\0b".to_owned()] {
+        let err = postbox::sqlx::record_inbox(&outbox, &mut conn, &bad, Uuid::now_v7())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidConsumer { .. }), "{err}");
+    }
+    assert_eq!(db.count("SELECT count(*) FROM {schema}.inbox").await, 0);
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn sqlx_purge_removes_only_old_rows_in_bounded_batches() {
+    let db = TestDb::new().await;
+    let outbox = Outbox::new(db.schema.clone());
+    let mut conn = db.pool.acquire().await.unwrap();
+    for _ in 0..5 {
+        let _ = postbox::sqlx::record_inbox(&outbox, &mut conn, "billing", Uuid::now_v7())
+            .await
+            .unwrap();
+    }
+    age_rows(&db, 3).await;
+    let hour = Duration::from_secs(3600);
+
+    let first = postbox::sqlx::purge_inbox(&outbox, &mut conn, hour, 2)
+        .await
+        .unwrap();
+    assert_eq!(first, 2, "bounded by the limit");
+    let second = postbox::sqlx::purge_inbox(&outbox, &mut conn, hour, 2)
+        .await
+        .unwrap();
+    assert_eq!(second, 1, "only rows older than an hour");
+    let third = postbox::sqlx::purge_inbox(&outbox, &mut conn, hour, 2)
+        .await
+        .unwrap();
+    assert_eq!(third, 0);
+    assert_eq!(db.count("SELECT count(*) FROM {schema}.inbox").await, 2);
+    db.drop_schema().await;
+}
+
+#[cfg(feature = "tokio-postgres")]
+mod with_tokio_postgres {
+    use super::*;
+    use tokio_postgres::{Client, NoTls};
+
+    async fn client() -> Client {
+        let (client, connection) = tokio_postgres::connect(&postbox_testkit::database_url(), NoTls)
+            .await
+            .expect("connect with tokio-postgres");
+        tokio::spawn(connection);
+        client
+    }
+
+    #[tokio::test]
+    async fn tokio_postgres_record_duplicate_and_rollback() {
+        let db = TestDb::new().await;
+        let outbox = Outbox::new(db.schema.clone());
+        let mut client = client().await;
+        let event = Uuid::now_v7();
+
+        let tx = client.transaction().await.unwrap();
+        let outcome = postbox::tokio_postgres::record_inbox(&outbox, &tx, "billing", event)
+            .await
+            .unwrap();
+        assert_eq!(outcome, InboxOutcome::New);
+        tx.rollback().await.unwrap();
+
+        let tx = client.transaction().await.unwrap();
+        let outcome = postbox::tokio_postgres::record_inbox(&outbox, &tx, "billing", event)
+            .await
+            .unwrap();
+        assert_eq!(outcome, InboxOutcome::New, "the rollback recorded nothing");
+        tx.commit().await.unwrap();
+
+        let tx = client.transaction().await.unwrap();
+        let outcome = postbox::tokio_postgres::record_inbox(&outbox, &tx, "billing", event)
+            .await
+            .unwrap();
+        assert_eq!(outcome, InboxOutcome::Duplicate);
+        tx.commit().await.unwrap();
+
+        // On a plain client, too.
+        let outcome = postbox::tokio_postgres::record_inbox(&outbox, &client, "shipping", event)
+            .await
+            .unwrap();
+        assert_eq!(outcome, InboxOutcome::New);
+        let err = postbox::tokio_postgres::record_inbox(&outbox, &client, "", event)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidConsumer { .. }), "{err}");
+        assert_eq!(db.count("SELECT count(*) FROM {schema}.inbox").await, 2);
+        db.drop_schema().await;
+    }
+
+    #[tokio::test]
+    async fn tokio_postgres_purge_removes_only_old_rows_in_bounded_batches() {
+        let db = TestDb::new().await;
+        let outbox = Outbox::new(db.schema.clone());
+        let mut client = client().await;
+        for _ in 0..5 {
+            let _ =
+                postbox::tokio_postgres::record_inbox(&outbox, &client, "billing", Uuid::now_v7())
+                    .await
+                    .unwrap();
+        }
+        age_rows(&db, 3).await;
+        let hour = Duration::from_secs(3600);
+
+        let tx = client.transaction().await.unwrap();
+        let first = postbox::tokio_postgres::purge_inbox(&outbox, &tx, hour, 2)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(first, 2, "bounded by the limit");
+        let second = postbox::tokio_postgres::purge_inbox(&outbox, &client, hour, 10)
+            .await
+            .unwrap();
+        assert_eq!(second, 1, "only rows older than an hour");
+        let third = postbox::tokio_postgres::purge_inbox(&outbox, &client, hour, 10)
+            .await
+            .unwrap();
+        assert_eq!(third, 0);
+        assert_eq!(db.count("SELECT count(*) FROM {schema}.inbox").await, 2);
+        db.drop_schema().await;
+    }
+}
