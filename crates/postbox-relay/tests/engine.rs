@@ -21,9 +21,11 @@ async fn drains_every_committed_event_once() {
     want.sort();
     assert_eq!(seen, want, "each event exactly once when nothing fails");
     assert_eq!(db.count("SELECT count(*) FROM {schema}.outbox WHERE status = 'sent' AND sent_at IS NOT NULL AND lease_token IS NULL").await, 1000);
-    let m = &sink.seen.lock().unwrap().messages[0];
-    assert_eq!(m.attempt, 1);
-    assert_eq!(m.event_type, "order.created");
+    {
+        let seen = sink.seen.lock().unwrap();
+        assert_eq!(seen.messages[0].attempt, 1);
+        assert_eq!(seen.messages[0].event_type, "order.created");
+    }
     db.drop_schema().await;
 }
 
@@ -53,15 +55,16 @@ async fn two_relays_never_hold_the_same_row() {
         sa.delivered > 0 && sb.delivered > 0,
         "both relays took part: {sa:?} {sb:?}"
     );
-    let seen = sink.seen.lock().unwrap();
-    assert!(
-        seen.overlaps.is_empty(),
-        "events held by two relays at once: {:?}",
-        seen.overlaps
-    );
-    let distinct: HashSet<_> = seen.messages.iter().map(|m| m.event_id).collect();
-    assert_eq!((distinct.len(), seen.messages.len()), (3000, 3000));
-    drop(seen);
+    {
+        let seen = sink.seen.lock().unwrap();
+        assert!(
+            seen.overlaps.is_empty(),
+            "events held by two relays at once: {:?}",
+            seen.overlaps
+        );
+        let distinct: HashSet<_> = seen.messages.iter().map(|m| m.event_id).collect();
+        assert_eq!((distinct.len(), seen.messages.len()), (3000, 3000));
+    }
     db.drop_schema().await;
 }
 
@@ -195,16 +198,14 @@ async fn retries_back_off_and_end_in_failed_after_the_budget() {
         assert!(r.get::<bool, _>(3));
     }
     // Attempt numbers seen by the sink rise 1..=4 for each event.
-    let seen = sink.seen.lock().unwrap();
     let mut attempts: HashMap<uuid::Uuid, Vec<i32>> = HashMap::new();
-    for m in &seen.messages {
+    for m in &sink.seen.lock().unwrap().messages {
         attempts.entry(m.event_id).or_default().push(m.attempt);
     }
     assert!(
         attempts.values().all(|a| a == &vec![1, 2, 3, 4]),
         "{attempts:?}"
     );
-    drop(seen);
     db.drop_schema().await;
 }
 

@@ -102,7 +102,7 @@ async fn batch_enqueue_keeps_input_order_and_ids() {
             .await
             .unwrap();
     assert_eq!(stored, ids, "rows are inserted in input order");
-    let empty = postbox::sqlx::enqueue_batch(&outbox, &mut *db.pool.acquire().await.unwrap(), &[])
+    let empty = postbox::sqlx::enqueue_batch(&outbox, &mut db.pool.acquire().await.unwrap(), &[])
         .await
         .unwrap();
     assert!(empty.is_empty());
@@ -179,7 +179,7 @@ async fn the_sql_function_rejects_bad_input_clearly() {
     let long = "x".repeat(256);
     let cases = [
         (
-            format!("SELECT {{schema}}.enqueue('', 'order', '1', '{{}}')"),
+            "SELECT {schema}.enqueue('', 'order', '1', '{}')".to_string(),
             "event_type must be 1 to 255 bytes",
         ),
         (
@@ -187,19 +187,19 @@ async fn the_sql_function_rejects_bad_input_clearly() {
             "event_type must be 1 to 255 bytes",
         ),
         (
-            format!("SELECT {{schema}}.enqueue('t', NULL, '1', '{{}}')"),
+            "SELECT {schema}.enqueue('t', NULL, '1', '{}')".to_string(),
             "aggregate_type must be 1 to 255 bytes",
         ),
         (
-            format!("SELECT {{schema}}.enqueue('t', 'order', '', '{{}}')"),
+            "SELECT {schema}.enqueue('t', 'order', '', '{}')".to_string(),
             "aggregate_id must be 1 to 255 bytes",
         ),
         (
-            format!("SELECT {{schema}}.enqueue('t', 'order', '1', NULL)"),
+            "SELECT {schema}.enqueue('t', 'order', '1', NULL)".to_string(),
             "payload must not be NULL",
         ),
         (
-            format!("SELECT {{schema}}.enqueue('t', 'order', '1', '{{}}', '[1]')"),
+            "SELECT {schema}.enqueue('t', 'order', '1', '{}', '[1]')".to_string(),
             "headers must be a JSON object",
         ),
     ];
