@@ -4,16 +4,53 @@ use crate::config::FileConfig;
 use crate::{db, Cli, Command, Global};
 use clap::Args;
 use postbox::{NewEvent, Outbox, Schema};
+use postbox_relay::retention::{self, Progress, Table};
 use postbox_relay::sinks::{self, SinkOptions};
-use postbox_relay::{Relay, RelayConfig, RunMode, Store};
+use postbox_relay::store::{AttemptsCount, Roles, StatusCounts};
+use postbox_relay::{Relay, RelayConfig, RetentionConfig, RunMode, Store};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 pub type AnyError = Box<dyn std::error::Error + Send + Sync>;
 
 /// How long one-shot commands keep retrying an unreachable database.
 const CONNECT_PATIENCE: Duration = Duration::from_secs(15);
+/// How often the relay refreshes its backlog gauges when metrics are served.
+const GAUGE_INTERVAL: Duration = Duration::from_secs(5);
+/// Least time between two progress lines of a long purge.
+const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+
+#[derive(Args, Debug)]
+pub struct MigrateArgs {
+    /// Also create the NOLOGIN roles <schema>_producer (can only enqueue),
+    /// <schema>_relay (what the relay needs) and <schema>_monitor (read-only),
+    /// for a DBA to grant to login users. Idempotent.
+    #[arg(long)]
+    pub create_roles: bool,
+    /// With --create-roles: print the roles' SQL and exit, without connecting
+    #[arg(long, requires = "create_roles")]
+    pub print_sql: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct PurgeArgs {
+    /// Remove sent events acknowledged longer ago than this, e.g. 7d, 36h
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub older_than: Duration,
+    /// Move the events to <schema>.outbox_archive instead of deleting them
+    #[arg(long)]
+    pub archive: bool,
+    /// Rows per batch, each its own short transaction [default: 5000, or retention.batch_size]
+    #[arg(long, value_name = "N")]
+    pub batch_size: Option<u32>,
+    /// Also delete inbox records processed longer ago than --older-than
+    #[arg(long)]
+    pub inbox: bool,
+    /// Pause between batches [default: 100ms, or retention.pause]
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub pause: Option<Duration>,
+}
 
 #[derive(Args, Debug)]
 pub struct EnqueueArgs {
@@ -51,13 +88,21 @@ pub struct RelayArgs {
     /// Exit once nothing is pending or in flight, printing a summary
     #[arg(long)]
     pub drain: bool,
+    /// Serve Prometheus /metrics, /healthz and /readyz on ADDR, e.g. 0.0.0.0:9187
+    #[arg(long, env = "POSTBOX_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
 }
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
-    /// Print JSON: pending, processing, sent, failed, oldest_pending_age_seconds
+    /// Print JSON: pending, processing, sent, failed, oldest_pending_age_seconds,
+    /// oldest_pending_event_id, dead_letters, pending_attempts
     #[arg(long)]
     pub json: bool,
+    /// Refresh every INTERVAL [default: 2s] until interrupted (JSON: one line per refresh)
+    #[arg(long, value_name = "INTERVAL", num_args = 0..=1, default_missing_value = "2s",
+          value_parser = humantime::parse_duration)]
+    pub watch: Option<Duration>,
 }
 
 /// Global settings after merging flags, environment and the config file.
@@ -99,16 +144,24 @@ impl Settings {
 pub async fn run(cli: Cli) -> Result<ExitCode, AnyError> {
     let settings = Settings::resolve(&cli.global)?;
     match cli.command {
-        Command::Migrate => migrate(&settings).await,
+        Command::Migrate(args) => migrate(&settings, args).await,
         Command::Enqueue(args) => enqueue(&settings, args).await,
         Command::Relay(args) => relay(&settings, args).await,
         Command::Status(args) => status(&settings, args).await,
+        Command::Purge(args) => purge(&settings, args).await,
+        Command::Dlq(args) => crate::dlq::run(&settings, args).await,
         Command::Demo(args) => crate::demo::run(&settings, args).await,
+        Command::Bench(args) => crate::bench::run(&settings, args).await,
         Command::Receive(args) => crate::receive::run(&settings, args).await,
     }
 }
 
-async fn migrate(settings: &Settings) -> Result<ExitCode, AnyError> {
+async fn migrate(settings: &Settings, args: MigrateArgs) -> Result<ExitCode, AnyError> {
+    if args.print_sql {
+        let roles = Roles::for_schema(&settings.schema)?;
+        print!("{}", roles.sql(&settings.schema));
+        return Ok(ExitCode::SUCCESS);
+    }
     let pool = settings.pool("postbox-migrate").await?;
     let mut conn = pool.acquire().await?;
     let applied = postbox::sqlx::migrate(&mut conn, &settings.schema).await?;
@@ -120,6 +173,16 @@ async fn migrate(settings: &Settings) -> Result<ExitCode, AnyError> {
             "schema {}: applied migration(s) {}",
             settings.schema,
             list.join(", ")
+        );
+    }
+    drop(conn);
+    if args.create_roles {
+        let roles = Store::new(pool, settings.schema.clone())
+            .create_roles()
+            .await?;
+        println!(
+            "roles {}, {} and {} are in place (NOLOGIN: GRANT them to login users)",
+            roles.producer, roles.relay, roles.monitor
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -185,9 +248,29 @@ async fn relay(settings: &Settings, args: RelayArgs) -> Result<ExitCode, AnyErro
         tracing::warn!(error = %e, "the sink is not reachable yet; events will be retried until it is");
     }
     let store = Store::new(pool, settings.schema.clone());
-    let relay = Relay::new(store, sink, config)?;
+    let mut relay = Relay::new(store.clone(), sink.clone(), config)?;
+    let retention = &settings.file.retention;
+    if retention.enabled {
+        relay = relay.with_retention(retention.clone())?;
+        tracing::info!(
+            older_than = %humantime::format_duration(retention.older_than),
+            archive = retention.archive,
+            inbox = retention.inbox,
+            "retention is on"
+        );
+    }
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
+    let serving = CancellationToken::new();
+    let _stop_serving = serving.clone().drop_guard();
+    if let Some(addr) = &args.metrics_listen {
+        let endpoint = crate::observe::Endpoint::bind(addr, store, sink).await?;
+        if let Some(bound) = endpoint.local_addr() {
+            tracing::info!("serving /metrics, /healthz and /readyz on http://{bound}");
+        }
+        tokio::spawn(endpoint.serve(serving.clone()));
+        relay = relay.with_gauges(GAUGE_INTERVAL)?;
+    }
     let mode = if args.drain {
         RunMode::Drain
     } else {
@@ -223,25 +306,151 @@ pub async fn cancel_on_signal(token: CancellationToken) {
     token.cancel();
 }
 
+/// `postbox status --json`: the original keys first, then the additions.
+#[derive(serde::Serialize)]
+struct StatusReport {
+    #[serde(flatten)]
+    counts: StatusCounts,
+    oldest_pending_event_id: Option<uuid::Uuid>,
+    dead_letters: i64,
+    pending_attempts: Vec<AttemptsCount>,
+}
+
+async fn status_report(store: &Store) -> Result<StatusReport, sqlx::Error> {
+    let counts = store.status_counts().await?;
+    let gauges = store.gauges().await?;
+    let pending_attempts = store.pending_attempts().await?;
+    Ok(StatusReport {
+        dead_letters: counts.failed,
+        counts,
+        oldest_pending_event_id: gauges.oldest_pending_event_id,
+        pending_attempts,
+    })
+}
+
+fn format_age(secs: Option<f64>) -> String {
+    secs.map(|s| {
+        humantime::format_duration(Duration::from_secs(s.max(0.0).round() as u64)).to_string()
+    })
+    .unwrap_or_else(|| "-".to_owned())
+}
+
+fn render_status(schema: &Schema, r: &StatusReport) -> String {
+    use std::fmt::Write;
+    let c = &r.counts;
+    let mut out = String::new();
+    let _ = writeln!(out, "schema      {schema}");
+    let _ = writeln!(out, "pending     {}", c.pending);
+    let _ = writeln!(out, "processing  {}", c.processing);
+    let _ = writeln!(out, "sent        {}", c.sent);
+    let _ = writeln!(out, "failed      {}  (dead letters)", c.failed);
+    let _ = writeln!(
+        out,
+        "oldest pending age  {}",
+        format_age(c.oldest_pending_age_seconds)
+    );
+    if let Some(id) = r.oldest_pending_event_id {
+        let _ = writeln!(out, "oldest pending event  {id}");
+    }
+    if !r.pending_attempts.is_empty() {
+        let parts: Vec<String> = r
+            .pending_attempts
+            .iter()
+            .map(|a| format!("{}: {}", a.attempts, a.count))
+            .collect();
+        let _ = writeln!(out, "pending by attempts  {}", parts.join(", "));
+    }
+    out
+}
+
 async fn status(settings: &Settings, args: StatusArgs) -> Result<ExitCode, AnyError> {
     let pool = settings.pool("postbox-status").await?;
     let store = Store::new(pool, settings.schema.clone());
-    let counts = store.status_counts().await?;
-    if args.json {
-        println!("{}", serde_json::to_string(&counts)?);
-    } else {
-        let age = counts
-            .oldest_pending_age_seconds
-            .map(|s| {
-                humantime::format_duration(Duration::from_millis((s * 1000.0) as u64)).to_string()
-            })
-            .unwrap_or_else(|| "-".to_owned());
-        println!("schema      {}", settings.schema);
-        println!("pending     {}", counts.pending);
-        println!("processing  {}", counts.processing);
-        println!("sent        {}", counts.sent);
-        println!("failed      {}", counts.failed);
-        println!("oldest pending age  {age}");
+    let Some(every) = args.watch else {
+        let report = status_report(&store).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else {
+            print!("{}", render_status(&settings.schema, &report));
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    if every.is_zero() {
+        return Err("--watch: the interval must be greater than zero".into());
     }
+    let stop = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(stop.clone()));
+    while !stop.is_cancelled() {
+        let shown = match status_report(&store).await {
+            Ok(r) if args.json => serde_json::to_string(&r)?,
+            Ok(r) => render_status(&settings.schema, &r),
+            Err(e) => format!(
+                "error: {}",
+                postbox_relay::redact::sanitize_error(&e.to_string())
+            ),
+        };
+        if args.json {
+            println!("{shown}");
+        } else {
+            // Home the cursor and clear the screen, then redraw.
+            print!(
+                "\x1b[H\x1b[2J{}\n{shown}",
+                chrono::Local::now().format("%Y-%m-%d %H:%M:%S")
+            );
+        }
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.cancelled() => {}
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn purge(settings: &Settings, args: PurgeArgs) -> Result<ExitCode, AnyError> {
+    let file = &settings.file.retention;
+    let config = RetentionConfig {
+        enabled: false,
+        older_than: args.older_than,
+        archive: args.archive || file.archive,
+        inbox: args.inbox || file.inbox,
+        batch_size: args.batch_size.unwrap_or(file.batch_size),
+        pause: args.pause.unwrap_or(file.pause),
+        interval: file.interval,
+    };
+    config.validate()?;
+    let pool = settings.pool("postbox-purge").await?;
+    let store = Store::new(pool, settings.schema.clone());
+    let stop = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(stop.clone()));
+    let verb = if config.archive {
+        "archived"
+    } else {
+        "deleted"
+    };
+    let mut last_line = Instant::now();
+    let report = retention::purge(&store, &config, &stop, |p: Progress| {
+        if last_line.elapsed() >= PROGRESS_EVERY {
+            last_line = Instant::now();
+            let what = match p.table {
+                Table::Outbox => format!("{} sent events {verb}", p.removed),
+                Table::Inbox => format!("{} inbox records deleted", p.removed),
+            };
+            eprintln!(
+                "purge: {what} so far ({})",
+                humantime::format_duration(Duration::from_secs(p.elapsed.as_secs()))
+            );
+        }
+    })
+    .await?;
+    let mut line = format!("purged: {} sent events {verb}", report.outbox);
+    if config.inbox {
+        line.push_str(&format!(", {} inbox records deleted", report.inbox));
+    }
+    if report.interrupted {
+        line.push_str(" (interrupted)");
+    }
+    println!("{line}");
     Ok(ExitCode::SUCCESS)
 }

@@ -1,7 +1,7 @@
 //! The `--config` file (TOML) and how it combines with flags and the environment:
 //! a flag beats its environment variable, which beats the file, which beats the default.
 
-use postbox_relay::RelayConfig;
+use postbox_relay::{RelayConfig, RetentionConfig};
 use serde::Deserialize;
 use std::path::Path;
 
@@ -18,6 +18,10 @@ use std::path::Path;
 /// [sink]
 /// url = "redis://127.0.0.1:6379?mode=stream" # or --sink / POSTBOX_SINK
 /// source = "shop"                            # CloudEvents source
+///
+/// [retention]
+/// enabled = true
+/// older_than = "7d"
 /// ```
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -28,6 +32,10 @@ pub struct FileConfig {
     pub relay: RelayConfig,
     #[serde(default)]
     pub sink: SinkSection,
+    /// `[retention]`: the relay's background purge (off by default) and the
+    /// defaults of `postbox purge`.
+    #[serde(default)]
+    pub retention: RetentionConfig,
 }
 
 /// `[sink]`.
@@ -100,6 +108,8 @@ mod tests {
         );
         let err = FileConfig::parse("[relay]\nlease = \"soon\"\n").unwrap_err();
         assert!(err.contains("line 2"), "{err}");
+        let err = FileConfig::parse("[retention]\nolder_then = \"1d\"\n").unwrap_err();
+        assert!(err.contains("unknown field `older_then`"), "{err}");
         let err = FileConfig::parse("database_url = \"postgres://u:hunter2@h/db\"\nextra = 1\n")
             .unwrap_err();
         assert!(!err.contains("hunter2"), "{err}");

@@ -1,9 +1,12 @@
 //! `postbox`: the transactional outbox for PostgreSQL, from the command line.
 
+mod bench;
 mod commands;
 mod config;
 mod db;
 mod demo;
+mod dlq;
+mod observe;
 mod pgcluster;
 mod receive;
 
@@ -39,13 +42,19 @@ pub struct Global {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Create or upgrade postbox's schema (idempotent; safe to run concurrently)
-    Migrate,
+    Migrate(commands::MigrateArgs),
     /// Enqueue one event (in its own transaction) and print its id
     Enqueue(commands::EnqueueArgs),
     /// Deliver committed events to a sink
     Relay(commands::RelayArgs),
-    /// Show counts by status and the oldest pending age
+    /// Show counts by status, the oldest pending event, attempts and dead letters
     Status(commands::StatusArgs),
+    /// Delete (or archive) sent events and old inbox records in bounded batches
+    Purge(commands::PurgeArgs),
+    /// Measure drain throughput, latency and scale-out on this machine
+    Bench(bench::BenchArgs),
+    /// Dead letters: list, show, replay (same or new id) and discard them, with an audit log
+    Dlq(dlq::DlqArgs),
     /// Run the whole flow on a throwaway database: shop orders, relay, idempotent consumer
     Demo(demo::DemoArgs),
     /// Receive signed HTTP deliveries (QStash, Standard Webhooks) and store each once for the application
@@ -90,7 +99,7 @@ fn init_logging() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("POSTBOX_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,lapin=error"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -287,6 +287,8 @@ impl Store {
             }
             Ok(InboxOutcome::Duplicate) => {
                 tracing::debug!(event_id = delivery.event_id(), "duplicate delivery");
+                metrics::counter!(postbox_relay::metrics::INBOX_DUPLICATES, "consumer" => self.consumer.to_string())
+                    .increment(1);
                 answer(StatusCode::OK, "duplicate")
             }
             Err(e) if unavailable(&e) => {

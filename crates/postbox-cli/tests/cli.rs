@@ -294,3 +294,61 @@ fn the_demo_runs_on_a_throwaway_cluster() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn bench_runs_on_tiny_inputs() {
+    // Only proves the harness works end to end; figures come from real runs.
+    let db = TestDb::empty().await;
+    let schema = unique("bench_t_");
+    let key = unique("test:bench:");
+    let sink = format!("{}?key={key}", redis_url());
+    let out = ok(postbox(
+        &db,
+        &[
+            "bench",
+            "--events",
+            "3000",
+            "--naive-events",
+            "200",
+            "--rate",
+            "200",
+            "--duration",
+            "1s",
+            "--relays",
+            "1,2",
+            "--bench-schema",
+            &schema,
+            "--sink",
+            &sink,
+            "--json",
+        ],
+    ));
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        r["drain"]["relay_events_per_s"].as_f64().unwrap() > 0.0,
+        "{r}"
+    );
+    assert!(
+        r["drain"]["ceiling_events_per_s"].as_f64().unwrap() > 0.0,
+        "{r}"
+    );
+    assert!(
+        r["drain"]["naive_events_per_s"].as_f64().unwrap() > 0.0,
+        "{r}"
+    );
+    assert_eq!(r["latency"].as_array().unwrap().len(), 2, "{r}");
+    assert!(r["latency"][0]["events"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(r["scale"].as_array().unwrap().len(), 2, "{r}");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_namespace WHERE nspname = $1")
+        .bind(&schema)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the bench schema is dropped afterwards");
+    let refused = postbox(&db, &["bench", "--bench-schema", "postbox"]);
+    assert!(
+        stderr(&refused).contains("must contain \"bench\""),
+        "{}",
+        stderr(&refused)
+    );
+}

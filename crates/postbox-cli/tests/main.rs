@@ -1,4 +1,6 @@
 //! End-to-end tests of the `postbox` binary against real PostgreSQL and Redis.
 
 mod cli;
+mod dlq;
+mod ops;
 mod receive;

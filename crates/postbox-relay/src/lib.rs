@@ -4,18 +4,22 @@
 //!
 //! Layout: [`store`] holds every SQL statement the relay runs; [`relay`] is the
 //! engine; [`sink`] is the transport boundary and [`sinks`] the transports;
-//! [`cloudevents`] the message body; [`redact`] keeps secrets out of errors.
+//! [`cloudevents`] the message body; [`redact`] keeps secrets out of errors;
+//! [`metrics`] names every exported metric; [`retention`] keeps the tables small.
 
 pub mod backoff;
 pub mod cloudevents;
 pub mod config;
+pub mod metrics;
 pub mod redact;
 pub mod relay;
+pub mod retention;
 pub mod sink;
 pub mod sinks;
 pub mod store;
 
 pub use config::{ConfigError, RelayConfig};
 pub use relay::{Relay, RunMode, Stats, StatsSnapshot};
+pub use retention::RetentionConfig;
 pub use sink::{Message, Outcome, Sink, SinkError};
 pub use store::Store;

@@ -11,12 +11,19 @@
 //!   dead letters in one statement each, only where the lease token still
 //!   matches; rows no longer held are counted as lost acknowledgements.
 //! - The **rescuer** returns events with expired leases to `pending`.
+//! - Optional background tasks: **gauges** (refreshes the backlog metrics) and
+//!   **retention** (purges old sent events in bounded batches).
+//!
+//! Metrics (names in [`crate::metrics`]) are recorded where the counters in
+//! [`Stats`] are; without an installed recorder they cost nothing.
 //!
 //! No transaction is ever open while a sink publishes.
 
 use crate::backoff;
 use crate::config::{ConfigError, RelayConfig};
+use crate::metrics as m;
 use crate::redact::sanitize_error;
+use crate::retention::{self, RetentionConfig};
 use crate::sink::{Outcome, Sink};
 use crate::store::{Claim, Failure, Store};
 use futures::FutureExt;
@@ -79,6 +86,8 @@ pub struct Relay {
     sink: Arc<dyn Sink>,
     config: RelayConfig,
     stats: Arc<Stats>,
+    gauge_interval: Option<Duration>,
+    retention: Option<RetentionConfig>,
 }
 
 /// Shared between the relay's tasks for one `run`.
@@ -112,7 +121,29 @@ impl Relay {
             sink,
             config,
             stats: Arc::default(),
+            gauge_interval: None,
+            retention: None,
         })
+    }
+
+    /// Refresh the backlog gauges (pending, oldest pending age, processing,
+    /// dead letters) every `interval` while running.
+    pub fn with_gauges(mut self, interval: Duration) -> Result<Self, ConfigError> {
+        if interval.is_zero() {
+            return Err(ConfigError::new(
+                "metrics.refresh_interval",
+                "must be greater than zero",
+            ));
+        }
+        self.gauge_interval = Some(interval);
+        Ok(self)
+    }
+
+    /// Run a retention pass every `config.interval` while running.
+    pub fn with_retention(mut self, config: RetentionConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        self.retention = Some(config);
+        Ok(self)
     }
 
     /// Live counters (for progress reports and metrics).
@@ -146,6 +177,13 @@ impl Relay {
             .config
             .listen
             .then(|| spawn(listen_loop(shared.clone(), background.clone())));
+        let gauges = self
+            .gauge_interval
+            .map(|every| spawn(gauge_loop(shared.clone(), every, background.clone())));
+        let purger = self
+            .retention
+            .clone()
+            .map(|r| spawn(retention_loop(shared.clone(), r, background.clone())));
 
         tracing::info!(
             sink = %shared.sink.describe(),
@@ -178,8 +216,8 @@ impl Relay {
         }
         background.cancel();
         let _ = rescuer.await;
-        if let Some(l) = listener {
-            let _ = l.await;
+        for task in [listener, gauges, purger].into_iter().flatten() {
+            let _ = task.await;
         }
         let stats = self.stats.snapshot();
         tracing::info!(?stats, "relay stopped");
@@ -307,7 +345,26 @@ async fn publish_loop(
                 vec![Outcome::retry(error); claim.messages.len()]
             }
         };
-        tracing::debug!(events = claim.ids.len(), elapsed = ?started.elapsed(), "published batch");
+        let elapsed = started.elapsed();
+        metrics::histogram!(m::PUBLISH_LATENCY).record(elapsed.as_secs_f64());
+        let attempts = metrics::histogram!(m::ATTEMPTS);
+        for message in &claim.messages {
+            attempts.record(f64::from(message.attempt));
+        }
+        let mut by_outcome = [0u64; 3];
+        for outcome in &outcomes {
+            by_outcome[match outcome {
+                Outcome::Delivered => 0,
+                Outcome::Retry { .. } => 1,
+                Outcome::Reject { .. } => 2,
+            }] += 1;
+        }
+        for (label, n) in m::OUTCOME_LABELS.into_iter().zip(by_outcome) {
+            if n > 0 {
+                metrics::counter!(m::PUBLISH_OUTCOMES, "outcome" => label).increment(n);
+            }
+        }
+        tracing::debug!(events = claim.ids.len(), ?elapsed, "published batch");
         if to_settle.send((claim, outcomes)).await.is_err() {
             return;
         }
@@ -368,6 +425,7 @@ async fn settle(shared: &Shared, claim: &Claim, outcomes: Vec<Outcome>) {
             .stats
             .delivered
             .fetch_add(acked.len() as u64, Ordering::Relaxed);
+        record_delivery_latency(claim, &acked);
         lost(shared, claim, delivered.len() - acked.len(), "delivered");
     }
 
@@ -391,6 +449,7 @@ async fn settle(shared: &Shared, claim: &Claim, outcomes: Vec<Outcome>) {
             .stats
             .dead_lettered
             .fetch_add(s.dead_lettered as u64, Ordering::Relaxed);
+        metrics::counter!(m::DEAD_LETTERED).increment(s.dead_lettered as u64);
         if s.dead_lettered > rejected {
             tracing::warn!(
                 count = s.dead_lettered - rejected,
@@ -405,12 +464,34 @@ async fn settle(shared: &Shared, claim: &Claim, outcomes: Vec<Outcome>) {
     }
 }
 
+/// Commit-to-delivery latency of the acknowledged events: now − `created_at`.
+fn record_delivery_latency(claim: &Claim, acked: &[i64]) {
+    if acked.is_empty() {
+        return;
+    }
+    let now = chrono::Utc::now();
+    let latency = metrics::histogram!(m::DELIVERY_LATENCY);
+    // `acked` comes back in any order; both lists are short (one batch).
+    let mut acked = acked.to_vec();
+    acked.sort_unstable();
+    for (id, message) in claim.ids.iter().zip(&claim.messages) {
+        if acked.binary_search(id).is_ok() {
+            let secs = (now - message.created_at)
+                .num_microseconds()
+                .unwrap_or(i64::MAX) as f64
+                / 1e6;
+            latency.record(secs.max(0.0));
+        }
+    }
+}
+
 fn lost(shared: &Shared, claim: &Claim, count: usize, what: &str) {
     if count > 0 {
         shared
             .stats
             .lost_acks
             .fetch_add(count as u64, Ordering::Relaxed);
+        metrics::counter!(m::ACKS_LOST).increment(count as u64);
         tracing::warn!(
             count,
             lease = %claim.token,
@@ -485,6 +566,8 @@ async fn rescue_loop(shared: Arc<Shared>, stop: CancellationToken) {
                         .stats
                         .dead_lettered
                         .fetch_add(r.dead_lettered.len() as u64, Ordering::Relaxed);
+                    metrics::counter!(m::LEASES_RECLAIMED).increment(n as u64);
+                    metrics::counter!(m::DEAD_LETTERED).increment(r.dead_lettered.len() as u64);
                     tracing::warn!(
                         requeued = r.requeued.len(),
                         dead_lettered = r.dead_lettered.len(),
@@ -499,6 +582,47 @@ async fn rescue_loop(shared: Arc<Shared>, stop: CancellationToken) {
                     tracing::warn!(error = %sanitize_error(&e.to_string()), "looking for expired leases failed");
                     break;
                 }
+            }
+        }
+    }
+}
+
+/// Refresh the backlog gauges every `every` (the first reading at once).
+async fn gauge_loop(shared: Arc<Shared>, every: Duration, stop: CancellationToken) {
+    let mut failing = false;
+    loop {
+        match m::refresh_gauges(&shared.store).await {
+            Ok(_) => failing = false,
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(error = %sanitize_error(&e.to_string()), "reading the backlog gauges failed; they keep their last value");
+            }
+            Err(_) => {}
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+/// Run a retention pass every `config.interval` (the first one after one interval).
+async fn retention_loop(shared: Arc<Shared>, config: RetentionConfig, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(config.interval) => {}
+            _ = stop.cancelled() => return,
+        }
+        match retention::purge(&shared.store, &config, &stop, |_| {}).await {
+            Ok(r) if r.outbox + r.inbox > 0 => tracing::info!(
+                outbox = r.outbox,
+                inbox = r.inbox,
+                archived = config.archive,
+                "retention removed old rows"
+            ),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %sanitize_error(&e.to_string()), "retention pass failed; trying again next interval")
             }
         }
     }

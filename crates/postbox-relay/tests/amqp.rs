@@ -154,6 +154,7 @@ async fn amqp_passes_conformance() {
             reader: Box::new(reader),
             // No outcome or description may name the credentials.
             secret: Some("guest".into()),
+            switch: None,
         }
     })
     .await;
@@ -290,6 +291,51 @@ async fn amqp_throughput() {
     let reader = QueueReader::new(&exchange, "#").await;
     let s = sink(&format!("amqp://{}?exchange={exchange}", broker()));
     let rate = conformance::throughput(&s, 100_000, conformance::MAX_BATCH).await;
-    println!("amqp (persistent, confirmed, one durable-less queue): {rate:.0} events/s");
+    println!(
+        "amqp (persistent messages, publisher confirms, one transient queue): {rate:.0} events/s"
+    );
+    reader.cleanup().await;
+}
+
+#[tokio::test]
+async fn amqp_sink_started_while_the_broker_is_down_delivers_once_it_is_up() {
+    let exchange = postbox_testkit::unique("late.");
+    let reader = QueueReader::new(&exchange, "#").await;
+    let proxy = postbox_testkit::proxy::Proxy::start(&broker()).await;
+    proxy.stop();
+    let s = sink(&format!(
+        "amqp://{}?exchange={exchange}&timeout=2s",
+        proxy.host_port()
+    ));
+    let batch = conformance::messages(3, 1);
+    for o in s.publish(&batch).await {
+        assert!(matches!(o, Outcome::Retry { .. }), "{o:?}");
+    }
+    proxy.restore();
+    assert_eq!(s.publish(&batch).await, vec![Outcome::Delivered; 3]);
+    reader.cleanup().await;
+}
+
+#[tokio::test]
+async fn amqp_returned_messages_are_matched_to_their_own_events() {
+    // The broker acknowledges many messages at once; each returned message
+    // must still be reported for its own event, not a neighbour's.
+    let exchange = postbox_testkit::unique("mixed.");
+    let reader = QueueReader::new(&exchange, "conformance.#").await;
+    let s = sink(&format!("amqp://{}?exchange={exchange}", broker()));
+    for _ in 0..3 {
+        let mut batch = conformance::messages(300, 5);
+        for m in batch.iter_mut().step_by(7) {
+            m.event_type = "nobody.listens".into();
+        }
+        let outcomes = s.publish(&batch).await;
+        for (i, (m, o)) in batch.iter().zip(&outcomes).enumerate() {
+            if m.event_type == "nobody.listens" {
+                assert!(matches!(o, Outcome::Reject { .. }), "outcome {i}: {o:?}");
+            } else {
+                assert_eq!(*o, Outcome::Delivered, "outcome {i}");
+            }
+        }
+    }
     reader.cleanup().await;
 }

@@ -70,12 +70,23 @@ pub trait Reader: Send + Sync {
     async fn cleanup(&self) {}
 }
 
+/// Takes the broker down and brings it back, for transports a TCP proxy cannot
+/// stand in front of (Kafka clients connect to the addresses the cluster advertises).
+pub trait Switch: Send + Sync {
+    /// The broker refuses and drops connections.
+    fn down(&self);
+    /// The broker is back.
+    fn up(&self);
+}
+
 /// What a factory builds for the suite.
 pub struct Fixture {
     pub sink: Arc<dyn Sink>,
     pub reader: Box<dyn Reader>,
     /// A credential in the sink's URL that must never appear in `describe()` or outcomes.
     pub secret: Option<String>,
+    /// Takes the broker down instead of the proxy, when set.
+    pub switch: Option<Box<dyn Switch>>,
 }
 
 /// What the suite may expect of one transport.
@@ -92,10 +103,9 @@ pub struct Spec {
     pub keyed: bool,
     /// Turn a message into one the sink must reject (e.g. unroutable), if the transport can.
     pub poison: Option<fn(&mut Message)>,
-    /// Whether the broker can be taken down through the proxy (not for Kafka, whose
-    /// clients connect to the addresses the broker advertises).
+    /// Whether the broker can be taken down (through the proxy, or the fixture's [`Switch`]).
     pub outage: bool,
-    /// If set, also check a hanging broker: publish must answer within this time.
+    /// If set, also check a hanging broker (through the proxy): publish must answer within this time.
     pub hang_deadline: Option<Duration>,
 }
 
@@ -367,7 +377,10 @@ where
 
     if spec.outage {
         // 6. Broker down: retries only, and check() fails.
-        proxy.stop();
+        match &fixture.switch {
+            Some(switch) => switch.down(),
+            None => proxy.stop(),
+        }
         let down = messages(5, 2);
         for attempt in 1..=2 {
             let outcomes = suite.publish(&down).await;
@@ -380,7 +393,10 @@ where
         phase("broker down");
 
         // 7. Broker back: the same sink delivers again.
-        proxy.restore();
+        match &fixture.switch {
+            Some(switch) => switch.up(),
+            None => proxy.restore(),
+        }
         suite
             .publish_until_delivered("after the broker returned", &down)
             .await;
@@ -392,7 +408,7 @@ where
         phase("broker back");
 
         // 8. Broker hanging: publish still answers, with retries.
-        if let Some(deadline) = spec.hang_deadline {
+        if let (Some(deadline), None) = (spec.hang_deadline, &fixture.switch) {
             proxy.hang();
             let hung = messages(3, 1);
             // The first attempt may fail fast on the reset connection; the
@@ -528,6 +544,7 @@ async fn redis_stream_passes_conformance() {
             sink,
             reader: Box::new(RedisStreamReader { key }),
             secret: None,
+            switch: None,
         }
     })
     .await;
@@ -644,6 +661,7 @@ async fn run_flawed(flaw: Flaw) {
             sink: Arc::new(Flawed { inner, flaw }),
             reader: Box::new(RedisStreamReader { key }),
             secret: None,
+            switch: None,
         }
     })
     .await;

@@ -376,17 +376,29 @@ async fn a_panicking_or_miscounting_sink_means_retries_not_losses() {
             (0, 5),
             "panics={panics}"
         );
-        let error: String =
+        // Retries may come back in smaller batches, so the counts vary.
+        let errors: Vec<String> =
             sqlx::query_scalar(&db.sql("SELECT DISTINCT last_error FROM {schema}.outbox"))
-                .fetch_one(&db.pool)
+                .fetch_all(&db.pool)
                 .await
                 .unwrap();
         let want = if panics {
-            "sink panicked"
+            "sink panicked while publishing"
         } else {
-            "sink returned 4 outcomes for 5 events"
+            "sink returned "
         };
-        assert!(error.contains(want), "{error}");
+        assert!(!errors.is_empty());
+        for error in errors {
+            assert!(error.starts_with(want), "{error}");
+            if !panics {
+                let (got, of) = error
+                    .trim_start_matches("sink returned ")
+                    .trim_end_matches(" events")
+                    .split_once(" outcomes for ")
+                    .unwrap();
+                assert_eq!(got.parse::<u32>().unwrap() + 1, of.parse::<u32>().unwrap());
+            }
+        }
         db.drop_schema().await;
     }
 }
@@ -397,21 +409,29 @@ async fn graceful_shutdown_finishes_the_batch_in_hand_and_releases_the_rest() {
     enqueue(&db, 300).await;
     let gate = Arc::new(Notify::new());
     let sink = ScriptedSink::held(gate.clone());
-    let relay = Relay::new(store(&db), sink.clone(), fast_config()).unwrap();
+    // A publish timeout far beyond the test, so the held batch cannot time out
+    // on a loaded machine and let the publisher move on before the signal.
+    let config = RelayConfig {
+        lease: Duration::from_secs(600),
+        publish_timeout: Duration::from_secs(290),
+        ..fast_config()
+    };
+    let relay = Relay::new(store(&db), sink.clone(), config).unwrap();
     let shutdown = CancellationToken::new();
     let run = tokio::spawn({
         let shutdown = shutdown.clone();
         async move { relay.run(RunMode::Forever, shutdown).await }
     });
     sink.entered.notified().await;
-    // The claimer has claimed the next batch ahead while the first is held.
+    // The claimer has claimed ahead while the first batch is held (one batch
+    // waits in the channel, possibly a third waits to be sent).
     wait_for(
         "a second batch to be claimed ahead",
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         || async {
             db.count("SELECT count(*) FROM {schema}.outbox WHERE status = 'processing'")
                 .await
-                == 200
+                >= 200
         },
     )
     .await;

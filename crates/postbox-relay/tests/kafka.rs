@@ -1,7 +1,9 @@
 //! The Kafka sink (cargo feature `kafka`). No Kafka broker runs on the
-//! development machines or in CI, so these tests run only when
-//! `KAFKA_BROKERS` names one (`HOST:PORT[,HOST:PORT]`, topics auto-created);
-//! otherwise they print why they were skipped and pass.
+//! development machines or in CI. With the feature, the suite runs against
+//! librdkafka's mock cluster (real Kafka protocol over TCP, in-process, with
+//! brokers that can be taken down); against a real cluster only when
+//! `KAFKA_BROKERS` names one (`HOST:PORT[,HOST:PORT]`, topics auto-created),
+//! otherwise that test prints why it was skipped and passes.
 
 #[cfg(not(feature = "kafka"))]
 #[test]
@@ -11,7 +13,7 @@ fn kafka_conformance_skipped_without_the_feature() {
 
 #[cfg(feature = "kafka")]
 mod with_feature {
-    use crate::conformance::{self, Fixture, Reader, Received, Spec};
+    use crate::conformance::{self, Fixture, Reader, Received, Spec, Switch};
     use async_trait::async_trait;
     use postbox_relay::sinks::kafka::KafkaSink;
     use postbox_relay::sinks::SinkOptions;
@@ -111,6 +113,89 @@ mod with_feature {
                 sink,
                 reader: Box::new(reader),
                 secret: None,
+                switch: None,
+            }
+        })
+        .await;
+    }
+
+    /// librdkafka's mock cluster, owned by a thread of its own (it is not
+    /// `Send`); dropping this stops it.
+    struct MockKafka {
+        bootstrap: String,
+        commands: std::sync::mpsc::Sender<(bool, std::sync::mpsc::Sender<()>)>,
+    }
+
+    impl MockKafka {
+        fn start(brokers: i32) -> MockKafka {
+            let (commands, inbox) =
+                std::sync::mpsc::channel::<(bool, std::sync::mpsc::Sender<()>)>();
+            let (started, bootstrap) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let cluster =
+                    rdkafka::mocking::MockCluster::new(brokers).expect("a mock Kafka cluster");
+                let _ = started.send(cluster.bootstrap_servers());
+                while let Ok((up, done)) = inbox.recv() {
+                    let result = if up {
+                        cluster.broker_up(-1)
+                    } else {
+                        cluster.broker_down(-1)
+                    };
+                    result.expect("switch the mock brokers");
+                    let _ = done.send(());
+                }
+            });
+            MockKafka {
+                bootstrap: bootstrap.recv().expect("the mock cluster started"),
+                commands,
+            }
+        }
+
+        fn set(&self, up: bool) {
+            let (done, wait) = std::sync::mpsc::channel();
+            self.commands
+                .send((up, done))
+                .expect("the mock cluster thread is running");
+            wait.recv().expect("the mock cluster switched");
+        }
+    }
+
+    impl Switch for MockKafka {
+        fn down(&self) {
+            self.set(false);
+        }
+        fn up(&self) {
+            self.set(true);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kafka_mock_cluster_passes_conformance() {
+        let mock = MockKafka::start(3);
+        let brokers = mock.bootstrap.clone();
+        let topic = postbox_testkit::unique("conformance-");
+        let spec = Spec {
+            name: "kafka (mock cluster)",
+            // Unused: the mock cluster is switched directly.
+            broker: brokers.split(',').next().unwrap_or_default().to_owned(),
+            // The producer's default message.max.bytes is 1,000,000.
+            max_payload: 1_000_000 - 8 * 1024,
+            oversize: Some(conformance::MAX_PAYLOAD),
+            keyed: true,
+            poison: Some(|m| m.event_type = "has space".into()),
+            outage: true,
+            hang_deadline: None,
+        };
+        let reader = TopicReader::new(&brokers, &format!("{topic}.conformance.item.created"));
+        conformance::run(spec, |_proxy| async move {
+            let url = format!("kafka://{brokers}?topic={topic}.{{event_type}}&timeout=3s");
+            let sink = postbox_relay::sinks::from_url(&url, &SinkOptions::default())
+                .expect("a valid Kafka sink URL");
+            Fixture {
+                sink,
+                reader: Box::new(reader),
+                secret: None,
+                switch: Some(Box::new(mock)),
             }
         })
         .await;
@@ -125,6 +210,19 @@ mod with_feature {
         for o in sink.publish(&conformance::messages(3, 1)).await {
             assert!(matches!(o, postbox_relay::Outcome::Retry { .. }), "{o:?}");
         }
+    }
+
+    /// Throughput against the mock cluster (librdkafka's in-process brokers; a
+    /// real cluster writes to disk and replicates).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "a measurement, not a check"]
+    async fn kafka_mock_cluster_throughput() {
+        let mock = MockKafka::start(3);
+        let topic = postbox_testkit::unique("throughput-");
+        let url = format!("kafka://{}?topic={topic}", mock.bootstrap);
+        let sink = KafkaSink::from_url(&url, SinkOptions::default()).unwrap();
+        let rate = conformance::throughput(&sink, 100_000, conformance::MAX_BATCH).await;
+        println!("kafka (mock cluster, 3 brokers): {rate:.0} events/s");
     }
 
     /// `KAFKA_BROKERS=… cargo test -p postbox-relay --features kafka --test main --release -- --ignored --nocapture kafka_throughput`

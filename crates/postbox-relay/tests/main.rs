@@ -3,6 +3,7 @@
 mod support;
 
 mod engine;
+mod quarantine;
 mod redis_sink;
 
 mod amqp;

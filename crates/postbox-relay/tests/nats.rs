@@ -103,6 +103,7 @@ async fn nats_passes_conformance() {
             sink,
             reader: Box::new(StreamReader::new(&stream).await),
             secret: Some("s3cr3t-nats".into()),
+            switch: None,
         }
     })
     .await;
@@ -220,7 +221,30 @@ async fn nats_throughput() {
         broker()
     );
     let sink: Arc<dyn Sink> = Arc::new(NatsSink::from_url(&url, SinkOptions::default()).unwrap());
+    sink.check().await.expect("the stream is created");
     let rate = crate::conformance::throughput(&*sink, 100_000, 500).await;
     println!("nats: {rate:.0} events/s");
+    jetstream().await.delete_stream(&stream).await.unwrap();
+}
+
+#[tokio::test]
+async fn nats_sink_started_while_the_server_is_down_delivers_once_it_is_up() {
+    let (stream, prefix) = unique_names();
+    let proxy = postbox_testkit::proxy::Proxy::start(&broker()).await;
+    proxy.stop();
+    let url = format!(
+        "nats://{}?subject={prefix}.{{event_type}}&stream={stream}&timeout=1s",
+        proxy.host_port()
+    );
+    let sink = NatsSink::from_url(&url, SinkOptions::default()).unwrap();
+    let batch = conformance::messages(3, 1);
+    for o in sink.publish(&batch).await {
+        assert!(matches!(o, Outcome::Retry { .. }), "{o:?}");
+    }
+    proxy.restore();
+    sink.check()
+        .await
+        .expect("the server is up and the stream is created");
+    assert_eq!(sink.publish(&batch).await, vec![Outcome::Delivered; 3]);
     jetstream().await.delete_stream(&stream).await.unwrap();
 }

@@ -33,9 +33,12 @@ mod migrations;
 pub mod received;
 mod schema;
 mod sql;
+pub mod typed;
 
 #[cfg(feature = "axum")]
 pub mod axum;
+#[cfg(feature = "sqlx")]
+pub mod idempotency;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
 #[cfg(feature = "tokio-postgres")]

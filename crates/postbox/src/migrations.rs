@@ -32,6 +32,16 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "received",
         sql: include_str!("../migrations/0002_received.sql"),
     },
+    Migration {
+        version: 3,
+        name: "retention",
+        sql: include_str!("../migrations/0003_retention.sql"),
+    },
+    Migration {
+        version: 4,
+        name: "operator",
+        sql: include_str!("../migrations/0004_operator.sql"),
+    },
 ];
 
 /// The bookkeeping table and lock, rendered per schema.

@@ -11,6 +11,59 @@ pub(crate) struct Queries {
     pub inbox_purge: String,
     #[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
     pub received: ReceivedQueries,
+    #[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
+    pub idempotency: IdempotencyQueries,
+}
+
+/// The statements behind [`crate::idempotency`] (request idempotency keys).
+#[derive(Debug)]
+#[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
+pub(crate) struct IdempotencyQueries {
+    pub lock: String,
+    pub insert: String,
+    pub select: String,
+    pub restart: String,
+    pub complete: String,
+    pub purge: String,
+}
+
+impl IdempotencyQueries {
+    fn new(schema: &Schema) -> Self {
+        Self {
+            // Transaction-level: held until the caller's transaction ends.
+            lock: "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))".to_owned(),
+            insert: schema.render(
+                "INSERT INTO {schema}.idempotency_keys (scope, key, fingerprint, expires_at) \
+                 VALUES ($1, $2, $3, now() + make_interval(secs => $4)) \
+                 ON CONFLICT (scope, key) DO NOTHING \
+                 RETURNING true",
+            ),
+            select: schema.render(
+                "SELECT fingerprint, status, response_status, response_type, response_body, \
+                        expires_at <= now() \
+                 FROM {schema}.idempotency_keys WHERE scope = $1 AND key = $2 \
+                 FOR UPDATE",
+            ),
+            restart: schema.render(
+                "UPDATE {schema}.idempotency_keys \
+                 SET fingerprint = $3, status = 'in_flight', response_status = NULL, \
+                     response_type = NULL, response_body = NULL, created_at = now(), \
+                     completed_at = NULL, expires_at = now() + make_interval(secs => $4) \
+                 WHERE scope = $1 AND key = $2",
+            ),
+            complete: schema.render(
+                "UPDATE {schema}.idempotency_keys \
+                 SET status = 'completed', response_status = $3, response_type = $4, \
+                     response_body = $5, completed_at = now() \
+                 WHERE scope = $1 AND key = $2 AND status = 'in_flight'",
+            ),
+            purge: schema.render(
+                "DELETE FROM {schema}.idempotency_keys WHERE ctid = ANY(ARRAY( \
+                   SELECT ctid FROM {schema}.idempotency_keys \
+                   WHERE expires_at < now() LIMIT $1))",
+            ),
+        }
+    }
 }
 
 /// The statements behind [`crate::received`] (the store of `postbox receive`).
@@ -51,6 +104,7 @@ impl Queries {
                    WHERE processed_at < now() - make_interval(secs => $1) LIMIT $2))",
             ),
             received: ReceivedQueries::new(schema),
+            idempotency: IdempotencyQueries::new(schema),
         }
     }
 }

@@ -12,8 +12,8 @@
 //!   brokers auto-create them (an unknown topic is retried).
 //! - `timeout` (default `20s`): librdkafka's `message.timeout.ms`, the longest
 //!   a record may wait for its delivery report (including retries); a record
-//!   not delivered in time is retried by the relay. Keep it below the relay's
-//!   `publish_timeout`.
+//!   without a report a second after that is retried by the relay. Keep it
+//!   below the relay's `publish_timeout`.
 //! - `rdkafka.NAME=VALUE`: any other librdkafka producer property, e.g.
 //!   `rdkafka.compression.type=zstd` or `rdkafka.message.max.bytes=2000000`.
 //!   `bootstrap.servers`, `enable.idempotence`, `acks` and
@@ -242,9 +242,11 @@ impl Sink for KafkaSink {
                 Err((e, _)) => outcomes[i] = Some(classify(&e)),
             }
         }
-        // librdkafka reports every record within message.timeout.ms; the margin
-        // only guards against a report that never comes.
-        let deadline = tokio::time::Instant::now() + self.timeout + Duration::from_secs(5);
+        // librdkafka should report every record within message.timeout.ms, but
+        // it holds records back while the idempotent producer re-establishes
+        // its state; past the margin those count as retries (a later delivery
+        // is a duplicate the consumers absorb).
+        let deadline = tokio::time::Instant::now() + self.timeout + Duration::from_secs(1);
         let waits = pending.into_iter().map(|(i, delivery)| async move {
             (i, tokio::time::timeout_at(deadline, delivery).await)
         });

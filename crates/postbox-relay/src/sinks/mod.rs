@@ -35,7 +35,8 @@ impl Default for SinkOptions {
     }
 }
 
-/// Build the sink a URL names: `redis://…`, `rediss://…` or `stdout`.
+/// Build the sink a URL names: `redis://…`, `rediss://…`, `nats://…`,
+/// `amqp://…`, `amqps://…`, `kafka://…` (cargo feature `kafka`) or `stdout`.
 pub fn from_url(url: &str, options: &SinkOptions) -> Result<Arc<dyn Sink>, SinkError> {
     if options.source.is_empty() {
         return Err(SinkError::Config(
@@ -52,7 +53,8 @@ pub fn from_url(url: &str, options: &SinkOptions) -> Result<Arc<dyn Sink>, SinkE
         "kafka" => Ok(Arc::new(kafka::KafkaSink::from_url(url, options.clone())?)),
         #[cfg(not(feature = "kafka"))]
         "kafka" => Err(SinkError::Config(
-            "the kafka sink is not built into this binary: build postbox with --features kafka".into(),
+            "the kafka sink is not built into this binary: build postbox with --features kafka"
+                .into(),
         )),
         _ => Err(SinkError::Config(format!(
             "unsupported sink {:?}: expected redis://, nats://, amqp://, kafka:// or stdout",

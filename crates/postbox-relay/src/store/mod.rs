@@ -4,6 +4,9 @@
 //! the configured schema. Relay logic calls these operations; it never builds
 //! SQL of its own.
 
+pub mod bench;
+pub mod dlq;
+
 use crate::sink::Message;
 use postbox::Schema;
 use serde_json::value::RawValue;
@@ -20,6 +23,12 @@ struct Queries {
     rescue_expired: String,
     next_due: String,
     status_counts: String,
+    gauges: String,
+    pending_attempts: String,
+    ping: String,
+    purge_sent: String,
+    archive_sent: String,
+    purge_inbox: String,
 }
 
 impl Queries {
@@ -32,6 +41,12 @@ impl Queries {
             rescue_expired: schema.render(include_str!("sql/rescue_expired.sql")),
             next_due: schema.render(include_str!("sql/next_due.sql")),
             status_counts: schema.render(include_str!("sql/status_counts.sql")),
+            gauges: schema.render(include_str!("sql/gauges.sql")),
+            pending_attempts: schema.render(include_str!("sql/pending_attempts.sql")),
+            ping: schema.render(include_str!("sql/ping.sql")),
+            purge_sent: schema.render(include_str!("sql/purge_sent.sql")),
+            archive_sent: schema.render(include_str!("sql/archive_sent.sql")),
+            purge_inbox: schema.render(include_str!("sql/purge_inbox.sql")),
         }
     }
 }
@@ -87,6 +102,70 @@ pub struct StatusCounts {
     pub sent: i64,
     pub failed: i64,
     pub oldest_pending_age_seconds: Option<f64>,
+}
+
+/// The backlog as the metrics task sees it (cheap to read).
+#[derive(Debug, Default, Clone, PartialEq, serde::Serialize)]
+pub struct Gauges {
+    pub pending: i64,
+    pub processing: i64,
+    pub dead_letters: i64,
+    /// The pending event inserted first, if any.
+    pub oldest_pending_event_id: Option<Uuid>,
+    pub oldest_pending_age_seconds: Option<f64>,
+}
+
+/// How many pending events have been attempted `attempts` times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct AttemptsCount {
+    pub attempts: i32,
+    pub count: i64,
+}
+
+/// The roles `create_roles` makes for one schema.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Roles {
+    /// Can only enqueue.
+    pub producer: String,
+    /// What the relay needs on postbox's tables.
+    pub relay: String,
+    /// Read-only.
+    pub monitor: String,
+}
+
+/// The schema name is too long to derive role names from it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("schema name {schema:?} is too long for role names: `{schema}_producer` must fit in 63 bytes (use a schema name of at most 54 bytes)")]
+pub struct RoleNameError {
+    pub schema: String,
+}
+
+impl Roles {
+    /// `<schema>_producer`, `<schema>_relay`, `<schema>_monitor`.
+    pub fn for_schema(schema: &Schema) -> Result<Self, RoleNameError> {
+        let name = schema.name();
+        if name.len() + "_producer".len() > 63 {
+            return Err(RoleNameError {
+                schema: name.to_owned(),
+            });
+        }
+        Ok(Self {
+            producer: format!("{name}_producer"),
+            relay: format!("{name}_relay"),
+            monitor: format!("{name}_monitor"),
+        })
+    }
+
+    /// The idempotent script creating the roles and their grants, for
+    /// `postbox migrate --create-roles` (and `--print-sql`). Schema names are
+    /// restricted to `[a-z0-9_]`, so the role names need no quoting.
+    pub fn sql(&self, schema: &Schema) -> String {
+        schema
+            .render(include_str!("sql/create_roles.sql"))
+            .replace("{producer}", &self.producer)
+            .replace("{relay}", &self.relay)
+            .replace("{monitor}", &self.monitor)
+    }
 }
 
 /// When the next work is due.
@@ -255,6 +334,95 @@ impl Store {
             oldest_pending_age_seconds: row.try_get(4)?,
         })
     }
+}
+
+impl Store {
+    /// The backlog gauges: counts of pending, processing and failed events
+    /// (each from its partial index) and the oldest pending event.
+    pub async fn gauges(&self) -> Result<Gauges, sqlx::Error> {
+        let row = sqlx::query(&self.sql.gauges).fetch_one(&self.pool).await?;
+        Ok(Gauges {
+            pending: row.try_get(0)?,
+            processing: row.try_get(1)?,
+            dead_letters: row.try_get(2)?,
+            oldest_pending_event_id: row.try_get(3)?,
+            oldest_pending_age_seconds: row.try_get(4)?,
+        })
+    }
+
+    /// Pending events grouped by how often they were attempted.
+    pub async fn pending_attempts(&self) -> Result<Vec<AttemptsCount>, sqlx::Error> {
+        let rows = sqlx::query(&self.sql.pending_attempts)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(AttemptsCount {
+                    attempts: r.try_get(0)?,
+                    count: r.try_get(1)?,
+                })
+            })
+            .collect()
+    }
+
+    /// Succeeds when the database answers and the outbox table is readable.
+    pub async fn ping(&self) -> Result<(), sqlx::Error> {
+        sqlx::query(&self.sql.ping).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Remove up to `limit` sent events acknowledged before `older_than` ago,
+    /// deleting them or moving them to `outbox_archive`. Returns how many.
+    pub async fn purge_sent(
+        &self,
+        older_than: Duration,
+        limit: i64,
+        archive: bool,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = if archive {
+            &self.sql.archive_sent
+        } else {
+            &self.sql.purge_sent
+        };
+        let done = sqlx::query(sql)
+            .bind(older_than.as_secs_f64())
+            .bind(limit)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Delete up to `limit` inbox records processed before `older_than` ago.
+    pub async fn purge_inbox(&self, older_than: Duration, limit: i64) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(&self.sql.purge_inbox)
+            .bind(older_than.as_secs_f64())
+            .bind(limit)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Create the least-privilege roles (idempotent). Needs a user allowed to
+    /// create roles and to grant on postbox's schema.
+    pub async fn create_roles(&self) -> Result<Roles, CreateRolesError> {
+        let roles = Roles::for_schema(&self.schema)?;
+        sqlx::raw_sql(&roles.sql(&self.schema))
+            .execute(&self.pool)
+            .await?;
+        Ok(roles)
+    }
+}
+
+/// `create_roles` failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CreateRolesError {
+    #[error(transparent)]
+    Name(#[from] RoleNameError),
+    #[error(
+        "cannot create the roles (the user needs CREATEROLE and the right to grant on the schema)"
+    )]
+    Database(#[from] sqlx::Error),
 }
 
 fn decode_error(column: &str, e: serde_json::Error) -> sqlx::Error {

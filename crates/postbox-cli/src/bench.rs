@@ -1,0 +1,637 @@
+//! `postbox bench`: throughput and latency of the relay on this machine, next
+//! to the Postgres-side ceiling and a naive relay, measured in one run.
+//!
+//! - **drain**: N seeded events through `postbox relay --drain` (a child
+//!   process, so its peak RSS is the real binary's) into the sink; in the same
+//!   run, the pure-SQL claim-and-ack loop on the same schema (no broker), and a
+//!   naive row-at-a-time relay (SELECT 100, then LPUSH + UPDATE + COMMIT per row).
+//! - **latency**: a steady producer at R events/s for T; commit-to-Redis
+//!   percentiles, once with LISTEN/NOTIFY and once with polling only.
+//! - **scale**: 1, 2 and 4 relay processes draining N events together.
+
+use crate::commands::{AnyError, Settings};
+use crate::pgcluster::TempCluster;
+use clap::{Args, ValueEnum};
+use postbox::{NewEvent, Outbox, Schema};
+use postbox_relay::store::bench::{BenchStore, TableSize};
+use redis::AsyncCommands;
+use serde::Serialize;
+use sqlx::PgPool;
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Events for the drain and scale-out runs
+    #[arg(long, default_value_t = 200_000)]
+    pub events: i64,
+    /// Relay batch size (the ceiling uses the same)
+    #[arg(long, default_value_t = 1000)]
+    pub batch_size: u32,
+    /// Sink for the relay runs [default: redis://127.0.0.1:6379]; latency needs a Redis list sink
+    #[arg(long)]
+    pub sink: Option<String>,
+    /// Events for the naive relay (it is slow)
+    #[arg(long, default_value_t = 20_000)]
+    pub naive_events: i64,
+    /// Producer rate for the latency run, events/s
+    #[arg(long, default_value_t = 1000)]
+    pub rate: u64,
+    /// Length of each latency run
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Poll interval of the polling-only latency run
+    #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
+    pub poll_interval: Duration,
+    /// Relay process counts for the scale-out run
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    pub relays: Vec<usize>,
+    /// Which parts to run
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "drain,latency,scale"
+    )]
+    pub only: Vec<Part>,
+    /// Schema the benchmark creates and drops (never your outbox's)
+    #[arg(long, default_value = "postbox_bench")]
+    pub bench_schema: String,
+    /// Print the results as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Part {
+    Drain,
+    Latency,
+    Scale,
+}
+
+const REDIS_DEFAULT: &str = "redis://127.0.0.1:6379";
+const KEY: &str = "postbox-bench:events";
+
+#[derive(Debug, Default, Serialize)]
+struct Report {
+    machine: Machine,
+    drain: Option<Drain>,
+    latency: Vec<Latency>,
+    scale: Vec<Scale>,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct Machine {
+    cpus: usize,
+    postgres: String,
+    sink: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Drain {
+    events: i64,
+    batch_size: u32,
+    relay_events_per_s: f64,
+    relay_peak_rss_mb: f64,
+    ceiling_events_per_s: f64,
+    naive_events: i64,
+    naive_events_per_s: f64,
+    relay_vs_ceiling: f64,
+    relay_vs_naive: f64,
+    table_after: TableSize,
+}
+
+#[derive(Debug, Serialize)]
+struct Latency {
+    mode: String,
+    rate: u64,
+    events: usize,
+    p50_ms: f64,
+    p95_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct Scale {
+    relays: usize,
+    events: i64,
+    events_per_s: f64,
+    peak_rss_mb: f64,
+}
+
+pub async fn run(settings: &Settings, args: BenchArgs) -> Result<ExitCode, AnyError> {
+    if args.events < 1 || args.naive_events < 1 || args.rate < 1 || args.relays.contains(&0) {
+        return Err("--events, --naive-events, --rate and --relays must be positive".into());
+    }
+    let (cluster, url) = match &settings.database_url {
+        Some(url) => (None, url.clone()),
+        None => {
+            eprintln!("No DATABASE_URL: benchmarking a throwaway PostgreSQL cluster (fsync off).");
+            let c = TempCluster::start().await?;
+            let url = c.url().to_owned();
+            (Some(c), url)
+        }
+    };
+    let result = run_on(&url, &args).await;
+    if let Some(c) = cluster {
+        let _ = c.stop().await;
+    }
+    let report = result?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&report);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+struct Bench<'a> {
+    url: &'a str,
+    pool: PgPool,
+    schema: Schema,
+    sink: String,
+    args: &'a BenchArgs,
+}
+
+async fn run_on(url: &str, args: &BenchArgs) -> Result<Report, AnyError> {
+    let options = crate::db::options(Some(url), "postbox-bench")?;
+    let pool = crate::db::pool(options, 24, Duration::from_secs(15)).await?;
+    let sink = args
+        .sink
+        .clone()
+        .unwrap_or_else(|| format!("{REDIS_DEFAULT}?key={KEY}"));
+    let bench = Bench {
+        url,
+        pool: pool.clone(),
+        schema: bench_schema(&args.bench_schema)?,
+        sink: sink.clone(),
+        args,
+    };
+    let postgres: String = sqlx::query_scalar("SHOW server_version")
+        .fetch_one(&pool)
+        .await?;
+    let mut report = Report {
+        machine: Machine {
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            postgres,
+            sink: postbox_relay::sinks::from_url(&sink, &Default::default())?.describe(),
+        },
+        ..Report::default()
+    };
+    if args.only.contains(&Part::Drain) {
+        report.drain = Some(bench.drain().await?);
+    }
+    if args.only.contains(&Part::Latency) {
+        if is_redis_list(&sink) {
+            for listen in [true, false] {
+                report.latency.push(bench.latency(listen).await?);
+            }
+        } else {
+            eprintln!("latency: skipped (it reads the messages back from a Redis list sink)");
+        }
+    }
+    if args.only.contains(&Part::Scale) {
+        for &n in &args.relays {
+            report.scale.push(bench.scale(n).await?);
+        }
+    }
+    bench.reset().await?;
+    sqlx::raw_sql(
+        &bench
+            .schema
+            .render("DROP SCHEMA IF EXISTS {schema} CASCADE"),
+    )
+    .execute(&pool)
+    .await?;
+    clear_redis(&sink).await;
+    Ok(report)
+}
+
+fn bench_schema(name: &str) -> Result<Schema, AnyError> {
+    if !name.contains("bench") {
+        return Err(format!(
+            "--bench-schema {name:?}: the benchmark drops this schema, so its name must contain \"bench\""
+        )
+        .into());
+    }
+    Ok(Schema::new(name)?)
+}
+
+fn is_redis_list(sink: &str) -> bool {
+    (sink.starts_with("redis://") || sink.starts_with("rediss://")) && !sink.contains("mode=stream")
+}
+
+/// The Redis list the relay pushes to, when the sink is one (a key without placeholders).
+fn redis_target(sink: &str) -> Option<(String, String)> {
+    if !is_redis_list(sink) {
+        return None;
+    }
+    let url = url::Url::parse(sink).ok()?;
+    let key = url
+        .query_pairs()
+        .find(|(k, _)| k == "key")
+        .map(|(_, v)| v.into_owned())?;
+    if key.contains('{') {
+        return None;
+    }
+    let mut base = url.clone();
+    base.set_query(None);
+    Some((base.to_string(), key))
+}
+
+async fn clear_redis(sink: &str) {
+    if let Some((url, key)) = redis_target(sink) {
+        if let Ok(client) = redis::Client::open(url) {
+            if let Ok(mut c) = client.get_multiplexed_async_connection().await {
+                let _: Result<(), _> = c.del(&key).await;
+            }
+        }
+    }
+}
+
+impl Bench<'_> {
+    async fn reset(&self) -> Result<(), AnyError> {
+        sqlx::raw_sql(&self.schema.render("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+            .execute(&self.pool)
+            .await?;
+        let mut conn = self.pool.acquire().await?;
+        postbox::sqlx::migrate(&mut conn, &self.schema).await?;
+        clear_redis(&self.sink).await;
+        Ok(())
+    }
+
+    fn store(&self) -> BenchStore {
+        BenchStore::new(self.pool.clone(), &self.schema)
+    }
+
+    async fn seeded(&self, n: i64) -> Result<BenchStore, AnyError> {
+        self.reset().await?;
+        let store = self.store();
+        store
+            .seed(n, &self.schema.render("{schema}.outbox"))
+            .await?;
+        Ok(store)
+    }
+
+    async fn drain(&self) -> Result<Drain, AnyError> {
+        let args = self.args;
+        eprintln!("drain: {} events through the relay…", args.events);
+        let store = self.seeded(args.events).await?;
+        let relay = self.relays(1, &[]).await?;
+        let table_after = store.table_size().await?;
+
+        eprintln!("drain: the same events through the pure-SQL ceiling…");
+        let store = self.seeded(args.events).await?;
+        let started = Instant::now();
+        store.ceiling(args.batch_size).await?;
+        let ceiling = args.events as f64 / started.elapsed().as_secs_f64();
+
+        eprintln!(
+            "drain: {} events through the naive relay…",
+            args.naive_events
+        );
+        let store = self.seeded(args.naive_events).await?;
+        let naive_key = format!("{}:naive", self.schema.name());
+        let naive = naive_relay(&store, args.naive_events, &naive_key).await?;
+
+        let relay_rate = args.events as f64 / relay.elapsed.as_secs_f64();
+        Ok(Drain {
+            events: args.events,
+            batch_size: args.batch_size,
+            relay_events_per_s: relay_rate.round(),
+            relay_peak_rss_mb: relay.peak_rss_mb,
+            ceiling_events_per_s: ceiling.round(),
+            naive_events: args.naive_events,
+            naive_events_per_s: naive.round(),
+            relay_vs_ceiling: round2(relay_rate / ceiling),
+            relay_vs_naive: round2(relay_rate / naive),
+            table_after,
+        })
+    }
+
+    async fn scale(&self, n: usize) -> Result<Scale, AnyError> {
+        eprintln!(
+            "scale: {} events through {n} relay process(es)…",
+            self.args.events
+        );
+        self.seeded(self.args.events).await?;
+        let run = self.relays(n, &[]).await?;
+        Ok(Scale {
+            relays: n,
+            events: self.args.events,
+            events_per_s: (self.args.events as f64 / run.elapsed.as_secs_f64()).round(),
+            peak_rss_mb: run.peak_rss_mb,
+        })
+    }
+
+    /// Run `n` `postbox relay --drain` processes at once; wall time and the largest peak RSS.
+    async fn relays(&self, n: usize, extra: &[&str]) -> Result<ChildRun, AnyError> {
+        let exe = std::env::current_exe()?;
+        let started = Instant::now();
+        let mut waits = Vec::new();
+        for _ in 0..n {
+            let mut cmd = std::process::Command::new(&exe);
+            cmd.args(["relay", "--drain", "--sink", &self.sink])
+                .args(["--batch-size", &self.args.batch_size.to_string()])
+                .args(extra)
+                .env("DATABASE_URL", self.url)
+                .env("POSTBOX_SCHEMA", self.schema.name())
+                .env("POSTBOX_LOG", "warn")
+                .env_remove("POSTBOX_CONFIG")
+                .stdout(std::process::Stdio::null());
+            let child = cmd.spawn()?;
+            waits.push(tokio::task::spawn_blocking(move || wait_with_rusage(child)));
+        }
+        let mut peak = 0.0_f64;
+        for w in waits {
+            let (ok, rss) = w.await??;
+            if !ok {
+                return Err("a relay process failed; run it by hand to see why".into());
+            }
+            peak = peak.max(rss);
+        }
+        Ok(ChildRun {
+            elapsed: started.elapsed(),
+            peak_rss_mb: peak,
+        })
+    }
+
+    async fn latency(&self, listen: bool) -> Result<Latency, AnyError> {
+        let args = self.args;
+        let mode = if listen {
+            "LISTEN/NOTIFY".to_owned()
+        } else {
+            format!(
+                "polling every {}",
+                humantime::format_duration(args.poll_interval)
+            )
+        };
+        eprintln!(
+            "latency: {} events/s for {} with {mode}…",
+            args.rate,
+            humantime::format_duration(args.duration)
+        );
+        self.reset().await?;
+        let (redis_url, key) = redis_target(&self.sink)
+            .ok_or("latency needs a Redis list sink with a fixed key (…?key=NAME)")?;
+
+        // The relay, as a real process with a config file for the mode.
+        let config =
+            std::env::temp_dir().join(format!("postbox-bench-{}.toml", std::process::id()));
+        std::fs::write(
+            &config,
+            format!(
+                "[relay]\nlisten = {listen}\npoll_interval = \"{}\"\nbatch_size = {}\n",
+                humantime::format_duration(args.poll_interval),
+                args.batch_size
+            ),
+        )?;
+        let mut relay = tokio::process::Command::new(std::env::current_exe()?)
+            .args([
+                "--config",
+                config.to_str().unwrap_or_default(),
+                "relay",
+                "--sink",
+                &self.sink,
+            ])
+            .env("DATABASE_URL", self.url)
+            .env("POSTBOX_SCHEMA", self.schema.name())
+            .env("POSTBOX_LOG", "warn")
+            .kill_on_drop(true)
+            .spawn()?;
+
+        // The consumer: BRPOP from the list, note when each id arrived.
+        let received: Arc<Mutex<Vec<(uuid::Uuid, Instant)>>> = Arc::default();
+        let consumer = {
+            let received = received.clone();
+            let client = redis::Client::open(redis_url)?;
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            tokio::spawn(async move {
+                loop {
+                    let popped: Result<Option<(String, String)>, _> = conn.brpop(&key, 0.5).await;
+                    match popped {
+                        Ok(Some((_, body))) => {
+                            let at = Instant::now();
+                            if let Some(id) = serde_json::from_str::<serde_json::Value>(&body)
+                                .ok()
+                                .and_then(|v| v["id"].as_str().and_then(|s| s.parse().ok()))
+                            {
+                                received
+                                    .lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .push((id, at));
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(_) => return,
+                    }
+                }
+            })
+        };
+
+        // The producers: one transaction per event, at the target rate.
+        let committed: Arc<Mutex<HashMap<uuid::Uuid, Instant>>> = Arc::default();
+        // Enough producers that a slow commit does not hold the rate back.
+        let producers = 16_u64;
+        let deadline = Instant::now() + args.duration;
+        let mut tasks = Vec::new();
+        for p in 0..producers {
+            let pool = self.pool.clone();
+            let outbox = Outbox::new(self.schema.clone());
+            let committed = committed.clone();
+            let period = Duration::from_secs_f64(producers as f64 / args.rate as f64);
+            tasks.push(tokio::spawn(async move {
+                let mut tick = tokio::time::interval(period);
+                let mut i = 0_u64;
+                while Instant::now() < deadline {
+                    tick.tick().await;
+                    i += 1;
+                    let event = NewEvent::new(
+                        "order.created",
+                        "order",
+                        format!("{p}-{i}"),
+                        &serde_json::json!({"p": p, "i": i}),
+                    )?;
+                    let mut tx = pool.begin().await?;
+                    let id = postbox::sqlx::enqueue(&outbox, &mut tx, &event).await?;
+                    tx.commit().await?;
+                    committed
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(id, Instant::now());
+                }
+                Ok::<_, AnyError>(())
+            }));
+        }
+        for t in tasks {
+            t.await??;
+        }
+        let total = committed.lock().unwrap_or_else(|e| e.into_inner()).len();
+        let wait_until = Instant::now() + Duration::from_secs(30);
+        while received.lock().unwrap_or_else(|e| e.into_inner()).len() < total
+            && Instant::now() < wait_until
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        consumer.abort();
+        stop(&mut relay).await;
+        let _ = std::fs::remove_file(&config);
+
+        let committed = committed.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ms: Vec<f64> = received
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(|(id, at)| {
+                committed
+                    .get(id)
+                    .map(|c| at.saturating_duration_since(*c).as_secs_f64() * 1000.0)
+            })
+            .collect();
+        if ms.len() < total {
+            return Err(format!(
+                "latency: only {} of {total} events arrived within 30 s",
+                ms.len()
+            )
+            .into());
+        }
+        ms.sort_by(f64::total_cmp);
+        Ok(Latency {
+            mode,
+            rate: args.rate,
+            events: ms.len(),
+            p50_ms: round2(percentile(&ms, 0.50)),
+            p95_ms: round2(percentile(&ms, 0.95)),
+            p99_ms: round2(percentile(&ms, 0.99)),
+            max_ms: round2(ms.last().copied().unwrap_or_default()),
+        })
+    }
+}
+
+struct ChildRun {
+    elapsed: Duration,
+    peak_rss_mb: f64,
+}
+
+/// Wait for a child and read its peak RSS (ru_maxrss) from the kernel.
+fn wait_with_rusage(child: std::process::Child) -> std::io::Result<(bool, f64)> {
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: rusage is plain data; wait4 fills it for our own child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    Ok((ok, usage.ru_maxrss as f64 / 1024.0))
+}
+
+async fn stop(child: &mut tokio::process::Child) {
+    if let Some(pid) = child.id() {
+        // SAFETY: sending SIGTERM to our own child process.
+        unsafe {
+            libc::kill(pid as libc::pid_t, libc::SIGTERM);
+        }
+    }
+    if tokio::time::timeout(Duration::from_secs(35), child.wait())
+        .await
+        .is_err()
+    {
+        let _ = child.kill().await;
+    }
+}
+
+async fn naive_relay(store: &BenchStore, n: i64, key: &str) -> Result<f64, AnyError> {
+    let client = redis::Client::open(REDIS_DEFAULT)?;
+    let mut redis = client.get_multiplexed_async_connection().await?;
+    let _: () = redis.del(key).await?;
+    let started = Instant::now();
+    let mut done = 0_i64;
+    loop {
+        let rows = store.naive_select().await?;
+        if rows.is_empty() {
+            break;
+        }
+        for (id, payload) in rows {
+            let _: () = redis.lpush(key, payload).await?;
+            store.naive_mark(id).await?;
+            done += 1;
+        }
+    }
+    let rate = done as f64 / started.elapsed().as_secs_f64();
+    let _: () = redis.del(key).await?;
+    if done != n {
+        return Err(format!("naive relay moved {done} of {n} events").into());
+    }
+    Ok(rate)
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+fn print_table(r: &Report) {
+    println!(
+        "postbox bench: {} CPUs, PostgreSQL {}, sink {}",
+        r.machine.cpus, r.machine.postgres, r.machine.sink
+    );
+    if let Some(d) = &r.drain {
+        println!();
+        println!("drain ({} events, batch {})", d.events, d.batch_size);
+        println!(
+            "  relay → sink               {:>9.0} events/s   peak RSS {:.1} MB",
+            d.relay_events_per_s, d.relay_peak_rss_mb
+        );
+        println!(
+            "  pure-SQL ceiling           {:>9.0} events/s   relay = {:.2} × ceiling",
+            d.ceiling_events_per_s, d.relay_vs_ceiling
+        );
+        println!(
+            "  naive relay ({:>6} ev.)   {:>9.0} events/s   relay = {:.1} × naive",
+            d.naive_events, d.naive_events_per_s, d.relay_vs_naive
+        );
+        println!(
+            "  outbox after the drain: table {:.1} MB, indexes {:.1} MB, {} dead tuples",
+            d.table_after.table_bytes as f64 / 1e6,
+            d.table_after.index_bytes as f64 / 1e6,
+            d.table_after.dead_tuples
+        );
+    }
+    if !r.latency.is_empty() {
+        println!();
+        println!("commit-to-Redis latency          events     p50 ms   p95 ms   p99 ms   max ms");
+        for l in &r.latency {
+            println!(
+                "  {:<28} {:>8} {:>10.2} {:>8.2} {:>8.2} {:>8.2}",
+                format!("{} @ {}/s", l.mode, l.rate),
+                l.events,
+                l.p50_ms,
+                l.p95_ms,
+                l.p99_ms,
+                l.max_ms
+            );
+        }
+    }
+    if !r.scale.is_empty() {
+        println!();
+        println!("scale-out ({} events)", r.scale[0].events);
+        for s in &r.scale {
+            println!(
+                "  {} relay process(es)       {:>9.0} events/s   peak RSS {:.1} MB each",
+                s.relays, s.events_per_s, s.peak_rss_mb
+            );
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! `postbox relay --metrics-listen ADDR`: the Prometheus exporter and the
+//! health endpoints.
+//!
+//! - `GET /metrics`: every `postbox_*` metric (names in `postbox_relay::metrics`),
+//!   rendered by `metrics-exporter-prometheus`.
+//! - `GET /healthz`: `200 ok` while the process runs (touches nothing).
+//! - `GET /readyz`: `200 ready` when the database answers (and postbox's table is
+//!   readable) and the sink's check passes; otherwise `503` with a fixed phrase
+//!   naming the part that failed (never an error's text).
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use postbox_relay::{metrics as m, Sink, Store};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// How long `/readyz` waits for the database and for the sink.
+const READY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often histogram buckets are maintained.
+const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The metrics endpoint could not be started.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ObserveError {
+    #[error("cannot set up the Prometheus exporter")]
+    Exporter(#[from] metrics_exporter_prometheus::BuildError),
+    #[error("--metrics-listen {addr}: cannot listen there")]
+    Bind {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+#[derive(Clone)]
+struct Probe {
+    handle: PrometheusHandle,
+    store: Store,
+    sink: Arc<dyn Sink>,
+}
+
+/// A bound metrics endpoint, not yet serving.
+pub struct Endpoint {
+    listener: tokio::net::TcpListener,
+    probe: Probe,
+}
+
+impl Endpoint {
+    /// Install the Prometheus recorder (once per process) and bind `addr`.
+    pub async fn bind(addr: &str, store: Store, sink: Arc<dyn Sink>) -> Result<Self, ObserveError> {
+        let mut builder = PrometheusBuilder::new();
+        for (name, buckets) in m::HISTOGRAMS {
+            builder = builder.set_buckets_for_metric(Matcher::Full((*name).to_owned()), buckets)?;
+        }
+        let handle = builder.install_recorder()?;
+        m::describe();
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| ObserveError::Bind {
+                addr: addr.to_owned(),
+                source,
+            })?;
+        Ok(Self {
+            listener,
+            probe: Probe {
+                handle,
+                store,
+                sink,
+            },
+        })
+    }
+
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.listener.local_addr().ok()
+    }
+
+    /// Serve until `stop` is cancelled.
+    pub async fn serve(self, stop: CancellationToken) {
+        let handle = self.probe.handle.clone();
+        let upkeep_stop = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(UPKEEP_INTERVAL) => handle.run_upkeep(),
+                    _ = upkeep_stop.cancelled() => return,
+                }
+            }
+        });
+        let app = Router::new()
+            .route("/metrics", get(scrape))
+            .route("/healthz", get(|| async { text(StatusCode::OK, "ok") }))
+            .route("/readyz", get(ready))
+            .with_state(self.probe);
+        if let Err(e) = axum::serve(self.listener, app)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await
+        {
+            tracing::error!(error = %e, "the metrics endpoint stopped");
+        }
+    }
+}
+
+fn text(status: StatusCode, body: &'static str) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        body,
+    )
+        .into_response()
+}
+
+async fn scrape(State(probe): State<Probe>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        probe.handle.render(),
+    )
+        .into_response()
+}
+
+async fn ready(State(probe): State<Probe>) -> Response {
+    match tokio::time::timeout(READY_TIMEOUT, probe.store.ping()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::debug!(error = %postbox_relay::redact::sanitize_error(&e.to_string()), "readyz: database check failed");
+            return text(StatusCode::SERVICE_UNAVAILABLE, "database unavailable");
+        }
+        Err(_) => return text(StatusCode::SERVICE_UNAVAILABLE, "database unavailable"),
+    }
+    match tokio::time::timeout(READY_TIMEOUT, probe.sink.check()).await {
+        Ok(Ok(())) => text(StatusCode::OK, "ready"),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %postbox_relay::redact::sanitize_error(&e.to_string()), "readyz: sink check failed");
+            text(StatusCode::SERVICE_UNAVAILABLE, "sink unavailable")
+        }
+        Err(_) => text(StatusCode::SERVICE_UNAVAILABLE, "sink unavailable"),
+    }
+}

@@ -1,0 +1,119 @@
+//! Every metric postbox exports: names, labels, units and histogram buckets.
+//!
+//! The relay records through the `metrics` facade; nothing is exported until
+//! the binary installs a recorder (the CLI's `--metrics-listen` installs a
+//! Prometheus one), so a library user pays nothing. All names start with
+//! `postbox_`; counters end in `_total`, durations are in seconds.
+
+use crate::store::{Gauges, Store};
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, Unit};
+
+/// Gauge: events waiting to be claimed (`status = 'pending'`, due or scheduled).
+pub const PENDING_EVENTS: &str = "postbox_pending_events";
+/// Gauge: age in seconds of the oldest pending event (0 when none is pending).
+pub const OLDEST_PENDING_AGE: &str = "postbox_oldest_pending_age_seconds";
+/// Gauge: events claimed by some relay and not yet settled.
+pub const PROCESSING_EVENTS: &str = "postbox_processing_events";
+/// Gauge: dead letters (`status = 'failed'`).
+pub const DEAD_LETTERS: &str = "postbox_dead_letters";
+/// Counter: what the sink answered per event; label `outcome` is one of [`OUTCOME_LABELS`].
+pub const PUBLISH_OUTCOMES: &str = "postbox_publish_outcomes_total";
+/// Histogram: the attempt number of each event handed to the sink (1 = first try).
+pub const ATTEMPTS: &str = "postbox_publish_attempts";
+/// Histogram: seconds one batch spent in the sink.
+pub const PUBLISH_LATENCY: &str = "postbox_publish_duration_seconds";
+/// Histogram: seconds from the producing transaction's insert to the acknowledgement.
+pub const DELIVERY_LATENCY: &str = "postbox_commit_to_delivery_seconds";
+/// Counter: events whose lease expired and that were returned to `pending`.
+pub const LEASES_RECLAIMED: &str = "postbox_leases_reclaimed_total";
+/// Counter: events this relay could not settle because a newer lease held them.
+pub const ACKS_LOST: &str = "postbox_acks_lost_total";
+/// Counter: events that became dead letters (rejected, or out of attempts).
+pub const DEAD_LETTERED: &str = "postbox_dead_lettered_total";
+/// Counter: rows removed by retention; label `table` is `outbox` or `inbox`.
+pub const RETENTION_PURGED: &str = "postbox_retention_purged_total";
+/// Counter: duplicate deliveries absorbed by an inbox (`postbox receive`); label `consumer`.
+pub const INBOX_DUPLICATES: &str = "postbox_inbox_duplicates_total";
+
+/// The values of the `outcome` label of [`PUBLISH_OUTCOMES`].
+pub const OUTCOME_LABELS: [&str; 3] = ["delivered", "retry", "reject"];
+
+/// Buckets for [`ATTEMPTS`].
+pub const ATTEMPT_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 20.0, 50.0];
+/// Buckets for [`PUBLISH_LATENCY`] (seconds).
+pub const PUBLISH_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+/// Buckets for [`DELIVERY_LATENCY`] (seconds): a healthy relay is sub-second,
+/// retries and outages stretch into minutes and hours.
+pub const DELIVERY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
+    3600.0, 21600.0,
+];
+
+/// Every histogram with its buckets, for the exporter's configuration.
+pub const HISTOGRAMS: &[(&str, &[f64])] = &[
+    (ATTEMPTS, ATTEMPT_BUCKETS),
+    (PUBLISH_LATENCY, PUBLISH_BUCKETS),
+    (DELIVERY_LATENCY, DELIVERY_BUCKETS),
+];
+
+/// Register help texts and units with the installed recorder, and create the
+/// counters at zero so that dashboards and `rate()` see them before the first event.
+pub fn describe() {
+    describe_gauge!(PENDING_EVENTS, "Events waiting to be claimed");
+    describe_gauge!(
+        OLDEST_PENDING_AGE,
+        Unit::Seconds,
+        "Age of the oldest pending event"
+    );
+    describe_gauge!(PROCESSING_EVENTS, "Events claimed and not yet settled");
+    describe_gauge!(DEAD_LETTERS, "Dead letters (status failed)");
+    describe_counter!(PUBLISH_OUTCOMES, "Sink answers per event, by outcome");
+    describe_histogram!(ATTEMPTS, "Attempt number of each event handed to the sink");
+    describe_histogram!(
+        PUBLISH_LATENCY,
+        Unit::Seconds,
+        "Time one batch spent in the sink"
+    );
+    describe_histogram!(
+        DELIVERY_LATENCY,
+        Unit::Seconds,
+        "Time from the event's insert to its acknowledgement"
+    );
+    describe_counter!(
+        LEASES_RECLAIMED,
+        "Events reclaimed after their lease expired"
+    );
+    describe_counter!(
+        ACKS_LOST,
+        "Settlements refused because a newer lease held the event"
+    );
+    describe_counter!(DEAD_LETTERED, "Events that became dead letters");
+    describe_counter!(RETENTION_PURGED, "Rows removed by retention, by table");
+    describe_counter!(
+        INBOX_DUPLICATES,
+        "Duplicate deliveries absorbed by an inbox"
+    );
+    for outcome in OUTCOME_LABELS {
+        counter!(PUBLISH_OUTCOMES, "outcome" => outcome).absolute(0);
+    }
+    for name in [LEASES_RECLAIMED, ACKS_LOST, DEAD_LETTERED] {
+        counter!(name).absolute(0);
+    }
+}
+
+/// Set the backlog gauges from one reading of the store.
+pub fn set_gauges(g: &Gauges) {
+    gauge!(PENDING_EVENTS).set(g.pending as f64);
+    gauge!(PROCESSING_EVENTS).set(g.processing as f64);
+    gauge!(DEAD_LETTERS).set(g.dead_letters as f64);
+    gauge!(OLDEST_PENDING_AGE).set(g.oldest_pending_age_seconds.unwrap_or(0.0));
+}
+
+/// Read the backlog gauges once (a cheap query on the partial indexes) and set them.
+pub async fn refresh_gauges(store: &Store) -> Result<Gauges, sqlx::Error> {
+    let g = store.gauges().await?;
+    set_gauges(&g);
+    Ok(g)
+}

@@ -1,0 +1,20 @@
+-- Retention with archiving: move up to $2 sent events acknowledged more than
+-- $1 seconds ago into outbox_archive, in one statement (both or neither).
+-- Only 'sent' rows are moved.
+WITH moved AS (
+    DELETE FROM {schema}.outbox
+    WHERE id IN (
+        SELECT id FROM {schema}.outbox
+        WHERE status = 'sent' AND sent_at < now() - make_interval(secs => $1)
+        ORDER BY id
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED)
+      AND status = 'sent'
+    RETURNING id, event_id, aggregate_type, aggregate_id, event_type, schema_version,
+              payload, headers, attempts, created_at, sent_at)
+INSERT INTO {schema}.outbox_archive
+    (id, event_id, aggregate_type, aggregate_id, event_type, schema_version,
+     payload, headers, attempts, created_at, sent_at)
+SELECT id, event_id, aggregate_type, aggregate_id, event_type, schema_version,
+       payload, headers, attempts, created_at, sent_at
+FROM moved
