@@ -244,6 +244,7 @@ async fn relay(settings: &Settings, args: RelayArgs) -> Result<ExitCode, AnyErro
     let sink = sinks::from_url(&sink_url, &sink_options)?;
     let options = db::options(settings.database_url.as_deref(), "postbox-relay")?;
     let pool = db::lazy_pool(options, 6);
+    check_schema(&pool, &settings.schema).await?;
     if let Err(e) = sink.check().await {
         tracing::warn!(error = %e, "the sink is not reachable yet; events will be retried until it is");
     }
@@ -284,6 +285,35 @@ async fn relay(settings: &Settings, args: RelayArgs) -> Result<ExitCode, AnyErro
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Refuse to relay from a schema that is missing or behind this binary's
+/// migrations. An unreachable database is not an error here: the relay
+/// retries it with backoff.
+async fn check_schema(pool: &sqlx::PgPool, schema: &Schema) -> Result<(), AnyError> {
+    let latest = postbox::MIGRATIONS.last().map_or(0, |m| m.version);
+    let applied = async {
+        let mut conn = pool.acquire().await?;
+        postbox::sqlx::applied_version(&mut conn, schema).await
+    };
+    match applied.await {
+        Ok(Some(v)) if v >= latest => Ok(()),
+        Ok(Some(v)) => Err(format!(
+            "schema {schema} is at migration {v}, this relay needs {latest}: run `postbox migrate` first"
+        )
+        .into()),
+        Ok(None) => Err(format!(
+            "schema {schema} has no postbox tables: run `postbox migrate` first (or pass the right --schema)"
+        )
+        .into()),
+        Err(e) => {
+            tracing::warn!(
+                error = %crate::report(&e),
+                "cannot check the schema version yet; the relay will retry the database"
+            );
+            Ok(())
+        }
+    }
 }
 
 /// Cancel `token` on SIGINT or SIGTERM.

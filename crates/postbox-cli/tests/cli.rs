@@ -352,3 +352,25 @@ async fn bench_runs_on_tiny_inputs() {
         stderr(&refused)
     );
 }
+
+#[tokio::test]
+async fn the_relay_refuses_an_unmigrated_or_outdated_schema() {
+    let db = TestDb::empty().await;
+    let out = postbox(&db, &["relay", "--sink", "stdout", "--drain"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("has no postbox tables: run `postbox migrate` first"),
+        "{}",
+        stderr(&out)
+    );
+    ok(postbox(&db, &["migrate"]));
+    db.exec("DELETE FROM {schema}.schema_migrations WHERE version = (SELECT max(version) FROM {schema}.schema_migrations)").await;
+    let out = postbox(&db, &["relay", "--sink", "stdout", "--drain"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("this relay needs"),
+        "{}",
+        stderr(&out)
+    );
+    db.drop_schema().await;
+}

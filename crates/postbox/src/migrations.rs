@@ -51,6 +51,9 @@ pub(crate) const CREATE_HISTORY: &str = "CREATE TABLE IF NOT EXISTS {schema}.sch
      applied_at timestamptz NOT NULL DEFAULT now())";
 pub(crate) const SELECT_APPLIED: &str =
     "SELECT version, checksum FROM {schema}.schema_migrations ORDER BY version";
+pub(crate) const SELECT_LATEST: &str = "SELECT max(version) FROM {schema}.schema_migrations";
+pub(crate) const HISTORY_EXISTS: &str =
+    "SELECT to_regclass(quote_ident($1) || '.schema_migrations') IS NOT NULL";
 pub(crate) const INSERT_APPLIED: &str =
     "INSERT INTO {schema}.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)";
 /// Session-level advisory lock serializing concurrent `migrate` runs on one schema.

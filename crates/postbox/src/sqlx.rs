@@ -94,6 +94,24 @@ pub async fn purge_inbox(
     Ok(done.rows_affected())
 }
 
+/// The latest migration applied to `schema`: `None` when postbox was never
+/// migrated there. Compare with [`crate::MIGRATIONS`] to know whether
+/// `migrate` must run before a relay can.
+pub async fn applied_version(
+    conn: &mut PgConnection,
+    schema: &Schema,
+) -> Result<Option<i32>, Error> {
+    let sql = schema.render(migrations::SELECT_LATEST);
+    let exists: bool = ::sqlx::query_scalar(migrations::HISTORY_EXISTS)
+        .bind(schema.name().to_owned())
+        .fetch_one(&mut *conn)
+        .await?;
+    if !exists {
+        return Ok(None);
+    }
+    Ok(::sqlx::query_scalar(&sql).fetch_one(&mut *conn).await?)
+}
+
 /// Bring `schema` up to the latest migration; returns the versions applied now
 /// (empty when it was already up to date).
 ///

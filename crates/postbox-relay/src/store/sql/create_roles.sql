@@ -27,6 +27,8 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.idempotency_keys TO {producer};
 
 -- Relay: claims, settles and rescues events, and runs retention.
 GRANT SELECT, UPDATE, DELETE ON {schema}.outbox TO {relay};
+-- The relay checks at start-up that the schema is migrated.
+GRANT SELECT ON {schema}.schema_migrations TO {relay};
 GRANT SELECT, INSERT ON {schema}.outbox_archive TO {relay};
 GRANT SELECT, DELETE ON {schema}.inbox TO {relay};
 
