@@ -188,16 +188,7 @@ impl AmqpSink {
                         }
                     }
                 }
-                "timeout" => {
-                    timeout = humantime::parse_duration(&value)
-                        .ok()
-                        .filter(|d| !d.is_zero())
-                        .ok_or_else(|| {
-                            SinkError::Config(format!(
-                                "sink URL parameter timeout: expected a duration like 5s or 500ms, got {value:?}"
-                            ))
-                        })?
-                }
+                "timeout" => timeout = super::parse_timeout(&value)?,
                 "heartbeat" => {
                     query.heartbeat = Some(value.parse::<u16>().map_err(|_| {
                         SinkError::Config(format!(

@@ -103,16 +103,7 @@ impl KafkaSink {
         for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
             match name.as_ref() {
                 "topic" => topic = value.into_owned(),
-                "timeout" => {
-                    timeout = humantime::parse_duration(&value)
-                        .ok()
-                        .filter(|d| !d.is_zero())
-                        .ok_or_else(|| {
-                            SinkError::Config(format!(
-                                "sink URL parameter timeout: expected a duration like 20s, got {value:?}"
-                            ))
-                        })?
-                }
+                "timeout" => timeout = super::parse_timeout(&value)?,
                 other => match other.strip_prefix("rdkafka.") {
                     Some(property) if FIXED.contains(&property) => {
                         return Err(SinkError::Config(format!(

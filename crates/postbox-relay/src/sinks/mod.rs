@@ -62,3 +62,16 @@ pub fn from_url(url: &str, options: &SinkOptions) -> Result<Arc<dyn Sink>, SinkE
         ))),
     }
 }
+
+/// The `timeout` URL parameter every broker sink takes: a positive duration
+/// such as `5s` or `500ms`.
+pub(crate) fn parse_timeout(value: &str) -> Result<std::time::Duration, SinkError> {
+    humantime::parse_duration(value)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            SinkError::Config(format!(
+                "sink URL parameter timeout: expected a duration like 5s or 500ms, got {value:?}"
+            ))
+        })
+}

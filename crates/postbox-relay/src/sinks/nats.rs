@@ -152,7 +152,7 @@ impl NatsSink {
             match name.as_ref() {
                 "subject" => subject = value.into_owned(),
                 "stream" => stream = Some(value.into_owned()),
-                "timeout" => timeout = parse_timeout(&value)?,
+                "timeout" => timeout = super::parse_timeout(&value)?,
                 "tls" => tls = parse_bool("tls", &value)?,
                 other => {
                     return Err(SinkError::Config(format!(
@@ -455,17 +455,6 @@ fn percent_decode(s: &str) -> Option<String> {
         .decode_utf8()
         .ok()
         .map(|c| c.into_owned())
-}
-
-fn parse_timeout(value: &str) -> Result<Duration, SinkError> {
-    humantime::parse_duration(value)
-        .ok()
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| {
-            SinkError::Config(format!(
-                "sink URL parameter timeout: expected a duration like 5s or 500ms, got {value:?}"
-            ))
-        })
 }
 
 fn parse_bool(name: &str, value: &str) -> Result<bool, SinkError> {
