@@ -36,7 +36,6 @@ fn ok(o: Output) -> (String, String) {
 
 /// Enqueue `n` events of `event_type` and turn them into dead letters.
 async fn dead_letters(db: &TestDb, event_type: &str, n: usize) -> Vec<Uuid> {
-    let outbox = Outbox::new(db.schema.clone());
     let events: Vec<NewEvent> = (0..n)
         .map(|i| {
             NewEvent::new(
@@ -48,16 +47,7 @@ async fn dead_letters(db: &TestDb, event_type: &str, n: usize) -> Vec<Uuid> {
             .unwrap()
         })
         .collect();
-    let mut ids = Vec::new();
-    for chunk in events.chunks(1000) {
-        let mut tx = db.pool.begin().await.unwrap();
-        ids.extend(
-            postbox::sqlx::enqueue_batch(&outbox, &mut tx, chunk)
-                .await
-                .unwrap(),
-        );
-        tx.commit().await.unwrap();
-    }
+    let ids = db.enqueue_events(&events).await;
     sqlx::query(&db.sql(
         "UPDATE {schema}.outbox SET status = 'failed', attempts = 5, \
          last_error = 'sink rejected: 400 bad request #' || id WHERE event_id = ANY($1)",

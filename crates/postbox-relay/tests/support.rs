@@ -1,7 +1,7 @@
 //! Sinks and helpers for the relay's tests.
 
 use async_trait::async_trait;
-use postbox::{NewEvent, Outbox};
+use postbox::NewEvent;
 use postbox_relay::{
     Message, Outcome, Relay, RelayConfig, RunMode, Sink, SinkError, StatsSnapshot, Store,
 };
@@ -39,21 +39,10 @@ pub async fn enqueue_with(
     n: usize,
     payload: impl Fn(usize) -> serde_json::Value,
 ) -> Vec<Uuid> {
-    let outbox = Outbox::new(db.schema.clone());
     let events: Vec<NewEvent> = (0..n)
         .map(|i| NewEvent::new("order.created", "order", i.to_string(), &payload(i)).unwrap())
         .collect();
-    let mut ids = Vec::new();
-    for chunk in events.chunks(1000) {
-        let mut tx = db.pool.begin().await.unwrap();
-        ids.extend(
-            postbox::sqlx::enqueue_batch(&outbox, &mut tx, chunk)
-                .await
-                .unwrap(),
-        );
-        tx.commit().await.unwrap();
-    }
-    ids
+    db.enqueue_events(&events).await
 }
 
 pub fn store(db: &TestDb) -> Store {

@@ -85,6 +85,23 @@ impl TestDb {
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
 
+    /// Commit `events` in transactions of at most 1,000 (one batch insert
+    /// each); returns their ids in order.
+    pub async fn enqueue_events(&self, events: &[postbox::NewEvent]) -> Vec<uuid::Uuid> {
+        let outbox = postbox::Outbox::new(self.schema.clone());
+        let mut ids = Vec::with_capacity(events.len());
+        for chunk in events.chunks(1000) {
+            let mut tx = self.pool.begin().await.expect("begin");
+            ids.extend(
+                postbox::sqlx::enqueue_batch(&outbox, &mut tx, chunk)
+                    .await
+                    .expect("enqueue a batch"),
+            );
+            tx.commit().await.expect("commit");
+        }
+        ids
+    }
+
     /// Drop the schema (call at the end of a passing test; a failing one leaves it to inspect).
     pub async fn drop_schema(self) {
         let _ = sqlx::raw_sql(&self.sql("DROP SCHEMA IF EXISTS {schema} CASCADE"))
