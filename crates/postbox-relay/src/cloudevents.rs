@@ -3,8 +3,9 @@
 //! Attributes: `specversion`, `id` (the event id), `source` (configurable),
 //! `type` (the event type), `subject` (the aggregate id), `time` (the commit's
 //! insert time, RFC 3339), `datacontenttype` (`application/json`), `data` (the
-//! payload, verbatim), and the extensions `aggregatetype` (string) and
-//! `schemaversion` (integer).
+//! payload, verbatim), and the extensions `aggregatetype` (string),
+//! `schemaversion` (integer) and `sequence` (integer, the event's number within
+//! its aggregate; absent for events committed before schema version 5).
 
 use crate::sink::Message;
 use chrono::SecondsFormat;
@@ -26,6 +27,8 @@ struct Structured<'a> {
     datacontenttype: &'static str,
     aggregatetype: &'a str,
     schemaversion: i32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sequence: Option<i64>,
     data: &'a RawValue,
 }
 
@@ -43,6 +46,7 @@ pub fn to_json(message: &Message, source: &str) -> String {
         datacontenttype: "application/json",
         aggregatetype: &message.aggregate_type,
         schemaversion: message.schema_version,
+        sequence: message.sequence,
         data: &message.payload,
     };
     // Serializing strings, integers and already-valid raw JSON cannot fail.
@@ -66,6 +70,7 @@ mod tests {
             headers: Default::default(),
             created_at: chrono::Utc.with_ymd_and_hms(2026, 1, 2, 3, 4, 5).unwrap(),
             attempt: 1,
+            sequence: Some(1),
         };
         let v: serde_json::Value = serde_json::from_str(&to_json(&m, "shop")).unwrap();
         assert_eq!(
@@ -80,6 +85,7 @@ mod tests {
                 "datacontenttype": "application/json",
                 "aggregatetype": "order",
                 "schemaversion": 2,
+                "sequence": 1,
                 "data": {"total": 10}
             })
         );

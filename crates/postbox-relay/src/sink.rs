@@ -38,6 +38,9 @@ pub struct Message {
     pub created_at: DateTime<Utc>,
     /// 1 on the first delivery attempt.
     pub attempt: i32,
+    /// The event's number within its aggregate (1, 2, …), assigned in the
+    /// producing transaction; `None` for events committed before schema version 5.
+    pub sequence: Option<i64>,
 }
 
 /// What happened to one message.

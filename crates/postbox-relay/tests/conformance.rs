@@ -123,6 +123,7 @@ pub fn message(i: usize, aggregates: usize, payload: &str) -> Message {
         headers,
         created_at: Utc::now(),
         attempt: 1,
+        sequence: Some(i as i64 / aggregates.max(1) as i64 + 1),
     }
 }
 

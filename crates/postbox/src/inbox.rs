@@ -41,3 +41,97 @@ pub(crate) fn check_consumer(consumer: &str) -> Result<(), Error> {
         reason: reason.to_owned(),
     })
 }
+
+/// Where a delivery stands in its aggregate's sequence, for one consumer.
+///
+/// Events carry their number within their aggregate (1, 2, …; the CloudEvents
+/// extension `sequence`). [`check_sequence`](crate::sqlx::check_sequence) keeps,
+/// per consumer and aggregate, the last number applied, and judges each delivery
+/// against it inside the consumer's transaction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "apply the effect only for SequenceCheck::Apply"]
+pub enum SequenceCheck {
+    /// The next number: apply the effect in this transaction (the tracker has
+    /// advanced, and rolls back with the transaction).
+    Apply,
+    /// At or below the last applied number: already applied, acknowledge and skip.
+    Duplicate { last: i64 },
+    /// Ahead of the next number: one or more earlier events have not been
+    /// applied (still on their way, or skipped as poison upstream). Reject the
+    /// delivery so it comes again, buffer it, or reconcile and call
+    /// [`accept_gap`](crate::sqlx::accept_gap). The tracker did not move.
+    Gap { expected: i64, got: i64 },
+}
+
+impl SequenceCheck {
+    pub(crate) fn judge(last: i64, sequence: i64) -> Self {
+        if sequence <= last {
+            SequenceCheck::Duplicate { last }
+        } else if sequence == last + 1 {
+            SequenceCheck::Apply
+        } else {
+            SequenceCheck::Gap {
+                expected: last + 1,
+                got: sequence,
+            }
+        }
+    }
+
+    /// True for [`SequenceCheck::Apply`].
+    pub fn is_apply(self) -> bool {
+        self == SequenceCheck::Apply
+    }
+}
+
+pub(crate) fn check_aggregate(
+    consumer: &str,
+    aggregate_type: &str,
+    aggregate_id: &str,
+    sequence: i64,
+) -> Result<(), Error> {
+    check_consumer(consumer)?;
+    for (field, value) in [
+        ("aggregate_type", aggregate_type),
+        ("aggregate_id", aggregate_id),
+    ] {
+        if value.is_empty() || value.len() > crate::MAX_NAME_BYTES || value.contains('\0') {
+            return Err(Error::InvalidEvent {
+                field,
+                reason: "must be 1 to 255 bytes long, without NUL characters".to_owned(),
+            });
+        }
+    }
+    if sequence < 1 {
+        return Err(Error::InvalidEvent {
+            field: "sequence",
+            reason: format!("must be 1 or more, got {sequence}"),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod sequence_tests {
+    use super::SequenceCheck;
+
+    #[test]
+    fn judges_next_duplicate_and_gap() {
+        assert_eq!(SequenceCheck::judge(0, 1), SequenceCheck::Apply);
+        assert_eq!(SequenceCheck::judge(4, 5), SequenceCheck::Apply);
+        assert_eq!(
+            SequenceCheck::judge(4, 4),
+            SequenceCheck::Duplicate { last: 4 }
+        );
+        assert_eq!(
+            SequenceCheck::judge(4, 2),
+            SequenceCheck::Duplicate { last: 4 }
+        );
+        assert_eq!(
+            SequenceCheck::judge(4, 7),
+            SequenceCheck::Gap {
+                expected: 5,
+                got: 7
+            }
+        );
+    }
+}

@@ -48,7 +48,7 @@ pub mod verify;
 
 pub use error::Error;
 pub use event::{NewEvent, MAX_NAME_BYTES};
-pub use inbox::InboxOutcome;
+pub use inbox::{InboxOutcome, SequenceCheck};
 pub use migrations::{Migration, MIGRATIONS};
 pub use schema::Schema;
 

@@ -42,6 +42,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "operator",
         sql: include_str!("../migrations/0004_operator.sql"),
     },
+    Migration {
+        version: 5,
+        name: "sequences_destinations",
+        sql: include_str!("../migrations/0005_sequences_destinations.sql"),
+    },
 ];
 
 /// The bookkeeping table and lock, rendered per schema.

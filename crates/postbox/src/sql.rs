@@ -9,6 +9,7 @@ pub(crate) struct Queries {
     pub insert_many: String,
     pub inbox_record: String,
     pub inbox_purge: String,
+    pub inbox_sequence: String,
     #[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
     pub received: ReceivedQueries,
     #[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
@@ -79,19 +80,43 @@ pub(crate) struct ReceivedQueries {
 impl Queries {
     pub fn new(schema: &Schema) -> Self {
         Self {
+            // The aggregate's counter row is bumped in the same statement: concurrent
+            // producers on one aggregate wait on its row lock, others never meet.
             insert_one: schema.render(
-                "INSERT INTO {schema}.outbox \
-                 (event_id, event_type, aggregate_type, aggregate_id, schema_version, payload, headers) \
-                 VALUES ($1, $2, $3, $4, $5, $6::text::jsonb, $7::text::jsonb)",
+                "WITH seq AS ( \
+                   INSERT INTO {schema}.aggregate_sequences AS s (aggregate_type, aggregate_id, last_sequence) \
+                   VALUES ($3, $4, 1) \
+                   ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_sequence = s.last_sequence + 1 \
+                   RETURNING s.last_sequence) \
+                 INSERT INTO {schema}.outbox \
+                 (event_id, event_type, aggregate_type, aggregate_id, schema_version, payload, headers, sequence) \
+                 SELECT $1, $2, $3, $4, $5, $6::text::jsonb, $7::text::jsonb, seq.last_sequence FROM seq",
             ),
+            // One counter bump per aggregate of the batch, taken in a fixed order so
+            // two batches sharing aggregates cannot deadlock; the batch's events of
+            // one aggregate are numbered in input order.
             insert_many: schema.render(
-                "INSERT INTO {schema}.outbox \
-                 (event_id, event_type, aggregate_type, aggregate_id, schema_version, payload, headers) \
+                "WITH e AS ( \
+                   SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int4[], $6::text[], $7::text[]) \
+                     WITH ORDINALITY \
+                     AS e(event_id, event_type, aggregate_type, aggregate_id, schema_version, payload, headers, ord)), \
+                 counts AS ( \
+                   SELECT aggregate_type, aggregate_id, count(*) AS n FROM e GROUP BY 1, 2), \
+                 seq AS ( \
+                   INSERT INTO {schema}.aggregate_sequences AS s (aggregate_type, aggregate_id, last_sequence) \
+                   SELECT aggregate_type, aggregate_id, n FROM counts ORDER BY aggregate_type, aggregate_id \
+                   ON CONFLICT (aggregate_type, aggregate_id) \
+                   DO UPDATE SET last_sequence = s.last_sequence + EXCLUDED.last_sequence \
+                   RETURNING s.aggregate_type, s.aggregate_id, s.last_sequence) \
+                 INSERT INTO {schema}.outbox \
+                 (event_id, event_type, aggregate_type, aggregate_id, schema_version, payload, headers, sequence) \
                  SELECT e.event_id, e.event_type, e.aggregate_type, e.aggregate_id, e.schema_version, \
-                        e.payload::jsonb, e.headers::jsonb \
-                 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int4[], $6::text[], $7::text[]) \
-                   WITH ORDINALITY \
-                   AS e(event_id, event_type, aggregate_type, aggregate_id, schema_version, payload, headers, ord) \
+                        e.payload::jsonb, e.headers::jsonb, \
+                        seq.last_sequence - c.n \
+                          + row_number() OVER (PARTITION BY e.aggregate_type, e.aggregate_id ORDER BY e.ord) \
+                 FROM e \
+                 JOIN counts c ON c.aggregate_type = e.aggregate_type AND c.aggregate_id = e.aggregate_id \
+                 JOIN seq ON seq.aggregate_type = e.aggregate_type AND seq.aggregate_id = e.aggregate_id \
                  ORDER BY e.ord",
             ),
             inbox_record: schema.render(
@@ -103,6 +128,7 @@ impl Queries {
                    SELECT ctid FROM {schema}.inbox \
                    WHERE processed_at < now() - make_interval(secs => $1) LIMIT $2))",
             ),
+            inbox_sequence: schema.render("SELECT {schema}.inbox_sequence($1, $2, $3, $4, $5)"),
             received: ReceivedQueries::new(schema),
             idempotency: IdempotencyQueries::new(schema),
         }

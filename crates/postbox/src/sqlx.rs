@@ -2,10 +2,10 @@
 //! `&mut PgConnection`, so it serves a plain connection and a transaction
 //! (`&mut *tx`) alike.
 
-use crate::inbox::check_consumer;
+use crate::inbox::{check_aggregate, check_consumer};
 use crate::migrations::{self, Migration};
 use crate::sql::Columns;
-use crate::{Error, InboxOutcome, NewEvent, Outbox, Schema};
+use crate::{Error, InboxOutcome, NewEvent, Outbox, Schema, SequenceCheck};
 use ::sqlx::{Connection, PgConnection, Row};
 use uuid::Uuid;
 
@@ -76,6 +76,76 @@ pub async fn record_inbox(
         .execute(conn)
         .await?;
     Ok(InboxOutcome::from_rows(done.rows_affected()))
+}
+
+/// Judge a delivery of `aggregate`'s event number `sequence` for `consumer`,
+/// in the caller's transaction: [`SequenceCheck::Apply`] when it is the next
+/// one (the tracker advances with the transaction), `Duplicate` when it was
+/// applied before, `Gap` when earlier events are missing. The tracker row stays
+/// locked until the transaction ends, so deliveries of one aggregate are judged
+/// one at a time.
+pub async fn check_sequence(
+    outbox: &Outbox,
+    conn: &mut PgConnection,
+    consumer: &str,
+    aggregate_type: &str,
+    aggregate_id: &str,
+    sequence: i64,
+) -> Result<SequenceCheck, Error> {
+    sequence_call(
+        outbox,
+        conn,
+        consumer,
+        aggregate_type,
+        aggregate_id,
+        sequence,
+        false,
+    )
+    .await
+}
+
+/// After a [`SequenceCheck::Gap`] the handler chose to live with (the missing
+/// events were skipped upstream, or reconciled another way): move the tracker
+/// to `sequence` so later events apply again. Returns the check as it stood.
+pub async fn accept_gap(
+    outbox: &Outbox,
+    conn: &mut PgConnection,
+    consumer: &str,
+    aggregate_type: &str,
+    aggregate_id: &str,
+    sequence: i64,
+) -> Result<SequenceCheck, Error> {
+    sequence_call(
+        outbox,
+        conn,
+        consumer,
+        aggregate_type,
+        aggregate_id,
+        sequence,
+        true,
+    )
+    .await
+}
+
+async fn sequence_call(
+    outbox: &Outbox,
+    conn: &mut PgConnection,
+    consumer: &str,
+    aggregate_type: &str,
+    aggregate_id: &str,
+    sequence: i64,
+    accept_gap: bool,
+) -> Result<SequenceCheck, Error> {
+    check_aggregate(consumer, aggregate_type, aggregate_id, sequence)?;
+    let last: i64 = ::sqlx::query_scalar(&outbox.sql.inbox_sequence)
+        .bind(consumer)
+        .bind(aggregate_type)
+        .bind(aggregate_id)
+        .bind(sequence)
+        .bind(accept_gap)
+        .fetch_one(conn)
+        .await?;
+    Ok(SequenceCheck::judge(last, sequence))
 }
 
 /// Delete up to `limit` inbox rows older than `older_than`; returns how many went.

@@ -2,9 +2,9 @@
 //! function takes a [`GenericClient`], so it serves a `Client` and a
 //! `Transaction` alike.
 
-use crate::inbox::check_consumer;
+use crate::inbox::{check_aggregate, check_consumer};
 use crate::sql::Columns;
-use crate::{Error, InboxOutcome, NewEvent, Outbox};
+use crate::{Error, InboxOutcome, NewEvent, Outbox, SequenceCheck};
 use ::tokio_postgres::GenericClient;
 use uuid::Uuid;
 
@@ -76,6 +76,36 @@ pub async fn record_inbox<C: GenericClient>(
         .execute(&outbox.sql.inbox_record, &[&consumer, &event_id])
         .await?;
     Ok(InboxOutcome::from_rows(rows))
+}
+
+/// Judge a delivery of an aggregate's event number `sequence` for `consumer`
+/// in the caller's transaction; see [`crate::sqlx::check_sequence`]. With
+/// `accept_gap`, a number ahead of the next one moves the tracker too (see
+/// [`crate::sqlx::accept_gap`]).
+pub async fn check_sequence<C: GenericClient>(
+    outbox: &Outbox,
+    client: &C,
+    consumer: &str,
+    aggregate: (&str, &str),
+    sequence: i64,
+    accept_gap: bool,
+) -> Result<SequenceCheck, Error> {
+    let (aggregate_type, aggregate_id) = aggregate;
+    check_aggregate(consumer, aggregate_type, aggregate_id, sequence)?;
+    let row = client
+        .query_one(
+            &outbox.sql.inbox_sequence,
+            &[
+                &consumer,
+                &aggregate_type,
+                &aggregate_id,
+                &sequence,
+                &accept_gap,
+            ],
+        )
+        .await?;
+    let last: i64 = row.try_get(0)?;
+    Ok(SequenceCheck::judge(last, sequence))
 }
 
 /// Delete up to `limit` inbox rows processed more than `older_than` ago; returns

@@ -5,3 +5,4 @@ mod idempotency;
 mod inbox;
 mod migrate;
 mod received;
+mod sequences;

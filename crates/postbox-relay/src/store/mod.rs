@@ -217,6 +217,7 @@ impl Store {
                 headers: header_map(&headers).map_err(|e| decode_error("headers", e))?,
                 created_at: row.try_get(8)?,
                 attempt: row.try_get(9)?,
+                sequence: row.try_get(10)?,
             });
         }
         Ok(Claim {

@@ -12,4 +12,4 @@ WHERE o.id IN (
     LIMIT $3
     FOR UPDATE SKIP LOCKED)
 RETURNING o.id, o.event_id, o.event_type, o.aggregate_type, o.aggregate_id, o.schema_version,
-          o.payload::text, o.headers::text, o.created_at, o.attempts
+          o.payload::text, o.headers::text, o.created_at, o.attempts, o.sequence
