@@ -8,6 +8,8 @@
 //! - **latency**: a steady producer at R events/s for T; commit-to-Redis
 //!   percentiles, once with LISTEN/NOTIFY and once with polling only.
 //! - **scale**: 1, 2 and 4 relay processes draining N events together.
+//! - **ordered**: N events over A aggregates drained unordered, then with
+//!   `--ordered`, in the same run.
 
 use crate::commands::{AnyError, Settings};
 use crate::pgcluster::TempCluster;
@@ -48,12 +50,15 @@ pub struct BenchArgs {
     /// Relay process counts for the scale-out run
     #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
     pub relays: Vec<usize>,
+    /// Aggregates the ordered run spreads its events over
+    #[arg(long, default_value_t = 10_000)]
+    pub aggregates: i64,
     /// Which parts to run
     #[arg(
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "drain,latency,scale"
+        default_value = "drain,latency,scale,ordered"
     )]
     pub only: Vec<Part>,
     /// Schema the benchmark creates and drops (never your outbox's)
@@ -69,6 +74,7 @@ pub enum Part {
     Drain,
     Latency,
     Scale,
+    Ordered,
 }
 
 const REDIS_DEFAULT: &str = "redis://127.0.0.1:6379";
@@ -80,6 +86,16 @@ struct Report {
     drain: Option<Drain>,
     latency: Vec<Latency>,
     scale: Vec<Scale>,
+    ordered: Option<Ordered>,
+}
+
+#[derive(Debug, Serialize)]
+struct Ordered {
+    events: i64,
+    aggregates: i64,
+    unordered_events_per_s: f64,
+    ordered_events_per_s: f64,
+    ordered_vs_unordered: f64,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -123,8 +139,15 @@ struct Scale {
 }
 
 pub async fn run(settings: &Settings, args: BenchArgs) -> Result<ExitCode, AnyError> {
-    if args.events < 1 || args.naive_events < 1 || args.rate < 1 || args.relays.contains(&0) {
-        return Err("--events, --naive-events, --rate and --relays must be positive".into());
+    if args.events < 1
+        || args.naive_events < 1
+        || args.rate < 1
+        || args.relays.contains(&0)
+        || args.aggregates < 1
+    {
+        return Err(
+            "--events, --naive-events, --rate, --relays and --aggregates must be positive".into(),
+        );
     }
     let (cluster, url) = match &settings.database_url {
         Some(url) => (None, url.clone()),
@@ -198,6 +221,9 @@ async fn run_on(url: &str, args: &BenchArgs) -> Result<Report, AnyError> {
             report.scale.push(bench.scale(n).await?);
         }
     }
+    if args.only.contains(&Part::Ordered) {
+        report.ordered = Some(bench.ordered().await?);
+    }
     bench.reset().await?;
     sqlx::raw_sql(
         &bench
@@ -268,12 +294,42 @@ impl Bench<'_> {
     }
 
     async fn seeded(&self, n: i64) -> Result<BenchStore, AnyError> {
+        self.seeded_over(n, 0).await
+    }
+
+    /// `n` events over `aggregates` aggregates (0: one aggregate per event).
+    async fn seeded_over(&self, n: i64, aggregates: i64) -> Result<BenchStore, AnyError> {
         self.reset().await?;
         let store = self.store();
         store
-            .seed(n, &self.schema.render("{schema}.outbox"))
+            .seed(n, aggregates, &self.schema.render("{schema}.outbox"))
             .await?;
         Ok(store)
+    }
+
+    async fn ordered(&self) -> Result<Ordered, AnyError> {
+        let (events, aggregates) = (self.args.events, self.args.aggregates);
+        let mut rates = [0.0; 2];
+        for (rate, extra) in rates.iter_mut().zip([&[][..], &["--ordered"][..]]) {
+            eprintln!(
+                "ordered: {events} events over {aggregates} aggregates, relay {}…",
+                if extra.is_empty() {
+                    "unordered"
+                } else {
+                    "--ordered"
+                }
+            );
+            self.seeded_over(events, aggregates).await?;
+            let run = self.relays(1, extra).await?;
+            *rate = events as f64 / run.elapsed.as_secs_f64();
+        }
+        Ok(Ordered {
+            events,
+            aggregates,
+            unordered_events_per_s: rates[0].round(),
+            ordered_events_per_s: rates[1].round(),
+            ordered_vs_unordered: round2(rates[1] / rates[0]),
+        })
     }
 
     async fn drain(&self) -> Result<Drain, AnyError> {
@@ -623,6 +679,21 @@ fn print_table(r: &Report) {
                 l.max_ms
             );
         }
+    }
+    if let Some(o) = &r.ordered {
+        println!();
+        println!(
+            "ordered ({} events over {} aggregates)",
+            o.events, o.aggregates
+        );
+        println!(
+            "  unordered                  {:>9.0} events/s",
+            o.unordered_events_per_s
+        );
+        println!(
+            "  --ordered                  {:>9.0} events/s   = {:.2} × unordered",
+            o.ordered_events_per_s, o.ordered_vs_unordered
+        );
     }
     if !r.scale.is_empty() {
         println!();

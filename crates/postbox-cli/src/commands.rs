@@ -6,8 +6,10 @@ use clap::Args;
 use postbox::{NewEvent, Outbox, Schema};
 use postbox_relay::retention::{self, Progress, Table};
 use postbox_relay::sinks::{self, SinkOptions};
-use postbox_relay::store::{AttemptsCount, Roles, StatusCounts};
-use postbox_relay::{Relay, RelayConfig, RetentionConfig, RunMode, Store};
+use postbox_relay::store::{AttemptsCount, DestinationCounts, Roles, StatusCounts};
+use postbox_relay::{
+    Destination, PoisonPolicy, Relay, RelayConfig, RetentionConfig, Router, RunMode, Store,
+};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -91,6 +93,22 @@ pub struct RelayArgs {
     /// Serve Prometheus /metrics, /healthz and /readyz on ADDR, e.g. 0.0.0.0:9187
     #[arg(long, env = "POSTBOX_METRICS_LISTEN", value_name = "ADDR")]
     pub metrics_listen: Option<String>,
+    /// Deliver each aggregate's events one at a time, in sequence (every route)
+    #[arg(long)]
+    pub ordered: bool,
+
+    /// With --ordered: what a dead letter does to its aggregate: block (wait for
+    /// an operator to replay or discard it) or skip (go on; consumers see the gap)
+    #[arg(long, value_name = "POLICY", requires = "ordered", value_parser = parse_poison)]
+    pub poison: Option<PoisonPolicy>,
+}
+
+fn parse_poison(s: &str) -> Result<PoisonPolicy, String> {
+    match s {
+        "block" => Ok(PoisonPolicy::Block),
+        "skip" => Ok(PoisonPolicy::Skip),
+        other => Err(format!("expected block or skip, got {other:?}")),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -213,43 +231,86 @@ async fn enqueue(settings: &Settings, args: EnqueueArgs) -> Result<ExitCode, Any
     Ok(ExitCode::SUCCESS)
 }
 
-/// The relay settings after merging flags, environment and file.
+/// The relay settings after merging flags, environment and file, and the
+/// destinations they name: `--sink` / `[sink]` (one destination, every event),
+/// or `[destinations.*]` with `[[routes]]`.
 pub fn relay_config(
     settings: &Settings,
     args: &RelayArgs,
-) -> Result<(RelayConfig, String, SinkOptions), AnyError> {
-    let mut config = settings.file.relay.clone();
+) -> Result<(RelayConfig, Router), AnyError> {
+    let file = &settings.file;
+    let mut config = file.relay.clone();
     if let Some(b) = args.batch_size {
         config.batch_size = b;
     }
     config.validate()?;
-    let sink = args
-        .sink
-        .clone()
-        .or_else(|| settings.file.sink.url.clone())
-        .ok_or("no sink given: pass --sink (e.g. redis://127.0.0.1:6379 or stdout), set POSTBOX_SINK, or set [sink] url in the config file")?;
-    let mut options = SinkOptions::default();
-    if let Some(s) = args
-        .source
-        .clone()
-        .or_else(|| settings.file.sink.source.clone())
-    {
-        options.source = s;
-    }
-    Ok((config, sink, options))
+    let source = args.source.clone();
+    let sink_options = |section: &crate::config::SinkSection| {
+        let mut options = SinkOptions {
+            http: section.http.clone(),
+            qstash: section.qstash.clone(),
+            ..SinkOptions::default()
+        };
+        if let Some(s) = source.clone().or_else(|| section.source.clone()) {
+            options.source = s;
+        }
+        options
+    };
+    let router = if file.destinations.is_empty() {
+        if !file.routes.is_empty() {
+            return Err("routes: [[routes]] need [destinations.NAME] sections to send to".into());
+        }
+        let url = args
+            .sink
+            .clone()
+            .or_else(|| file.sink.url.clone())
+            .ok_or("no sink given: pass --sink (e.g. redis://127.0.0.1:6379 or stdout), set POSTBOX_SINK, set [sink] url, or define [destinations.NAME] and [[routes]] in the config file")?;
+        Router::single(sinks::from_url(&url, &sink_options(&file.sink))?)
+    } else {
+        if args.sink.is_some() || file.sink.url.is_some() {
+            return Err("give either a single sink (--sink, POSTBOX_SINK or [sink]) or [destinations.NAME] with [[routes]], not both".into());
+        }
+        let mut destinations = Vec::with_capacity(file.destinations.len());
+        for (name, section) in &file.destinations {
+            let url = section
+                .url
+                .as_deref()
+                .ok_or_else(|| format!("destinations.{name}.url: missing"))?;
+            let sink = sinks::from_url(url, &sink_options(section))
+                .map_err(|e| format!("destinations.{name}: {e}"))?;
+            destinations.push(Destination {
+                name: name.clone(),
+                sink,
+            });
+        }
+        Router::new(destinations, &file.routes)?
+    };
+    let router = if args.ordered {
+        router.all_ordered(args.poison.unwrap_or_default())
+    } else {
+        router
+    };
+    Ok((config, router))
 }
 
 async fn relay(settings: &Settings, args: RelayArgs) -> Result<ExitCode, AnyError> {
-    let (config, sink_url, sink_options) = relay_config(settings, &args)?;
-    let sink = sinks::from_url(&sink_url, &sink_options)?;
+    let (config, router) = relay_config(settings, &args)?;
     let options = db::options(settings.database_url.as_deref(), "postbox-relay")?;
     let pool = db::lazy_pool(options, 6);
     check_schema(&pool, &settings.schema).await?;
-    if let Err(e) = sink.check().await {
-        tracing::warn!(error = %e, "the sink is not reachable yet; events will be retried until it is");
+    for d in router.destinations() {
+        if let Err(e) = d.sink.check().await {
+            tracing::warn!(destination = %d.name, error = %e, "the destination is not reachable yet; its events will be retried until it is");
+        }
     }
+    let sinks: Vec<_> = router
+        .destinations()
+        .iter()
+        .map(|d| d.sink.clone())
+        .collect();
     let store = Store::new(pool, settings.schema.clone());
-    let mut relay = Relay::new(store.clone(), sink.clone(), config)?;
+    let mut relay = Relay::with_router(store.clone(), router, config)?;
+    relay = relay.with_health(settings.file.health.clone())?;
     let retention = &settings.file.retention;
     if retention.enabled {
         relay = relay.with_retention(retention.clone())?;
@@ -265,7 +326,7 @@ async fn relay(settings: &Settings, args: RelayArgs) -> Result<ExitCode, AnyErro
     let serving = CancellationToken::new();
     let _stop_serving = serving.clone().drop_guard();
     if let Some(addr) = &args.metrics_listen {
-        let endpoint = crate::observe::Endpoint::bind(addr, store, sink).await?;
+        let endpoint = crate::observe::Endpoint::bind(addr, store, sinks).await?;
         if let Some(bound) = endpoint.local_addr() {
             tracing::info!("serving /metrics, /healthz and /readyz on http://{bound}");
         }
@@ -344,17 +405,21 @@ struct StatusReport {
     oldest_pending_event_id: Option<uuid::Uuid>,
     dead_letters: i64,
     pending_attempts: Vec<AttemptsCount>,
+    /// Fan-out events' retries and dead letters per destination.
+    destinations: Vec<DestinationCounts>,
 }
 
 async fn status_report(store: &Store) -> Result<StatusReport, sqlx::Error> {
     let counts = store.status_counts().await?;
     let gauges = store.gauges().await?;
     let pending_attempts = store.pending_attempts().await?;
+    let destinations = store.destination_counts().await?;
     Ok(StatusReport {
         dead_letters: counts.failed,
         counts,
         oldest_pending_event_id: gauges.oldest_pending_event_id,
         pending_attempts,
+        destinations,
     })
 }
 
@@ -389,6 +454,16 @@ fn render_status(schema: &Schema, r: &StatusReport) -> String {
             .map(|a| format!("{}: {}", a.attempts, a.count))
             .collect();
         let _ = writeln!(out, "pending by attempts  {}", parts.join(", "));
+    }
+    if !r.destinations.is_empty() {
+        let _ = writeln!(out, "fan-out by destination  (retrying / dead letters / delivered after a retry / most attempts)");
+        for d in &r.destinations {
+            let _ = writeln!(
+                out,
+                "  {:<20} {} / {} / {} / {}",
+                d.destination, d.retrying, d.dead_letters, d.delivered_after_retry, d.max_attempts
+            );
+        }
     }
     out
 }
@@ -466,6 +541,9 @@ async fn purge(settings: &Settings, args: PurgeArgs) -> Result<ExitCode, AnyErro
             let what = match p.table {
                 Table::Outbox => format!("{} sent events {verb}", p.removed),
                 Table::Inbox => format!("{} inbox records deleted", p.removed),
+                Table::IdempotencyKeys => {
+                    format!("{} expired idempotency keys deleted", p.removed)
+                }
             };
             eprintln!(
                 "purge: {what} so far ({})",
@@ -477,6 +555,12 @@ async fn purge(settings: &Settings, args: PurgeArgs) -> Result<ExitCode, AnyErro
     let mut line = format!("purged: {} sent events {verb}", report.outbox);
     if config.inbox {
         line.push_str(&format!(", {} inbox records deleted", report.inbox));
+    }
+    if report.idempotency_keys > 0 {
+        line.push_str(&format!(
+            ", {} expired idempotency keys deleted",
+            report.idempotency_keys
+        ));
     }
     if report.interrupted {
         line.push_str(" (interrupted)");

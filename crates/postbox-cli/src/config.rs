@@ -1,8 +1,9 @@
 //! The `--config` file (TOML) and how it combines with flags and the environment:
 //! a flag beats its environment variable, which beats the file, which beats the default.
 
-use postbox_relay::{RelayConfig, RetentionConfig};
+use postbox_relay::{HealthConfig, RelayConfig, RetentionConfig, RouteConfig};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The whole config file. Every section and field is optional.
@@ -23,6 +24,21 @@ use std::path::Path;
 /// enabled = true
 /// older_than = "7d"
 /// ```
+///
+/// Instead of `[sink]`, named destinations and routes (fan-out, ordering):
+///
+/// ```toml
+/// [destinations.billing]
+/// url = "https://billing.internal/hooks/postbox"
+/// [destinations.search]
+/// url = "redis://127.0.0.1:6379?mode=stream"
+///
+/// [[routes]]
+/// match = ["order.*", "invoice.*"]
+/// to = ["billing", "search"]
+/// ordered = true        # per aggregate, in sequence
+/// poison = "block"      # or "skip"
+/// ```
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
@@ -32,18 +48,33 @@ pub struct FileConfig {
     pub relay: RelayConfig,
     #[serde(default)]
     pub sink: SinkSection,
+    /// `[destinations.NAME]`: named sinks for `[[routes]]`.
+    #[serde(default)]
+    pub destinations: BTreeMap<String, SinkSection>,
+    /// `[[routes]]`: event types (exact or glob) to destinations.
+    #[serde(default)]
+    pub routes: Vec<RouteConfig>,
     /// `[retention]`: the relay's background purge (off by default) and the
     /// defaults of `postbox purge`.
     #[serde(default)]
     pub retention: RetentionConfig,
+    /// `[health]`: the relay's database health watch (on by default).
+    #[serde(default)]
+    pub health: HealthConfig,
 }
 
-/// `[sink]`.
+/// `[sink]`, and each `[destinations.NAME]`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SinkSection {
     pub url: Option<String>,
     pub source: Option<String>,
+    /// `http` settings for `http://` and `https://` URLs.
+    #[serde(default)]
+    pub http: postbox_relay::sinks::http::HttpOptions,
+    /// `qstash` settings for `qstash:` URLs.
+    #[serde(default)]
+    pub qstash: postbox_relay::sinks::qstash::QstashOptions,
 }
 
 /// The config file could not be used.

@@ -5,7 +5,7 @@
 //!   rendered by `metrics-exporter-prometheus`.
 //! - `GET /healthz`: `200 ok` while the process runs (touches nothing).
 //! - `GET /readyz`: `200 ready` when the database answers (and postbox's table is
-//!   readable) and the sink's check passes; otherwise `503` with a fixed phrase
+//!   readable) and every destination's sink check passes; otherwise `503` with a fixed phrase
 //!   naming the part that failed (never an error's text).
 
 use axum::extract::State;
@@ -43,7 +43,7 @@ pub enum ObserveError {
 struct Probe {
     handle: PrometheusHandle,
     store: Store,
-    sink: Arc<dyn Sink>,
+    sinks: Arc<Vec<Arc<dyn Sink>>>,
 }
 
 /// A bound metrics endpoint, not yet serving.
@@ -54,7 +54,11 @@ pub struct Endpoint {
 
 impl Endpoint {
     /// Install the Prometheus recorder (once per process) and bind `addr`.
-    pub async fn bind(addr: &str, store: Store, sink: Arc<dyn Sink>) -> Result<Self, ObserveError> {
+    pub async fn bind(
+        addr: &str,
+        store: Store,
+        sinks: Vec<Arc<dyn Sink>>,
+    ) -> Result<Self, ObserveError> {
         let mut builder = PrometheusBuilder::new();
         for (name, buckets) in m::HISTOGRAMS {
             builder = builder.set_buckets_for_metric(Matcher::Full((*name).to_owned()), buckets)?;
@@ -72,7 +76,7 @@ impl Endpoint {
             probe: Probe {
                 handle,
                 store,
-                sink,
+                sinks: Arc::new(sinks),
             },
         })
     }
@@ -136,12 +140,23 @@ async fn ready(State(probe): State<Probe>) -> Response {
         }
         Err(_) => return text(StatusCode::SERVICE_UNAVAILABLE, "database unavailable"),
     }
-    match tokio::time::timeout(READY_TIMEOUT, probe.sink.check()).await {
-        Ok(Ok(())) => text(StatusCode::OK, "ready"),
-        Ok(Err(e)) => {
-            tracing::debug!(error = %postbox_relay::redact::sanitize_error(&e.to_string()), "readyz: sink check failed");
-            text(StatusCode::SERVICE_UNAVAILABLE, "sink unavailable")
+    let checks = probe.sinks.iter().map(|sink| async move {
+        match tokio::time::timeout(READY_TIMEOUT, sink.check()).await {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %postbox_relay::redact::sanitize_error(&e.to_string()), "readyz: sink check failed");
+                false
+            }
+            Err(_) => false,
         }
-        Err(_) => text(StatusCode::SERVICE_UNAVAILABLE, "sink unavailable"),
+    });
+    if futures::future::join_all(checks)
+        .await
+        .into_iter()
+        .all(|ok| ok)
+    {
+        text(StatusCode::OK, "ready")
+    } else {
+        text(StatusCode::SERVICE_UNAVAILABLE, "sink unavailable")
     }
 }

@@ -316,6 +316,8 @@ async fn bench_runs_on_tiny_inputs() {
             "1s",
             "--relays",
             "1,2",
+            "--aggregates",
+            "100",
             "--bench-schema",
             &schema,
             "--sink",
@@ -339,6 +341,10 @@ async fn bench_runs_on_tiny_inputs() {
     assert_eq!(r["latency"].as_array().unwrap().len(), 2, "{r}");
     assert!(r["latency"][0]["events"].as_u64().unwrap() > 0, "{r}");
     assert_eq!(r["scale"].as_array().unwrap().len(), 2, "{r}");
+    assert!(
+        r["ordered"]["ordered_events_per_s"].as_f64().unwrap() > 0.0,
+        "{r}"
+    );
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_namespace WHERE nspname = $1")
         .bind(&schema)
         .fetch_one(&db.pool)
@@ -372,5 +378,89 @@ async fn the_relay_refuses_an_unmigrated_or_outdated_schema() {
         "{}",
         stderr(&out)
     );
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn the_relay_fans_out_to_configured_destinations_and_orders_on_request() {
+    let db = TestDb::new().await;
+    let (k1, k2) = (unique("test:fan:a:"), unique("test:fan:b:"));
+    let dir = std::env::temp_dir().join(unique("postbox-routes-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("relay.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[destinations.a]\nurl = \"{url}?key={k1}\"\n\
+             [destinations.b]\nurl = \"{url}?key={k2}\"\n\
+             [[routes]]\nmatch = [\"order.*\"]\nto = [\"a\", \"b\"]\n\
+             [[routes]]\nmatch = [\"user.created\"]\nto = [\"b\"]\n",
+            url = redis_url()
+        ),
+    )
+    .unwrap();
+    for (i, t) in [
+        "order.created",
+        "order.paid",
+        "user.created",
+        "order.created",
+    ]
+    .iter()
+    .enumerate()
+    {
+        db.exec(&format!(
+            "SELECT {{schema}}.enqueue('{t}', 'order', 'o-{}', '{{}}'::jsonb)",
+            i % 2
+        ))
+        .await;
+    }
+    let cfg = config.to_str().unwrap();
+    let out = ok(postbox(
+        &db,
+        &["--config", cfg, "relay", "--drain", "--ordered"],
+    ));
+    assert!(out.contains("drained: 4 delivered"), "{out}");
+    let mut r = redis().await;
+    let a: Vec<String> = r.lrange(&k1, 0, -1).await.unwrap();
+    let b: Vec<String> = r.lrange(&k2, 0, -1).await.unwrap();
+    assert_eq!((a.len(), b.len()), (3, 4));
+    // Every message carries its sequence number within its aggregate.
+    let seqs: Vec<i64> = b
+        .iter()
+        .rev()
+        .map(|m| {
+            serde_json::from_str::<serde_json::Value>(m).unwrap()["sequence"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(seqs, vec![1, 1, 2, 2]);
+    let status: serde_json::Value =
+        serde_json::from_str(&ok(postbox(&db, &["--config", cfg, "status", "--json"]))).unwrap();
+    assert_eq!(status["sent"], 4, "{status}");
+    assert!(status["destinations"].is_array(), "{status}");
+    let _: () = r.del(&[&k1, &k2]).await.unwrap();
+
+    // Routes that name an unknown destination are refused, naming the field.
+    std::fs::write(
+        &config,
+        "[destinations.a]\nurl = \"stdout\"\n[[routes]]\nmatch = [\"*\"]\nto = [\"b\"]\n",
+    )
+    .unwrap();
+    let refused = postbox(&db, &["--config", cfg, "relay", "--drain"]);
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("routes[0].to"),
+        "{}",
+        stderr(&refused)
+    );
+    // --sink and [destinations] together are ambiguous.
+    let refused = postbox(&db, &["--config", cfg, "relay", "--sink", "stdout"]);
+    assert!(
+        stderr(&refused).contains("not both"),
+        "{}",
+        stderr(&refused)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
     db.drop_schema().await;
 }

@@ -141,7 +141,10 @@ async fn list_show_replay_and_discard_leave_an_audit_trail() {
     assert_eq!(r.get::<i32, _>(1), 0);
     assert!(r.get::<bool, _>(6));
     let store = Store::new(db.pool.clone(), db.schema.clone());
-    let claim = store.claim(100, Duration::from_secs(30)).await.unwrap();
+    let claim = store
+        .claim(100, Duration::from_secs(30), None)
+        .await
+        .unwrap();
     let claimed: Vec<Uuid> = claim.messages.iter().map(|m| m.event_id).collect();
     assert!(claimed.contains(&ids[0]), "{claimed:?}");
     assert!(claimed.contains(&healthy));
@@ -172,7 +175,10 @@ async fn list_show_replay_and_discard_leave_an_audit_trail() {
     let c = row(&db, copy).await;
     assert_eq!(c.get::<String, _>(0), "pending");
     assert_eq!(c.get::<Option<Uuid>, _>(5), Some(ids[1]));
-    let claim = store.claim(100, Duration::from_secs(30)).await.unwrap();
+    let claim = store
+        .claim(100, Duration::from_secs(30), None)
+        .await
+        .unwrap();
     assert_eq!(claim.messages.len(), 1);
     assert_eq!(claim.messages[0].event_id, copy);
     assert_eq!(claim.messages[0].payload.get(), r#"{"n": 1}"#);
@@ -313,7 +319,10 @@ async fn bulk_replay_runs_in_bounded_batches_with_progress_and_a_filter() {
     let store = Store::new(db.pool.clone(), db.schema.clone());
     let mut claimed = Vec::new();
     loop {
-        let c = store.claim(1000, Duration::from_secs(30)).await.unwrap();
+        let c = store
+            .claim(1000, Duration::from_secs(30), None)
+            .await
+            .unwrap();
         if c.messages.is_empty() {
             break;
         }

@@ -124,7 +124,7 @@ async fn metrics_move_during_a_relay_run_and_health_endpoints_answer() {
         .expect("the relay announces its metrics address");
 
     assert_eq!(get(&addr, "/healthz").await, (200, "ok".to_owned()));
-    let delivered = "postbox_publish_outcomes_total{outcome=\"delivered\"}";
+    let delivered = "postbox_publish_outcomes_total{outcome=\"delivered\",destination=\"default\"}";
     wait_for("40 deliveries in /metrics", Duration::from_secs(30), || {
         let addr = addr.clone();
         async move {
@@ -141,10 +141,15 @@ async fn metrics_move_during_a_relay_run_and_health_endpoints_answer() {
     );
     assert!(sample(&scrape, "postbox_publish_duration_seconds_count").unwrap_or(0.0) >= 1.0);
     assert_eq!(
-        sample(&scrape, "postbox_publish_outcomes_total{outcome=\"retry\"}"),
+        sample(
+            &scrape,
+            "postbox_publish_outcomes_total{outcome=\"retry\",destination=\"default\"}"
+        ),
         Some(0.0)
     );
     assert_eq!(sample(&scrape, "postbox_acks_lost_total"), Some(0.0));
+    // The LISTEN probe came back (a direct connection, no pooler).
+    assert_eq!(sample(&scrape, "postbox_listen_working"), Some(1.0));
     assert!(scrape.contains("# TYPE postbox_commit_to_delivery_seconds histogram"));
 
     // The gauges follow the table: make a dead letter and a pending event appear.

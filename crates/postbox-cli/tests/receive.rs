@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 
@@ -37,6 +37,7 @@ struct Receiver {
 /// What to start.
 struct Setup<'a> {
     db: &'a TestDb,
+    port: Option<u16>,
     database_url: Option<String>,
     verify: &'a str,
     args: Vec<String>,
@@ -47,6 +48,7 @@ impl<'a> Setup<'a> {
     fn new(db: &'a TestDb, verify: &'a str) -> Self {
         Self {
             db,
+            port: None,
             database_url: None,
             verify,
             args: Vec::new(),
@@ -122,7 +124,7 @@ impl<'a> Setup<'a> {
 
     /// Starts the receiver and waits until it answers `GET /healthz`.
     async fn start(self) -> Receiver {
-        let port = free_port();
+        let port = self.port.unwrap_or_else(free_port);
         let log = std::env::temp_dir().join(format!(
             "{}.log",
             postbox_testkit::unique("postbox-receive-")
@@ -974,5 +976,180 @@ async fn a_qstash_token_made_with_pyjwt_is_stored_once() {
     );
     assert_eq!(stored(&db).await, 1);
     drop((receiver, elsewhere));
+    db.drop_schema().await;
+}
+
+// ---------------------------------------------------------------------------------
+// End to end: `postbox relay` → HTTP / QStash → a verifying receiver
+
+/// Runs `postbox relay --drain` without blocking the test's runtime (which may
+/// be serving the QStash test server the relay talks to).
+async fn relay_drain(db: &TestDb, sink: &str, env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_postbox"));
+    cmd.args(["relay", "--drain", "--sink", sink])
+        .env("DATABASE_URL", &db.url)
+        .env("POSTBOX_SCHEMA", db.schema.name())
+        .env("POSTBOX_LOG", "warn");
+    for name in [
+        "POSTBOX_CONFIG",
+        "POSTBOX_SINK",
+        "POSTBOX_WEBHOOK_SECRET",
+        "QSTASH_TOKEN",
+        "QSTASH_URL",
+    ] {
+        cmd.env_remove(name);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().await.expect("run postbox relay");
+    assert!(
+        out.status.success(),
+        "relay failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+async fn enqueue_orders(db: &TestDb, n: usize) -> std::collections::HashSet<String> {
+    let events: Vec<postbox::NewEvent> = (0..n)
+        .map(|i| {
+            postbox::NewEvent::new(
+                "order.created",
+                "order",
+                format!("o-{i}"),
+                &json!({ "i": i }),
+            )
+            .unwrap()
+        })
+        .collect();
+    db.enqueue_events(&events)
+        .await
+        .iter()
+        .map(|id| id.to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_relay_publishes_through_qstash_and_receive_verifies_every_delivery() {
+    let db = TestDb::new().await;
+    let ids = enqueue_orders(&db, 25).await;
+    let qstash = postbox_testkit::qstash::QstashServer::start_with(
+        "qstash_token_e2e",
+        CURRENT_KEY,
+        NEXT_KEY,
+    )
+    .await;
+    let port = free_port();
+    let destination = format!("http://127.0.0.1:{port}/hooks/orders");
+    let mut setup = Setup::qstash(&db, &destination);
+    setup.port = Some(port);
+    let receiver = setup.start().await;
+
+    let out = relay_drain(
+        &db,
+        &format!("qstash:{destination}"),
+        &[
+            ("QSTASH_TOKEN", "qstash_token_e2e"),
+            ("QSTASH_URL", &qstash.url()),
+        ],
+    )
+    .await;
+    assert!(String::from_utf8_lossy(&out.stdout).contains("drained: 25 delivered"));
+    wait_for(
+        "every delivery verified and stored",
+        Duration::from_secs(60),
+        || async { stored(&db).await == 25 },
+    )
+    .await;
+    let rows: Vec<String> =
+        sqlx::query_scalar(&db.sql("SELECT event_id::text FROM {schema}.received"))
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        rows.into_iter().collect::<std::collections::HashSet<_>>(),
+        ids
+    );
+    assert!(
+        qstash.deliveries().iter().all(|d| d.status == Some(200)
+            || d.status == Some(204)
+            || d.status == Some(201)
+            || d.status == Some(202)),
+        "{:?}",
+        qstash.deliveries()
+    );
+
+    // Running the same events again (a relay that lost its acknowledgements)
+    // is deduplicated by QStash: no second delivery reaches the receiver.
+    db.exec("UPDATE {schema}.outbox SET status = 'pending', sent_at = NULL")
+        .await;
+    relay_drain(
+        &db,
+        &format!("qstash:{destination}"),
+        &[
+            ("QSTASH_TOKEN", "qstash_token_e2e"),
+            ("QSTASH_URL", &qstash.url()),
+        ],
+    )
+    .await;
+    assert_eq!(
+        qstash.deliveries().len(),
+        25,
+        "QStash answered 202 and delivered nothing twice"
+    );
+    receiver.assert_log_has_no_secret();
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn the_relay_signs_webhooks_that_the_standardwebhooks_package_verifies() {
+    let db = TestDb::new().await;
+    let ids = enqueue_orders(&db, 30).await;
+    let port = free_port();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/independent_receiver.py");
+    // The receiver knows only the new secret; the relay signs with old and new (rotation).
+    let mut python = tokio::process::Command::new("python3")
+        .arg(script)
+        .arg(port.to_string())
+        .env("POSTBOX_WEBHOOK_SECRET", SECRET)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot run python3 ({e}): install Python 3, then {INSTALL_HINT}")
+        });
+    let mut lines = tokio::io::BufReader::new(python.stdout.take().unwrap()).lines();
+    match lines.next_line().await.unwrap() {
+        Some(l) if l == "ready" => {}
+        other => {
+            let mut err = String::new();
+            let _ = python
+                .stderr
+                .as_mut()
+                .unwrap()
+                .read_to_string(&mut err)
+                .await;
+            panic!("independent_receiver.py did not start ({other:?}): {err}; {INSTALL_HINT}");
+        }
+    }
+    let sink = format!("http://127.0.0.1:{port}/webhooks");
+    let secrets = format!("{OTHER_SECRET} {SECRET}");
+    let out = relay_drain(&db, &sink, &[("POSTBOX_WEBHOOK_SECRET", &secrets)]).await;
+    assert!(String::from_utf8_lossy(&out.stdout).contains("drained: 30 delivered"));
+    let mut verified = std::collections::HashSet::new();
+    while verified.len() < 30 {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("a line from the receiver")
+            .unwrap()
+            .expect("the receiver is running");
+        let parts: Vec<&str> = line.split(' ').collect();
+        assert_eq!(parts[0], "ok", "{line}");
+        assert_eq!(parts[1], parts[2], "webhook-id is the event id: {line}");
+        verified.insert(parts[1].to_owned());
+    }
+    assert_eq!(verified, ids);
     db.drop_schema().await;
 }

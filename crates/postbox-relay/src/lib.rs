@@ -10,16 +10,20 @@
 pub mod backoff;
 pub mod cloudevents;
 pub mod config;
+pub mod health;
 pub mod metrics;
 pub mod redact;
 pub mod relay;
 pub mod retention;
+pub mod router;
 pub mod sink;
 pub mod sinks;
 pub mod store;
 
 pub use config::{ConfigError, RelayConfig};
+pub use health::HealthConfig;
 pub use relay::{Relay, RunMode, Stats, StatsSnapshot};
 pub use retention::RetentionConfig;
+pub use router::{Destination, PoisonPolicy, RouteConfig, Router};
 pub use sink::{Message, Outcome, Sink, SinkError};
 pub use store::Store;

@@ -16,7 +16,8 @@ pub const OLDEST_PENDING_AGE: &str = "postbox_oldest_pending_age_seconds";
 pub const PROCESSING_EVENTS: &str = "postbox_processing_events";
 /// Gauge: dead letters (`status = 'failed'`).
 pub const DEAD_LETTERS: &str = "postbox_dead_letters";
-/// Counter: what the sink answered per event; label `outcome` is one of [`OUTCOME_LABELS`].
+/// Counter: what each destination's sink answered per event; labels `outcome`
+/// (one of [`OUTCOME_LABELS`]) and `destination` (`default` for `--sink`).
 pub const PUBLISH_OUTCOMES: &str = "postbox_publish_outcomes_total";
 /// Histogram: the attempt number of each event handed to the sink (1 = first try).
 pub const ATTEMPTS: &str = "postbox_publish_attempts";
@@ -30,13 +31,13 @@ pub const LEASES_RECLAIMED: &str = "postbox_leases_reclaimed_total";
 pub const ACKS_LOST: &str = "postbox_acks_lost_total";
 /// Counter: events that became dead letters (rejected, or out of attempts).
 pub const DEAD_LETTERED: &str = "postbox_dead_lettered_total";
-/// Counter: rows removed by retention; label `table` is `outbox` or `inbox`.
+/// Counter: rows removed by retention; label `table` is `outbox`, `inbox` or `idempotency_keys`.
 pub const RETENTION_PURGED: &str = "postbox_retention_purged_total";
 /// Counter: duplicate deliveries absorbed by an inbox (`postbox receive`); label `consumer`.
 pub const INBOX_DUPLICATES: &str = "postbox_inbox_duplicates_total";
 
 /// The values of the `outcome` label of [`PUBLISH_OUTCOMES`].
-pub const OUTCOME_LABELS: [&str; 3] = ["delivered", "retry", "reject"];
+pub const OUTCOME_LABELS: [&str; 4] = ["delivered", "retry", "reject", "deferred"];
 
 /// Buckets for [`ATTEMPTS`].
 pub const ATTEMPT_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 20.0, 50.0];
@@ -69,7 +70,10 @@ pub fn describe() {
     );
     describe_gauge!(PROCESSING_EVENTS, "Events claimed and not yet settled");
     describe_gauge!(DEAD_LETTERS, "Dead letters (status failed)");
-    describe_counter!(PUBLISH_OUTCOMES, "Sink answers per event, by outcome");
+    describe_counter!(
+        PUBLISH_OUTCOMES,
+        "Sink answers per event, by destination and outcome"
+    );
     describe_histogram!(ATTEMPTS, "Attempt number of each event handed to the sink");
     describe_histogram!(
         PUBLISH_LATENCY,
@@ -95,9 +99,7 @@ pub fn describe() {
         INBOX_DUPLICATES,
         "Duplicate deliveries absorbed by an inbox"
     );
-    for outcome in OUTCOME_LABELS {
-        counter!(PUBLISH_OUTCOMES, "outcome" => outcome).absolute(0);
-    }
+    crate::health::describe();
     for name in [LEASES_RECLAIMED, ACKS_LOST, DEAD_LETTERED] {
         counter!(name).absolute(0);
     }
@@ -116,4 +118,13 @@ pub async fn refresh_gauges(store: &Store) -> Result<Gauges, sqlx::Error> {
     let g = store.gauges().await?;
     set_gauges(&g);
     Ok(g)
+}
+
+/// Start the per-destination outcome counters at zero, so rates exist before
+/// the first failure.
+pub fn init_destination(destination: &str) {
+    for outcome in OUTCOME_LABELS {
+        counter!(PUBLISH_OUTCOMES, "outcome" => outcome, "destination" => destination.to_owned())
+            .absolute(0);
+    }
 }

@@ -5,14 +5,17 @@
 //!   statement) and hands it on; while the publisher works it already claims
 //!   the next batch. With a full batch it claims again at once; otherwise it
 //!   waits for a notification, the next due retry, or the poll interval.
-//! - The **publisher** gives each batch to the sink, bounded by
-//!   `publish_timeout`; a sink that panics or overruns yields retries.
-//! - The **settler** acknowledges delivered events and schedules retries or
-//!   dead letters in one statement each, only where the lease token still
+//! - The **publisher** gives each batch to its destinations' sinks (see
+//!   [`crate::router`]), all at once, each bounded by `publish_timeout`; a sink
+//!   that panics or overruns yields retries.
+//! - The **settler** records per-destination results of fan-out events, then
+//!   acknowledges delivered events and schedules retries or dead letters in
+//!   one statement each, only where the lease token still
 //!   matches; rows no longer held are counted as lost acknowledgements.
 //! - The **rescuer** returns events with expired leases to `pending`.
-//! - Optional background tasks: **gauges** (refreshes the backlog metrics) and
-//!   **retention** (purges old sent events in bounded batches).
+//! - Optional background tasks: **gauges** (refreshes the backlog metrics),
+//!   **retention** (purges old sent events in bounded batches) and the
+//!   **health** watch (see [`crate::health`]).
 //!
 //! Metrics (names in [`crate::metrics`]) are recorded where the counters in
 //! [`Stats`] are; without an installed recorder they cost nothing.
@@ -21,11 +24,13 @@
 
 use crate::backoff;
 use crate::config::{ConfigError, RelayConfig};
+use crate::health::{self, HealthConfig};
 use crate::metrics as m;
 use crate::redact::sanitize_error;
 use crate::retention::{self, RetentionConfig};
-use crate::sink::{Outcome, Sink};
-use crate::store::{Claim, Failure, Store};
+use crate::router::{RetryPolicy, Round, Router};
+use crate::sink::{Message, Outcome, Sink};
+use crate::store::{Claim, ClaimOrder, DeliveryUpdate, Failure, Store};
 use futures::FutureExt;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -34,6 +39,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
+use tracing::Instrument;
 
 /// Whether `run` returns when the outbox is empty.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,7 +47,9 @@ pub enum RunMode {
     /// Run until cancelled.
     Forever,
     /// Return once nothing is pending or in flight (events waiting for a retry
-    /// or for an expired lease are waited for; dead letters are not), or when cancelled.
+    /// or for an expired lease are waited for; dead letters are not, nor, in
+    /// ordered mode, events held back behind a blocking dead letter), or when
+    /// cancelled.
     Drain,
 }
 
@@ -83,17 +91,20 @@ impl Stats {
 /// One relay process's engine.
 pub struct Relay {
     store: Store,
-    sink: Arc<dyn Sink>,
+    router: Arc<Router>,
     config: RelayConfig,
     stats: Arc<Stats>,
     gauge_interval: Option<Duration>,
     retention: Option<RetentionConfig>,
+    health: Option<HealthConfig>,
 }
 
 /// Shared between the relay's tasks for one `run`.
 struct Shared {
     store: Store,
-    sink: Arc<dyn Sink>,
+    router: Arc<Router>,
+    /// The ordered claim's patterns; `None`: the plain claim.
+    order: Option<ClaimOrder>,
     config: RelayConfig,
     stats: Arc<Stats>,
     /// Woken by notifications and by the settler.
@@ -109,20 +120,31 @@ const DB_RETRY_MAX: Duration = Duration::from_secs(10);
 const RESCUE_LIMIT: i64 = 1000;
 
 impl Relay {
-    /// A relay over `store`, publishing through `sink`; fails if `config` is invalid.
+    /// A relay over `store`, publishing every event through `sink`; fails if
+    /// `config` is invalid.
     pub fn new(
         store: Store,
         sink: Arc<dyn Sink>,
         config: RelayConfig,
     ) -> Result<Self, ConfigError> {
+        Self::with_router(store, Router::single(sink), config)
+    }
+
+    /// A relay over `store` that routes each event to its destinations.
+    pub fn with_router(
+        store: Store,
+        router: Router,
+        config: RelayConfig,
+    ) -> Result<Self, ConfigError> {
         config.validate()?;
         Ok(Self {
             store,
-            sink,
+            router: Arc::new(router),
             config,
             stats: Arc::default(),
             gauge_interval: None,
             retention: None,
+            health: None,
         })
     }
 
@@ -146,6 +168,14 @@ impl Relay {
         Ok(self)
     }
 
+    /// Watch the database's health (long transactions, replication slots,
+    /// dead tuples) while running; see [`crate::health`].
+    pub fn with_health(mut self, config: HealthConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        self.health = config.enabled.then_some(config);
+        Ok(self)
+    }
+
     /// Live counters (for progress reports and metrics).
     pub fn stats(&self) -> Arc<Stats> {
         self.stats.clone()
@@ -158,13 +188,17 @@ impl Relay {
     pub async fn run(&self, mode: RunMode, shutdown: CancellationToken) -> StatsSnapshot {
         let shared = Arc::new(Shared {
             store: self.store.clone(),
-            sink: self.sink.clone(),
+            router: self.router.clone(),
+            order: self.router.claim_order(),
             config: self.config.clone(),
             stats: self.stats.clone(),
             wake: Notify::new(),
             in_flight: AtomicUsize::new(0),
             shutdown,
         });
+        for d in self.router.destinations() {
+            m::init_destination(&d.name);
+        }
         let background = CancellationToken::new();
         let (to_publish, publish_rx) = mpsc::channel::<Claim>(1);
         let (to_settle, settle_rx) = mpsc::channel(4);
@@ -184,11 +218,16 @@ impl Relay {
             .retention
             .clone()
             .map(|r| spawn(retention_loop(shared.clone(), r, background.clone())));
+        let watcher = self.health.clone().map(|h| {
+            let (shared, stop) = (shared.clone(), background.clone());
+            spawn(async move { health::watch(&shared.store, &h, &stop).await })
+        });
 
         tracing::info!(
-            sink = %shared.sink.describe(),
+            destinations = %shared.router.describe(),
             schema = %shared.store.schema(),
             batch_size = shared.config.batch_size,
+            ordered = shared.order.is_some(),
             ?mode,
             "relay started"
         );
@@ -216,7 +255,7 @@ impl Relay {
         }
         background.cancel();
         let _ = rescuer.await;
-        for task in [listener, gauges, purger].into_iter().flatten() {
+        for task in [listener, gauges, purger, watcher].into_iter().flatten() {
             let _ = task.await;
         }
         let stats = self.stats.snapshot();
@@ -236,10 +275,16 @@ where
 async fn claim_loop(shared: &Shared, mode: RunMode, to_publish: mpsc::Sender<Claim>) {
     let config = &shared.config;
     let mut db_failures = 0;
+    // Ordered drain: consecutive idle looks at due events that no claim takes.
+    let mut only_blocked = 0;
     while !shared.shutdown.is_cancelled() {
         let claimed = shared
             .store
-            .claim(i64::from(config.batch_size), config.lease)
+            .claim(
+                i64::from(config.batch_size),
+                config.lease,
+                shared.order.as_ref(),
+            )
             .await;
         let claim = match claimed {
             Ok(c) => {
@@ -256,6 +301,7 @@ async fn claim_loop(shared: &Shared, mode: RunMode, to_publish: mpsc::Sender<Cla
         };
         let n = claim.ids.len();
         if n > 0 {
+            only_blocked = 0;
             shared.stats.claimed.fetch_add(n as u64, Ordering::Relaxed);
             shared.in_flight.fetch_add(1, Ordering::SeqCst);
             if let Err(mpsc::error::SendError(claim)) = to_publish.send(claim).await {
@@ -282,8 +328,31 @@ async fn claim_loop(shared: &Shared, mode: RunMode, to_publish: mpsc::Sender<Cla
                         tracing::info!("outbox drained: nothing pending or in flight");
                         return;
                     }
-                    if let Some(due) = next.pending_in {
-                        delay = delay.min(due.max(Duration::from_millis(1)));
+                    if mode == RunMode::Drain
+                        && idle
+                        && !next.in_flight
+                        && shared.order.is_some()
+                        && next.pending_in.is_some_and(|d| d.is_zero())
+                    {
+                        // Due events, nothing in flight anywhere, and the ordered
+                        // claim takes none: they wait behind blocking dead letters.
+                        // Look a few times to let other relays' claims settle.
+                        only_blocked += 1;
+                        if only_blocked >= 3 {
+                            tracing::info!(
+                                "outbox drained: only aggregates blocked by dead letters remain"
+                            );
+                            return;
+                        }
+                    } else {
+                        only_blocked = 0;
+                    }
+                    match next.pending_in {
+                        // Ordered: due events the claim did not take are held
+                        // back by their aggregate; poll for the rest.
+                        Some(due) if due.is_zero() && shared.order.is_some() => {}
+                        Some(due) => delay = delay.min(due.max(Duration::from_millis(1))),
+                        None => {}
                     }
                     if mode == RunMode::Drain && next.in_flight && idle {
                         // Another relay's lease, or an expired one: check back at the rescue pace.
@@ -308,10 +377,21 @@ async fn wait(shared: &Shared, delay: Duration) {
     }
 }
 
+/// A published batch on its way to the settler.
+struct Published {
+    claim: Claim,
+    /// One per event.
+    outcomes: Vec<Outcome>,
+    /// Per event: attempts after which a retry becomes a dead letter.
+    budgets: Vec<i32>,
+    /// Per-destination results of fan-out events, recorded before settling.
+    updates: Vec<DeliveryUpdate>,
+}
+
 async fn publish_loop(
     shared: Arc<Shared>,
     mut batches: mpsc::Receiver<Claim>,
-    to_settle: mpsc::Sender<(Claim, Vec<Outcome>)>,
+    to_settle: mpsc::Sender<Published>,
 ) {
     while let Some(claim) = batches.recv().await {
         if shared.shutdown.is_cancelled() {
@@ -320,70 +400,204 @@ async fn publish_loop(
             continue;
         }
         let started = Instant::now();
-        let publish = AssertUnwindSafe(shared.sink.publish(&claim.messages)).catch_unwind();
-        let outcomes = match tokio::time::timeout(shared.config.publish_timeout, publish).await {
-            Ok(Ok(outcomes)) if outcomes.len() == claim.messages.len() => outcomes,
-            Ok(Ok(outcomes)) => {
-                let error = format!(
-                    "sink returned {} outcomes for {} events",
-                    outcomes.len(),
-                    claim.messages.len()
-                );
-                tracing::error!(sink = %shared.sink.describe(), "{error}; retrying the batch");
-                vec![Outcome::retry(error); claim.messages.len()]
-            }
-            Ok(Err(_panic)) => {
-                tracing::error!(sink = %shared.sink.describe(), "sink panicked; retrying the batch");
-                vec![Outcome::retry("sink panicked while publishing"); claim.messages.len()]
-            }
-            Err(_elapsed) => {
-                let error = format!(
-                    "publish timed out after {}",
-                    humantime::format_duration(shared.config.publish_timeout)
-                );
-                tracing::warn!(sink = %shared.sink.describe(), "{error}");
-                vec![Outcome::retry(error); claim.messages.len()]
-            }
-        };
+        let span = batch_span(&claim);
+        let published = publish_round(&shared, claim).instrument(span).await;
         let elapsed = started.elapsed();
         metrics::histogram!(m::PUBLISH_LATENCY).record(elapsed.as_secs_f64());
         let attempts = metrics::histogram!(m::ATTEMPTS);
-        for message in &claim.messages {
+        for message in &published.claim.messages {
             attempts.record(f64::from(message.attempt));
         }
-        let mut by_outcome = [0u64; 3];
-        for outcome in &outcomes {
-            by_outcome[match outcome {
-                Outcome::Delivered => 0,
-                Outcome::Retry { .. } => 1,
-                Outcome::Reject { .. } => 2,
-            }] += 1;
-        }
-        for (label, n) in m::OUTCOME_LABELS.into_iter().zip(by_outcome) {
-            if n > 0 {
-                metrics::counter!(m::PUBLISH_OUTCOMES, "outcome" => label).increment(n);
-            }
-        }
-        tracing::debug!(events = claim.ids.len(), ?elapsed, "published batch");
-        if to_settle.send((claim, outcomes)).await.is_err() {
+        tracing::debug!(
+            events = published.claim.ids.len(),
+            ?elapsed,
+            "published batch"
+        );
+        if to_settle.send(published).await.is_err() {
             return;
         }
     }
 }
 
-async fn settle_loop(shared: Arc<Shared>, mut settled: mpsc::Receiver<(Claim, Vec<Outcome>)>) {
-    while let Some((claim, outcomes)) = settled.recv().await {
-        settle(&shared, &claim, outcomes).await;
+/// A span per published batch naming the trace ids its events carry (from
+/// the producers' `traceparent`), so a trace can be followed into the relay.
+/// Built only when debug spans are on.
+fn batch_span(claim: &Claim) -> tracing::Span {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return tracing::Span::none();
+    }
+    let mut trace_ids: Vec<&str> = claim
+        .messages
+        .iter()
+        .filter_map(|m| m.headers.get("traceparent"))
+        .filter_map(|tp| tp.get(3..35))
+        .collect();
+    trace_ids.sort_unstable();
+    trace_ids.dedup();
+    trace_ids.truncate(20);
+    tracing::debug_span!(
+        "publish_batch",
+        events = claim.ids.len(),
+        lease = %claim.token,
+        trace_ids = %trace_ids.join(",")
+    )
+}
+
+/// Publish one claimed batch to every destination its events route to (all
+/// destinations at once), and combine the answers into one outcome per event.
+async fn publish_round(shared: &Shared, claim: Claim) -> Published {
+    let router = &shared.router;
+    let config = &shared.config;
+    let types: Vec<&str> = claim
+        .messages
+        .iter()
+        .map(|m| m.event_type.as_str())
+        .collect();
+    let need = Round::needs_state(router, &types);
+    let states = if need.is_empty() {
+        Vec::new()
+    } else {
+        let ids: Vec<i64> = need.iter().map(|&i| claim.ids[i]).collect();
+        match shared.store.delivery_states(&ids).await {
+            Ok(states) => states,
+            Err(e) => {
+                // Without the state we cannot tell which destinations are done:
+                // publish nothing, try the batch again shortly.
+                let error = format!(
+                    "reading per-destination state failed: {}",
+                    sanitize_error(&e.to_string())
+                );
+                tracing::warn!("{error}");
+                let n = claim.ids.len();
+                let outcomes = vec![
+                    Outcome::Retry {
+                        error,
+                        after: Some(config.backoff_base),
+                    };
+                    n
+                ];
+                return Published {
+                    claim,
+                    outcomes,
+                    budgets: vec![i32::MAX; n],
+                    updates: Vec::new(),
+                };
+            }
+        }
+    };
+    let round = Round::plan(router, &claim.ids, &types, states);
+    let publishes = round.batches.iter().enumerate().map(|(d, batch)| {
+        let messages: std::borrow::Cow<'_, [Message]> = if batch.len() == claim.messages.len() {
+            // Every event goes here (the common case): no copies.
+            std::borrow::Cow::Borrowed(&claim.messages)
+        } else {
+            batch.iter().map(|&i| claim.messages[i].clone()).collect()
+        };
+        async move {
+            if messages.is_empty() {
+                Vec::new()
+            } else {
+                publish_to(shared, d, &messages).await
+            }
+        }
+    });
+    let results = futures::future::join_all(publishes).await;
+    let policy = RetryPolicy {
+        max_attempts: config.max_attempts,
+        backoff_base: config.backoff_base,
+        backoff_max: config.backoff_max,
+    };
+    let (outcomes, budgets, updates) = round.combine(router, &claim.ids, &types, results, &policy);
+    drop(types);
+    Published {
+        claim,
+        outcomes,
+        budgets,
+        updates,
+    }
+}
+
+/// Publish `messages` to destination `d`, bounded by `publish_timeout`; a sink
+/// that panics, overruns or miscounts yields retries.
+async fn publish_to(shared: &Shared, d: usize, messages: &[Message]) -> Vec<Outcome> {
+    let destination = &shared.router.destinations()[d];
+    let sink = &destination.sink;
+    let publish = AssertUnwindSafe(sink.publish(messages)).catch_unwind();
+    let outcomes = match tokio::time::timeout(shared.config.publish_timeout, publish).await {
+        Ok(Ok(outcomes)) if outcomes.len() == messages.len() => outcomes,
+        Ok(Ok(outcomes)) => {
+            let error = format!(
+                "sink returned {} outcomes for {} events",
+                outcomes.len(),
+                messages.len()
+            );
+            tracing::error!(destination = %destination.name, sink = %sink.describe(), "{error}; retrying the batch");
+            vec![Outcome::retry(error); messages.len()]
+        }
+        Ok(Err(_panic)) => {
+            tracing::error!(destination = %destination.name, sink = %sink.describe(), "sink panicked; retrying the batch");
+            vec![Outcome::retry("sink panicked while publishing"); messages.len()]
+        }
+        Err(_elapsed) => {
+            let error = format!(
+                "publish timed out after {}",
+                humantime::format_duration(shared.config.publish_timeout)
+            );
+            tracing::warn!(destination = %destination.name, sink = %sink.describe(), "{error}");
+            vec![Outcome::retry(error); messages.len()]
+        }
+    };
+    let mut by_outcome = [0u64; 4];
+    for outcome in &outcomes {
+        by_outcome[match outcome {
+            Outcome::Delivered => 0,
+            Outcome::Retry { .. } => 1,
+            Outcome::Reject { .. } => 2,
+            Outcome::Deferred { .. } => 3,
+        }] += 1;
+    }
+    for (label, n) in m::OUTCOME_LABELS.into_iter().zip(by_outcome) {
+        if n > 0 {
+            metrics::counter!(m::PUBLISH_OUTCOMES, "outcome" => label, "destination" => destination.name.clone())
+                .increment(n);
+        }
+    }
+    outcomes
+}
+
+async fn settle_loop(shared: Arc<Shared>, mut settled: mpsc::Receiver<Published>) {
+    while let Some(published) = settled.recv().await {
+        let Published {
+            claim,
+            outcomes,
+            budgets,
+            updates,
+        } = published;
+        if !updates.is_empty() {
+            // Destination facts first: even if the lease was lost meanwhile, a
+            // destination that took the event is never published to again.
+            retry_db(&shared, &claim, "recording per-destination results", || {
+                shared.store.record_deliveries(&updates)
+            })
+            .await;
+        }
+        settle(&shared, &claim, outcomes, &budgets).await;
         shared.in_flight.fetch_sub(1, Ordering::SeqCst);
         shared.wake.notify_one();
     }
 }
 
-async fn settle(shared: &Shared, claim: &Claim, outcomes: Vec<Outcome>) {
+async fn settle(shared: &Shared, claim: &Claim, outcomes: Vec<Outcome>, budgets: &[i32]) {
     let config = &shared.config;
     let mut delivered = Vec::new();
     let mut failures = Vec::new();
-    for ((id, message), outcome) in claim.ids.iter().zip(&claim.messages).zip(outcomes) {
+    for (((id, message), outcome), &budget) in claim
+        .ids
+        .iter()
+        .zip(&claim.messages)
+        .zip(outcomes)
+        .zip(budgets)
+    {
         match outcome {
             Outcome::Delivered => delivered.push(*id),
             Outcome::Retry { error, after } => {
@@ -399,16 +613,28 @@ async fn settle(shared: &Shared, claim: &Claim, outcomes: Vec<Outcome>) {
                 failures.push(Failure {
                     id: *id,
                     reject: false,
+                    counted: true,
+                    budget,
                     delay,
                     error: sanitize_error(&error),
                 });
             }
+            Outcome::Deferred { reason, after } => failures.push(Failure {
+                id: *id,
+                reject: false,
+                counted: false,
+                budget,
+                delay: after.unwrap_or(config.backoff_base).min(config.backoff_max),
+                error: sanitize_error(&reason),
+            }),
             Outcome::Reject { error } => {
                 let error = sanitize_error(&error);
                 tracing::warn!(event_id = %message.event_id, event_type = %message.event_type, %error, "rejected by the sink; dead-lettered");
                 failures.push(Failure {
                     id: *id,
                     reject: true,
+                    counted: true,
+                    budget,
                     delay: Duration::ZERO,
                     error,
                 });
@@ -433,9 +659,7 @@ async fn settle(shared: &Shared, claim: &Claim, outcomes: Vec<Outcome>) {
         return;
     }
     let settled = retry_db(shared, claim, "scheduling retries", || {
-        shared
-            .store
-            .settle_failed(claim.token, config.max_attempts, &failures)
+        shared.store.settle_failed(claim.token, &failures)
     })
     .await;
     if let Some(s) = settled {
@@ -614,9 +838,10 @@ async fn retention_loop(shared: Arc<Shared>, config: RetentionConfig, stop: Canc
             _ = stop.cancelled() => return,
         }
         match retention::purge(&shared.store, &config, &stop, |_| {}).await {
-            Ok(r) if r.outbox + r.inbox > 0 => tracing::info!(
+            Ok(r) if r.outbox + r.inbox + r.idempotency_keys > 0 => tracing::info!(
                 outbox = r.outbox,
                 inbox = r.inbox,
+                idempotency_keys = r.idempotency_keys,
                 archived = config.archive,
                 "retention removed old rows"
             ),
@@ -628,9 +853,57 @@ async fn retention_loop(shared: Arc<Shared>, config: RetentionConfig, stop: Canc
     }
 }
 
+/// How long the LISTEN probe waits for its own notification.
+const LISTEN_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Send a notification on the relays' channel and wait for it to come back.
+/// It does not when the connection goes through a pooler in transaction mode
+/// (PgBouncer), which accepts LISTEN but never delivers notifications.
+async fn probe_listen(
+    shared: &Shared,
+    listener: &mut sqlx::postgres::PgListener,
+    stop: &CancellationToken,
+) -> Result<(), String> {
+    let payload = format!("postbox-probe:{}", uuid::Uuid::new_v4());
+    if let Err(e) = shared.store.notify_probe(&payload).await {
+        // Not a verdict on LISTEN: try again on the next connection.
+        return Err(format!(
+            "could not send the LISTEN probe ({})",
+            sanitize_error(&e.to_string())
+        ));
+    }
+    let deadline = tokio::time::Instant::now() + LISTEN_PROBE_TIMEOUT;
+    loop {
+        tokio::select! {
+            n = listener.try_recv() => match n {
+                Ok(Some(n)) if n.payload() == payload => {
+                    metrics::gauge!(health::LISTEN_WORKING).set(1.0);
+                    tracing::debug!("LISTEN probe came back: notifications work");
+                    return Ok(());
+                }
+                // Another relay's probe or a new event: wake the claimer, keep waiting.
+                Ok(Some(_)) => shared.wake.notify_one(),
+                Ok(None) | Err(_) => return Err("the LISTEN connection dropped during the probe".into()),
+            },
+            _ = tokio::time::sleep_until(deadline) => {
+                metrics::gauge!(health::LISTEN_WORKING).set(0.0);
+                return Err(format!(
+                    "LISTEN is connected but its probe notification did not come back within {}s: \
+                     the connection probably goes through a pooler in transaction mode (e.g. PgBouncer), \
+                     which drops notifications; point the relay at Postgres directly or a session-mode pool",
+                    LISTEN_PROBE_TIMEOUT.as_secs()
+                ));
+            }
+            _ = stop.cancelled() => return Ok(()),
+        }
+    }
+}
+
 async fn listen_loop(shared: Arc<Shared>, stop: CancellationToken) {
     let channel = shared.store.schema().notify_channel();
     let mut failures = 0;
+    // The probe runs once per process: its verdict does not change on reconnects.
+    let mut probed = false;
     while !stop.is_cancelled() {
         let listener = async {
             let mut l = sqlx::postgres::PgListener::connect_with(shared.store.pool()).await?;
@@ -655,6 +928,15 @@ async fn listen_loop(shared: Arc<Shared>, stop: CancellationToken) {
         };
         failures = 0;
         tracing::debug!(%channel, "listening for new events");
+        if !probed {
+            probed = true;
+            if let Err(e) = probe_listen(&shared, &mut listener, &stop).await {
+                tracing::warn!(
+                    poll_interval = %humantime::format_duration(shared.config.poll_interval),
+                    "{e}; relying on polling"
+                );
+            }
+        }
         loop {
             tokio::select! {
                 n = listener.try_recv() => match n {

@@ -1,9 +1,13 @@
 //! Retention: keep the outbox small by deleting (or archiving) sent events,
-//! and old inbox records, in bounded batches with a pause between batches.
+//! old inbox records and expired request idempotency keys, in bounded batches
+//! with a pause between batches.
 //!
 //! Pending, processing and failed rows are never touched: only events the
-//! relay acknowledged (`status = 'sent'`) more than `older_than` ago. The same
-//! code serves `postbox purge` and the relay's background task.
+//! relay acknowledged (`status = 'sent'`) more than `older_than` ago. Idempotency
+//! keys go once their own `expires_at` has passed (the TTL the application gave
+//! them; `older_than` does not apply): an expired key is already treated as new,
+//! so deleting it changes no answer. The same code serves `postbox purge` and the
+//! relay's background task.
 
 use crate::config::ConfigError;
 use crate::store::Store;
@@ -80,6 +84,8 @@ impl RetentionConfig {
 pub enum Table {
     Outbox,
     Inbox,
+    /// `<schema>.idempotency_keys`: expired request idempotency keys.
+    IdempotencyKeys,
 }
 
 impl Table {
@@ -87,6 +93,7 @@ impl Table {
         match self {
             Table::Outbox => "outbox",
             Table::Inbox => "inbox",
+            Table::IdempotencyKeys => "idempotency_keys",
         }
     }
 }
@@ -107,19 +114,32 @@ pub struct PurgeReport {
     pub outbox: u64,
     /// Inbox records deleted.
     pub inbox: u64,
+    /// Expired idempotency keys deleted.
+    pub idempotency_keys: u64,
     /// The pass was stopped before it finished.
     pub interrupted: bool,
 }
 
-/// One retention pass: batches until a batch comes back short (or `stop` is
-/// cancelled), pausing `config.pause` between batches. `progress` is called
-/// after every batch.
+/// A retention batch failed. Batches committed before it stay done.
+#[derive(Debug, thiserror::Error)]
+#[error("purging {}: {source}", table.as_str())]
+pub struct PurgeError {
+    /// The table the failed batch worked on.
+    pub table: Table,
+    #[source]
+    pub source: postbox::Error,
+}
+
+/// One retention pass over the outbox, then the inbox (when `config.inbox`),
+/// then expired idempotency keys: for each, batches until a batch comes back
+/// short (or `stop` is cancelled), pausing `config.pause` between batches.
+/// `progress` is called after every batch.
 pub async fn purge(
     store: &Store,
     config: &RetentionConfig,
     stop: &CancellationToken,
     mut progress: impl FnMut(Progress),
-) -> Result<PurgeReport, sqlx::Error> {
+) -> Result<PurgeReport, PurgeError> {
     let started = Instant::now();
     let limit = i64::from(config.batch_size);
     let mut report = PurgeReport::default();
@@ -127,6 +147,9 @@ pub async fn purge(
     if config.inbox {
         tables.push(Table::Inbox);
     }
+    tables.push(Table::IdempotencyKeys);
+    // The library owns the idempotency keys' statements.
+    let outbox = postbox::Outbox::new(store.schema().clone());
     for table in tables {
         let mut removed = 0;
         loop {
@@ -134,18 +157,14 @@ pub async fn purge(
                 report.interrupted = true;
                 return Ok(report);
             }
-            let n = match table {
-                Table::Outbox => {
-                    store
-                        .purge_sent(config.older_than, limit, config.archive)
-                        .await?
-                }
-                Table::Inbox => store.purge_inbox(config.older_than, limit).await?,
-            };
+            let n = batch(store, &outbox, config, table, limit)
+                .await
+                .map_err(|source| PurgeError { table, source })?;
             removed += n;
             match table {
                 Table::Outbox => report.outbox = removed,
                 Table::Inbox => report.inbox = removed,
+                Table::IdempotencyKeys => report.idempotency_keys = removed,
             }
             metrics::counter!(crate::metrics::RETENTION_PURGED, "table" => table.as_str())
                 .increment(n);
@@ -164,6 +183,28 @@ pub async fn purge(
         }
     }
     Ok(report)
+}
+
+/// One bounded batch on `table`; returns how many rows went.
+async fn batch(
+    store: &Store,
+    outbox: &postbox::Outbox,
+    config: &RetentionConfig,
+    table: Table,
+    limit: i64,
+) -> Result<u64, postbox::Error> {
+    Ok(match table {
+        Table::Outbox => {
+            store
+                .purge_sent(config.older_than, limit, config.archive)
+                .await?
+        }
+        Table::Inbox => store.purge_inbox(config.older_than, limit).await?,
+        Table::IdempotencyKeys => {
+            let mut conn = store.pool().acquire().await?;
+            postbox::idempotency::purge_expired(outbox, &mut conn, limit).await?
+        }
+    })
 }
 
 #[cfg(test)]

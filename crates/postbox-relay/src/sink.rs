@@ -55,6 +55,13 @@ pub enum Outcome {
     },
     /// The destination will never accept this message: dead-letter it.
     Reject { error: String },
+    /// Not sent at all — the sink's own rate limit or time budget left no room
+    /// for it in this batch: try again (after `after` when given) without
+    /// counting an attempt, so a throttled backlog never exhausts its budget.
+    Deferred {
+        reason: String,
+        after: Option<Duration>,
+    },
 }
 
 impl Outcome {

@@ -76,7 +76,7 @@ async fn concurrent_claims_are_disjoint() {
     let claims = futures::future::join_all(stores.iter().map(|s| async move {
         let mut mine = Vec::new();
         loop {
-            let c = s.claim(37, Duration::from_secs(30)).await.unwrap();
+            let c = s.claim(37, Duration::from_secs(30), None).await.unwrap();
             if c.ids.is_empty() {
                 return mine;
             }
@@ -97,11 +97,11 @@ async fn an_expired_lease_is_reclaimed_and_the_stale_ack_changes_nothing() {
     enqueue(&db, 3).await;
     let old = store(&db);
     let new = store(&db);
-    let stale = old.claim(10, Duration::from_secs(30)).await.unwrap();
+    let stale = old.claim(10, Duration::from_secs(30), None).await.unwrap();
     assert_eq!(stale.ids.len(), 3);
     // Nothing else can claim them while the lease holds.
     assert!(new
-        .claim(10, Duration::from_secs(30))
+        .claim(10, Duration::from_secs(30), None)
         .await
         .unwrap()
         .ids
@@ -113,7 +113,7 @@ async fn an_expired_lease_is_reclaimed_and_the_stale_ack_changes_nothing() {
         .await;
     let rescued = new.rescue_expired(5, 100).await.unwrap();
     assert_eq!(rescued.requeued.len(), 3);
-    let fresh = new.claim(10, Duration::from_secs(30)).await.unwrap();
+    let fresh = new.claim(10, Duration::from_secs(30), None).await.unwrap();
     assert_eq!(fresh.ids.len(), 3);
     assert_eq!(
         fresh.messages[0].attempt, 2,
@@ -136,12 +136,14 @@ async fn an_expired_lease_is_reclaimed_and_the_stale_ack_changes_nothing() {
         .map(|&id| postbox_relay::store::Failure {
             id,
             reject: true,
+            counted: true,
+            budget: 5,
             delay: Duration::ZERO,
             error: "stale".into(),
         })
         .collect();
     assert_eq!(
-        old.settle_failed(stale.token, 5, &failures)
+        old.settle_failed(stale.token, &failures)
             .await
             .unwrap()
             .updated,
@@ -214,17 +216,19 @@ async fn a_retry_waits_for_its_delay() {
     let db = TestDb::new().await;
     enqueue(&db, 1).await;
     let s = store(&db);
-    let claim = s.claim(10, Duration::from_secs(30)).await.unwrap();
+    let claim = s.claim(10, Duration::from_secs(30), None).await.unwrap();
     let failure = postbox_relay::store::Failure {
         id: claim.ids[0],
         reject: false,
+        counted: true,
+        budget: 5,
         delay: Duration::from_secs(60),
         error: "later".into(),
     };
-    let settled = s.settle_failed(claim.token, 5, &[failure]).await.unwrap();
+    let settled = s.settle_failed(claim.token, &[failure]).await.unwrap();
     assert_eq!((settled.updated, settled.dead_lettered), (1, 0));
     assert!(
-        s.claim(10, Duration::from_secs(30))
+        s.claim(10, Duration::from_secs(30), None)
             .await
             .unwrap()
             .ids

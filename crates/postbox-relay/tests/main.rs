@@ -3,10 +3,16 @@
 mod support;
 
 mod engine;
+mod health;
+mod ordering;
 mod quarantine;
 mod redis_sink;
+mod retention_idempotency;
+mod routing;
 
 mod amqp;
 mod conformance;
+mod http;
 mod kafka;
 mod nats;
+mod qstash;

@@ -43,6 +43,7 @@ async fn list_mode_delivers_cloudevents_for_committed_events_only() {
     let url = format!("{}?key={prefix}:{{event_type}}", redis_url());
     let options = SinkOptions {
         source: "shop".into(),
+        ..SinkOptions::default()
     };
     let sink = sinks::from_url(&url, &options).unwrap();
     let stats = drain(&db, sink, fast_config()).await;
@@ -166,7 +167,7 @@ async fn publish_answers_one_outcome_per_message() {
     let db = TestDb::new().await;
     enqueue(&db, 7).await;
     let claim = store(&db)
-        .claim(100, std::time::Duration::from_secs(30))
+        .claim(100, std::time::Duration::from_secs(30), None)
         .await
         .unwrap();
     let outcomes = sink.publish(&claim.messages).await;

@@ -6,8 +6,10 @@
 //! - [`wait_for`]: poll a condition until it holds or a deadline passes; tests
 //!   never sleep for a fixed time to "let things happen".
 //! - [`redis_url`] / [`unique`]: a Redis to talk to and collision-free key names.
+//! - [`qstash::QstashServer`]: a QStash-compatible server with signed deliveries.
 
 pub mod proxy;
+pub mod qstash;
 
 use postbox::Schema;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};

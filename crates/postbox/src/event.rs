@@ -91,6 +91,36 @@ impl NewEvent {
         Ok(self)
     }
 
+    /// Attach a W3C trace context (`traceparent`, as in the request that
+    /// produced the event; `tracestate` optional). Stored with the event's
+    /// headers and forwarded by every sink: the CloudEvents distributed-tracing
+    /// attributes in the JSON body, and the `traceparent` header of transports
+    /// with headers. Call after [`NewEvent::headers`], which replaces headers.
+    pub fn trace_context(
+        mut self,
+        traceparent: &str,
+        tracestate: Option<&str>,
+    ) -> Result<Self, Error> {
+        check_traceparent(traceparent)?;
+        if let Some(state) = tracestate {
+            if state.len() > 512 || !state.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+                return Err(Error::InvalidEvent {
+                    field: "tracestate",
+                    reason: "must be printable ASCII, at most 512 bytes".to_owned(),
+                });
+            }
+        }
+        let mut map: BTreeMap<String, serde_json::Value> =
+            serde_json::from_str(&self.headers).map_err(Error::Payload)?;
+        map.insert("traceparent".to_owned(), traceparent.into());
+        match tracestate {
+            Some(state) => map.insert("tracestate".to_owned(), state.into()),
+            None => map.remove("tracestate"),
+        };
+        self.headers = serde_json::to_string(&map).map_err(Error::Payload)?;
+        Ok(self)
+    }
+
     /// Use a given event id instead of a fresh UUIDv7 (for example to re-enqueue
     /// the same logical event from another system).
     pub fn with_event_id(mut self, event_id: Uuid) -> Self {
@@ -212,5 +242,79 @@ mod tests {
             .unwrap()
             .schema_version(0)
             .is_err());
+    }
+}
+
+/// W3C Trace Context `traceparent`: `version-traceid-parentid-flags`, lowercase
+/// hex; version `ff`, an all-zero trace id or parent id are invalid. Versions
+/// after `00` may append fields after a `-`.
+fn check_traceparent(value: &str) -> Result<(), Error> {
+    let bad = |reason: &str| Error::InvalidEvent {
+        field: "traceparent",
+        reason: reason.to_owned(),
+    };
+    let b = value.as_bytes();
+    let hex = |r: std::ops::Range<usize>| {
+        b[r].iter()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+    };
+    if b.len() < 55 || b[2] != b'-' || b[35] != b'-' || b[52] != b'-' {
+        return Err(bad(
+            "expected VERSION-TRACEID-PARENTID-FLAGS (2-32-16-2 lowercase hex digits)",
+        ));
+    }
+    if !(hex(0..2) && hex(3..35) && hex(36..52) && hex(53..55)) {
+        return Err(bad("must be lowercase hexadecimal digits and dashes"));
+    }
+    let version = &value[..2];
+    if version == "ff" || (version == "00" && b.len() != 55) || (b.len() > 55 && b[55] != b'-') {
+        return Err(bad("has an invalid version or length"));
+    }
+    if b[3..35].iter().all(|&c| c == b'0') || b[36..52].iter().all(|&c| c == b'0') {
+        return Err(bad("trace id and parent id must not be all zeros"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod trace_tests {
+    use super::*;
+
+    #[test]
+    fn trace_context_is_validated_and_stored_in_the_headers() {
+        let e = NewEvent::new("a.b", "a", "1", &1).unwrap();
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let e = e
+            .headers([("x", "y")])
+            .unwrap()
+            .trace_context(tp, Some("congo=t61rcWkgMzE"))
+            .unwrap();
+        let h: serde_json::Value = serde_json::from_str(&e.headers).unwrap();
+        assert_eq!(h["traceparent"], tp);
+        assert_eq!(h["tracestate"], "congo=t61rcWkgMzE");
+        assert_eq!(h["x"], "y");
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0\u{e9}",
+        ] {
+            let err = NewEvent::new("a.b", "a", "1", &1)
+                .unwrap()
+                .trace_context(bad, None);
+            assert!(err.is_err(), "{bad:?} accepted");
+        }
+        // A later version may carry more fields.
+        assert!(NewEvent::new("a.b", "a", "1", &1)
+            .unwrap()
+            .trace_context(
+                "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-abc",
+                None
+            )
+            .is_ok());
     }
 }

@@ -219,21 +219,33 @@ pub async fn begin(
     if !locked {
         return Err(IdempotencyError::InFlight);
     }
-    let inserted: Option<bool> = ::sqlx::query_scalar(&sql.insert)
-        .bind(&key.scope)
-        .bind(&key.key)
-        .bind(fingerprint.as_str())
-        .bind(ttl.as_secs_f64())
-        .fetch_optional(&mut *conn)
-        .await?;
-    if inserted.is_some() {
-        return Ok(Begin::Execute(Pending { key: key.clone() }));
+    let mut existing = None;
+    // Twice at most: an expired row that `purge_expired` deletes between the
+    // insert and the select is gone, and the second insert creates the key.
+    for _ in 0..2 {
+        let inserted: Option<bool> = ::sqlx::query_scalar(&sql.insert)
+            .bind(&key.scope)
+            .bind(&key.key)
+            .bind(fingerprint.as_str())
+            .bind(ttl.as_secs_f64())
+            .fetch_optional(&mut *conn)
+            .await?;
+        if inserted.is_some() {
+            return Ok(Begin::Execute(Pending { key: key.clone() }));
+        }
+        existing = ::sqlx::query(&sql.select)
+            .bind(&key.scope)
+            .bind(&key.key)
+            .fetch_optional(&mut *conn)
+            .await?;
+        if existing.is_some() {
+            break;
+        }
     }
-    let row = ::sqlx::query(&sql.select)
-        .bind(&key.scope)
-        .bind(&key.key)
-        .fetch_one(&mut *conn)
-        .await?;
+    // Deleted twice in a row under us: not plausible, but retrying later is safe.
+    let Some(row) = existing else {
+        return Err(IdempotencyError::InFlight);
+    };
     let expired: bool = row.try_get(5)?;
     if expired {
         ::sqlx::query(&sql.restart)

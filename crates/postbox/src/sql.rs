@@ -61,7 +61,7 @@ impl IdempotencyQueries {
             purge: schema.render(
                 "DELETE FROM {schema}.idempotency_keys WHERE ctid = ANY(ARRAY( \
                    SELECT ctid FROM {schema}.idempotency_keys \
-                   WHERE expires_at < now() LIMIT $1))",
+                   WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))",
             ),
         }
     }

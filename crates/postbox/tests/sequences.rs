@@ -106,6 +106,7 @@ async fn a_rolled_back_transaction_leaves_no_gap() {
     sqlx::query("ROLLBACK").execute(&mut *conn).await.unwrap();
     db.enqueue_events(&[event("a", 4)]).await;
     assert_eq!(of(&sequences(&db).await, "a"), vec![1, 2]);
+    drop(conn);
     db.drop_schema().await;
 }
 
@@ -233,5 +234,6 @@ async fn the_consumer_tracker_judges_apply_duplicate_and_gap() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("sequence"), "{err}");
+    drop(conn);
     db.drop_schema().await;
 }

@@ -2,9 +2,11 @@
 //! [`SinkOptions`]; [`from_url`] picks the sink by scheme.
 
 pub mod amqp;
+pub mod http;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod nats;
+pub mod qstash;
 pub mod redis;
 pub mod stdout;
 mod template;
@@ -21,6 +23,12 @@ pub struct SinkOptions {
     /// The CloudEvents `source` attribute of every message.
     #[serde(default = "default_source")]
     pub source: String,
+    /// Settings of the HTTP webhook sink (`http://`, `https://`).
+    #[serde(default)]
+    pub http: http::HttpOptions,
+    /// Settings of the QStash sink (`qstash:`).
+    #[serde(default)]
+    pub qstash: qstash::QstashOptions,
 }
 
 fn default_source() -> String {
@@ -31,12 +39,19 @@ impl Default for SinkOptions {
     fn default() -> Self {
         Self {
             source: default_source(),
+            http: http::HttpOptions::default(),
+            qstash: qstash::QstashOptions::default(),
         }
     }
 }
 
 /// Build the sink a URL names: `redis://…`, `rediss://…`, `nats://…`,
-/// `amqp://…`, `amqps://…`, `kafka://…` (cargo feature `kafka`) or `stdout`.
+/// `amqp://…`, `amqps://…`, `kafka://…` (cargo feature `kafka`), `http://…`,
+/// `https://…` (webhooks), `qstash:DESTINATION_URL` or `stdout`.
+///
+/// The HTTP sink reads its signing secrets (`POSTBOX_WEBHOOK_SECRET`, or the
+/// variable `http.secret_env` names) and the QStash sink its token
+/// (`QSTASH_TOKEN`, `QSTASH_URL`) from the environment here, once.
 pub fn from_url(url: &str, options: &SinkOptions) -> Result<Arc<dyn Sink>, SinkError> {
     if options.source.is_empty() {
         return Err(SinkError::Config(
@@ -49,6 +64,8 @@ pub fn from_url(url: &str, options: &SinkOptions) -> Result<Arc<dyn Sink>, SinkE
         "redis" | "rediss" => Ok(Arc::new(redis::RedisSink::from_url(url, options.clone())?)),
         "nats" => Ok(Arc::new(nats::NatsSink::from_url(url, options.clone())?)),
         "amqp" | "amqps" => Ok(Arc::new(amqp::AmqpSink::from_url(url, options.clone())?)),
+        "http" | "https" => Ok(Arc::new(http::HttpSink::from_url(url, options.clone())?)),
+        "qstash" => Ok(Arc::new(qstash::QstashSink::from_url(url, options.clone())?)),
         #[cfg(feature = "kafka")]
         "kafka" => Ok(Arc::new(kafka::KafkaSink::from_url(url, options.clone())?)),
         #[cfg(not(feature = "kafka"))]
@@ -57,7 +74,7 @@ pub fn from_url(url: &str, options: &SinkOptions) -> Result<Arc<dyn Sink>, SinkE
                 .into(),
         )),
         _ => Err(SinkError::Config(format!(
-            "unsupported sink {:?}: expected redis://, nats://, amqp://, kafka:// or stdout",
+            "unsupported sink {:?}: expected redis://, nats://, amqp://, kafka://, http://, https://, qstash: or stdout",
             crate::redact::sanitize_error(scheme)
         ))),
     }

@@ -35,8 +35,12 @@ impl BenchStore {
     }
 
     /// Insert `n` committed events, then VACUUM ANALYZE the table.
-    pub async fn seed(&self, n: i64, table: &str) -> Result<(), sqlx::Error> {
-        sqlx::query(&self.seed).bind(n).execute(&self.pool).await?;
+    pub async fn seed(&self, n: i64, aggregates: i64, table: &str) -> Result<(), sqlx::Error> {
+        sqlx::query(&self.seed)
+            .bind(n)
+            .bind(aggregates)
+            .execute(&self.pool)
+            .await?;
         sqlx::raw_sql(&format!("VACUUM ANALYZE {table}"))
             .execute(&self.pool)
             .await?;

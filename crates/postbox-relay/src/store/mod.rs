@@ -17,6 +17,12 @@ use uuid::Uuid;
 
 struct Queries {
     claim: String,
+    claim_ordered: String,
+    delivery_states: String,
+    record_deliveries: String,
+    destination_counts: String,
+    db_health: String,
+    notify_probe: String,
     ack_delivered: String,
     settle_failed: String,
     release: String,
@@ -35,6 +41,12 @@ impl Queries {
     fn new(schema: &Schema) -> Self {
         Self {
             claim: schema.render(include_str!("sql/claim.sql")),
+            claim_ordered: schema.render(include_str!("sql/claim_ordered.sql")),
+            delivery_states: schema.render(include_str!("sql/delivery_states.sql")),
+            record_deliveries: schema.render(include_str!("sql/record_deliveries.sql")),
+            destination_counts: schema.render(include_str!("sql/destination_counts.sql")),
+            db_health: include_str!("sql/db_health.sql").to_owned(),
+            notify_probe: include_str!("sql/notify_probe.sql").to_owned(),
             ack_delivered: schema.render(include_str!("sql/ack_delivered.sql")),
             settle_failed: schema.render(include_str!("sql/settle_failed.sql")),
             release: schema.render(include_str!("sql/release.sql")),
@@ -73,6 +85,11 @@ pub struct Claim {
 pub struct Failure {
     pub id: i64,
     pub reject: bool,
+    /// False for an event the sink deferred without trying: the claim's
+    /// attempt is given back and it cannot become a dead letter.
+    pub counted: bool,
+    /// Attempts after which a retry becomes a dead letter instead.
+    pub budget: i32,
     pub delay: Duration,
     /// Already sanitized.
     pub error: String,
@@ -191,15 +208,26 @@ impl Store {
         &self.pool
     }
 
-    /// Claim up to `limit` due events under a fresh lease of `lease` length.
-    pub async fn claim(&self, limit: i64, lease: Duration) -> Result<Claim, sqlx::Error> {
+    /// Claim up to `limit` due events under a fresh lease of `lease` length;
+    /// with `order`, the event types it names are claimed one per aggregate, in
+    /// sequence (see `claim_ordered.sql`).
+    pub async fn claim(
+        &self,
+        limit: i64,
+        lease: Duration,
+        order: Option<&ClaimOrder>,
+    ) -> Result<Claim, sqlx::Error> {
         let token = Uuid::new_v4();
-        let mut rows = sqlx::query(&self.sql.claim)
-            .bind(token)
-            .bind(lease.as_secs_f64())
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await?;
+        let query = match order {
+            None => sqlx::query(&self.sql.claim),
+            Some(_) => sqlx::query(&self.sql.claim_ordered),
+        };
+        let query = query.bind(token).bind(lease.as_secs_f64()).bind(limit);
+        let query = match order {
+            None => query,
+            Some(order) => query.bind(&order.ordered).bind(&order.blocking),
+        };
+        let mut rows = query.fetch_all(&self.pool).await?;
         rows.sort_by_key(|r| r.try_get::<i64, _>(0).unwrap_or_default());
         let mut ids = Vec::with_capacity(rows.len());
         let mut messages = Vec::with_capacity(rows.len());
@@ -243,23 +271,25 @@ impl Store {
     pub async fn settle_failed(
         &self,
         token: Uuid,
-        max_attempts: i32,
         failures: &[Failure],
     ) -> Result<Settled, sqlx::Error> {
         if failures.is_empty() {
             return Ok(Settled::default());
         }
         let ids: Vec<i64> = failures.iter().map(|f| f.id).collect();
+        let budgets: Vec<i32> = failures.iter().map(|f| f.budget).collect();
+        let counted: Vec<bool> = failures.iter().map(|f| f.counted).collect();
         let rejects: Vec<bool> = failures.iter().map(|f| f.reject).collect();
         let delays: Vec<f64> = failures.iter().map(|f| f.delay.as_secs_f64()).collect();
         let errors: Vec<&str> = failures.iter().map(|f| f.error.as_str()).collect();
         let rows = sqlx::query(&self.sql.settle_failed)
             .bind(&ids)
             .bind(token)
-            .bind(max_attempts)
+            .bind(&budgets)
             .bind(&rejects)
             .bind(&delays)
             .bind(&errors)
+            .bind(&counted)
             .fetch_all(&self.pool)
             .await?;
         let mut settled = Settled {
@@ -385,12 +415,12 @@ impl Store {
         } else {
             &self.sql.purge_sent
         };
-        let done = sqlx::query(sql)
+        let done: i64 = sqlx::query_scalar(sql)
             .bind(older_than.as_secs_f64())
             .bind(limit)
-            .execute(&self.pool)
+            .fetch_one(&self.pool)
             .await?;
-        Ok(done.rows_affected())
+        Ok(done.max(0) as u64)
     }
 
     /// Delete up to `limit` inbox records processed before `older_than` ago.
@@ -411,6 +441,181 @@ impl Store {
             .execute(&self.pool)
             .await?;
         Ok(roles)
+    }
+}
+
+/// Which event types the ordered claim keeps in per-aggregate order, as SQL
+/// LIKE patterns (see [`crate::router::Pattern::like`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClaimOrder {
+    /// Ordered event types: one event per aggregate in flight, in sequence.
+    pub ordered: Vec<String>,
+    /// Of those, the types whose dead letters hold back their aggregate
+    /// (poison policy `block`) until an operator replays or discards them.
+    pub blocking: Vec<String>,
+}
+
+/// One destination's state for one fan-out event.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeliveryState {
+    pub outbox_id: i64,
+    pub destination: String,
+    /// `pending`, `sent` or `failed`.
+    pub status: String,
+    pub attempts: i32,
+    /// Until the destination is due again (zero when due).
+    pub due_in: Duration,
+}
+
+/// What one round of publishing did at one destination of a fan-out event.
+#[derive(Clone, Debug)]
+pub struct DeliveryUpdate {
+    pub outbox_id: i64,
+    pub destination: String,
+    pub delivered: bool,
+    /// Rejected, or out of attempts: a dead letter at this destination.
+    pub dead: bool,
+    pub attempts: i32,
+    /// Until the next attempt (when neither delivered nor dead).
+    pub delay: Duration,
+    /// Already sanitized; `None` when delivered.
+    pub error: Option<String>,
+}
+
+/// Fan-out state of one destination, for `postbox status`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DestinationCounts {
+    pub destination: String,
+    /// Fan-out events waiting for a retry at this destination.
+    pub retrying: i64,
+    /// Dead letters at this destination that no operator resolved yet.
+    pub dead_letters: i64,
+    /// Delivered here after at least one failed round somewhere.
+    pub delivered_after_retry: i64,
+    /// The most attempts an open (not delivered) one has taken.
+    pub max_attempts: i32,
+}
+
+impl Store {
+    /// Per-destination rows of the fan-out events among `ids`.
+    pub async fn delivery_states(&self, ids: &[i64]) -> Result<Vec<DeliveryState>, sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(&self.sql.delivery_states)
+            .bind(ids)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(DeliveryState {
+                    outbox_id: r.try_get(0)?,
+                    destination: r.try_get(1)?,
+                    status: r.try_get(2)?,
+                    attempts: r.try_get(3)?,
+                    due_in: Duration::from_secs_f64(r.try_get::<f64, _>(4)?.clamp(0.0, 1e9)),
+                })
+            })
+            .collect()
+    }
+
+    /// Upsert per-destination results; a delivered destination is never reverted.
+    pub async fn record_deliveries(&self, updates: &[DeliveryUpdate]) -> Result<u64, sqlx::Error> {
+        if updates.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<i64> = updates.iter().map(|u| u.outbox_id).collect();
+        let names: Vec<&str> = updates.iter().map(|u| u.destination.as_str()).collect();
+        let delivered: Vec<bool> = updates.iter().map(|u| u.delivered).collect();
+        let dead: Vec<bool> = updates.iter().map(|u| u.dead).collect();
+        let attempts: Vec<i32> = updates.iter().map(|u| u.attempts).collect();
+        let delays: Vec<f64> = updates.iter().map(|u| u.delay.as_secs_f64()).collect();
+        let errors: Vec<Option<&str>> = updates.iter().map(|u| u.error.as_deref()).collect();
+        let done = sqlx::query(&self.sql.record_deliveries)
+            .bind(&ids)
+            .bind(&names)
+            .bind(&delivered)
+            .bind(&dead)
+            .bind(&attempts)
+            .bind(&delays)
+            .bind(&errors)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Retries and dead letters per destination (fan-out events only).
+    pub async fn destination_counts(&self) -> Result<Vec<DestinationCounts>, sqlx::Error> {
+        let rows = sqlx::query(&self.sql.destination_counts)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(DestinationCounts {
+                    destination: r.try_get(0)?,
+                    retrying: r.try_get(1)?,
+                    dead_letters: r.try_get(2)?,
+                    delivered_after_retry: r.try_get(3)?,
+                    max_attempts: r.try_get(4)?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// The database's health as it matters to an outbox (see `db_health.sql`).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct DbHealth {
+    /// The session whose transaction is the oldest holding back xmin, if visible.
+    pub oldest_xact_pid: Option<i32>,
+    pub oldest_xact_application: Option<String>,
+    pub oldest_xact_state: Option<String>,
+    pub oldest_xact_age_seconds: Option<f64>,
+    /// The replication slot holding xmin back the most, and by how many transactions.
+    pub slot_name: Option<String>,
+    pub slot_active: Option<bool>,
+    pub slot_xmin_age: Option<i64>,
+    pub live_tuples: Option<i64>,
+    pub dead_tuples: Option<i64>,
+}
+
+impl DbHealth {
+    /// Dead / (live + dead) tuples of the outbox table; `None` before statistics exist.
+    pub fn dead_tuple_ratio(&self) -> Option<f64> {
+        let (live, dead) = (self.live_tuples?, self.dead_tuples?);
+        let total = live + dead;
+        (total > 0).then(|| dead as f64 / total as f64)
+    }
+}
+
+impl Store {
+    /// Read [`DbHealth`].
+    pub async fn db_health(&self) -> Result<DbHealth, sqlx::Error> {
+        let r = sqlx::query(&self.sql.db_health)
+            .bind(self.schema.name())
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(DbHealth {
+            oldest_xact_pid: r.try_get(0)?,
+            oldest_xact_application: r.try_get(1)?,
+            oldest_xact_state: r.try_get(2)?,
+            oldest_xact_age_seconds: r.try_get(3)?,
+            slot_name: r.try_get(4)?,
+            slot_active: r.try_get(5)?,
+            slot_xmin_age: r.try_get(6)?,
+            live_tuples: r.try_get(7)?,
+            dead_tuples: r.try_get(8)?,
+        })
+    }
+
+    /// Send a notification with `payload` on the relays' channel.
+    pub async fn notify_probe(&self, payload: &str) -> Result<(), sqlx::Error> {
+        sqlx::query(&self.sql.notify_probe)
+            .bind(self.schema.notify_channel())
+            .bind(payload)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 }
 

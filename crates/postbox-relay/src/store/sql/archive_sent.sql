@@ -1,6 +1,7 @@
 -- Retention with archiving: move up to $2 sent events acknowledged more than
--- $1 seconds ago into outbox_archive, in one statement (both or neither).
--- Only 'sent' rows are moved.
+-- $1 seconds ago into outbox_archive, in one statement (both or neither),
+-- dropping their per-destination rows. Only 'sent' rows are moved. Returns how
+-- many events moved.
 WITH moved AS (
     DELETE FROM {schema}.outbox
     WHERE id IN (
@@ -11,10 +12,15 @@ WITH moved AS (
         FOR UPDATE SKIP LOCKED)
       AND status = 'sent'
     RETURNING id, event_id, aggregate_type, aggregate_id, event_type, schema_version,
-              payload, headers, attempts, created_at, sent_at)
-INSERT INTO {schema}.outbox_archive
-    (id, event_id, aggregate_type, aggregate_id, event_type, schema_version,
-     payload, headers, attempts, created_at, sent_at)
-SELECT id, event_id, aggregate_type, aggregate_id, event_type, schema_version,
-       payload, headers, attempts, created_at, sent_at
-FROM moved
+              payload, headers, attempts, created_at, sent_at, sequence),
+destinations AS (
+    DELETE FROM {schema}.deliveries WHERE outbox_id IN (SELECT id FROM moved)),
+kept AS (
+    INSERT INTO {schema}.outbox_archive
+        (id, event_id, aggregate_type, aggregate_id, event_type, schema_version,
+         payload, headers, attempts, created_at, sent_at, sequence)
+    SELECT id, event_id, aggregate_type, aggregate_id, event_type, schema_version,
+           payload, headers, attempts, created_at, sent_at, sequence
+    FROM moved
+    RETURNING 1)
+SELECT count(*) FROM kept

@@ -22,6 +22,8 @@ GRANT USAGE ON SCHEMA {schema} TO {producer}, {relay}, {monitor};
 GRANT INSERT ON {schema}.outbox TO {producer};
 GRANT EXECUTE ON FUNCTION {schema}.enqueue(text, text, text, jsonb, jsonb) TO {producer};
 GRANT EXECUTE ON FUNCTION {schema}.uuid_v7() TO {producer};
+-- Enqueueing numbers the event within its aggregate (an upsert of its counter).
+GRANT SELECT, INSERT, UPDATE ON {schema}.aggregate_sequences TO {producer};
 -- Request idempotency keys are written in the producer's own transaction.
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.idempotency_keys TO {producer};
 
@@ -31,6 +33,10 @@ GRANT SELECT, UPDATE, DELETE ON {schema}.outbox TO {relay};
 GRANT SELECT ON {schema}.schema_migrations TO {relay};
 GRANT SELECT, INSERT ON {schema}.outbox_archive TO {relay};
 GRANT SELECT, DELETE ON {schema}.inbox TO {relay};
+-- Per-destination state of fan-out events.
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.deliveries TO {relay};
+-- Retention purges expired request idempotency keys.
+GRANT SELECT, DELETE ON {schema}.idempotency_keys TO {relay};
 
 -- Monitor: read-only, for `postbox status` and dashboards (every table of
 -- the schema as of this run: run it again after an upgrade).

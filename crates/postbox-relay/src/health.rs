@@ -1,0 +1,316 @@
+//! The database health watch: what silently degrades an outbox in production.
+//!
+//! Every `interval` the relay reads [`DbHealth`] and exports it as gauges;
+//! it logs a warning when a threshold is crossed (and again every
+//! `repeat_warning` while it stays crossed):
+//!
+//! - a transaction older than `max_transaction_age` holds back the xmin
+//!   horizon, so vacuum cannot remove the outbox's dead rows and every claim
+//!   wades through more of them;
+//! - a replication slot holds xmin back by more than `max_slot_xmin_age`
+//!   transactions (an abandoned slot does this forever);
+//! - dead tuples exceed `max_dead_tuple_ratio` of the outbox table (autovacuum
+//!   is not keeping up, or is blocked by one of the above).
+//!
+//! The LISTEN check lives in the relay's LISTEN task: after connecting it
+//! sends itself a probe notification; when the probe does not come back (the
+//! connection goes through a pooler in transaction mode, which drops
+//! notifications) it says so once and the relay relies on polling.
+
+use crate::config::ConfigError;
+use crate::store::{DbHealth, Store};
+use metrics::gauge;
+use serde::{Deserialize, Serialize};
+use std::time::{Duration, Instant};
+
+/// Gauge: age in seconds of the oldest transaction holding back xmin (0 when none is visible).
+pub const OLDEST_TRANSACTION_AGE: &str = "postbox_db_oldest_transaction_age_seconds";
+/// Gauge: transactions by which the worst replication slot holds back xmin (0: none).
+pub const SLOT_XMIN_AGE: &str = "postbox_db_replication_slot_xmin_age";
+/// Gauge: dead tuples of the outbox table.
+pub const DEAD_TUPLES: &str = "postbox_outbox_dead_tuples";
+/// Gauge: dead / (live + dead) tuples of the outbox table.
+pub const DEAD_TUPLE_RATIO: &str = "postbox_outbox_dead_tuple_ratio";
+/// Gauge: 1 when the LISTEN probe came back, 0 when it did not (polling only).
+pub const LISTEN_WORKING: &str = "postbox_listen_working";
+
+/// `[health]` in the config file.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    /// Run the watch while the relay runs.
+    pub enabled: bool,
+    /// How often the statistics are read.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Warn when a transaction holding back xmin is older than this.
+    #[serde(with = "humantime_serde")]
+    pub max_transaction_age: Duration,
+    /// Warn when a replication slot holds back xmin by more transactions than this.
+    pub max_slot_xmin_age: i64,
+    /// Warn when dead tuples exceed this share of the outbox table (0–1)…
+    pub max_dead_tuple_ratio: f64,
+    /// …and number at least this many (small tables churn harmlessly).
+    pub min_dead_tuples: i64,
+    /// While a condition lasts, repeat its warning this often.
+    #[serde(with = "humantime_serde")]
+    pub repeat_warning: Duration,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: Duration::from_secs(30),
+            max_transaction_age: Duration::from_secs(300),
+            max_slot_xmin_age: 100_000_000,
+            max_dead_tuple_ratio: 0.5,
+            min_dead_tuples: 100_000,
+            repeat_warning: Duration::from_secs(600),
+        }
+    }
+}
+
+impl HealthConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (name, d) in [
+            ("interval", self.interval),
+            ("max_transaction_age", self.max_transaction_age),
+            ("repeat_warning", self.repeat_warning),
+        ] {
+            if d.is_zero() {
+                return Err(ConfigError::new(
+                    format!("health.{name}"),
+                    "must be greater than zero",
+                ));
+            }
+        }
+        if !(0.0..=1.0).contains(&self.max_dead_tuple_ratio) {
+            return Err(ConfigError::new(
+                "health.max_dead_tuple_ratio",
+                format!("must be between 0 and 1, got {}", self.max_dead_tuple_ratio),
+            ));
+        }
+        if self.max_slot_xmin_age < 1 || self.min_dead_tuples < 0 {
+            return Err(ConfigError::new(
+                if self.max_slot_xmin_age < 1 {
+                    "health.max_slot_xmin_age"
+                } else {
+                    "health.min_dead_tuples"
+                },
+                "must be positive",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A condition the watch warns about.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Finding {
+    OldTransaction {
+        pid: Option<i32>,
+        application: String,
+        state: String,
+        age: Duration,
+    },
+    SlotHoldsXmin {
+        slot: String,
+        active: bool,
+        transactions: i64,
+    },
+    DeadTuples {
+        dead: i64,
+        ratio: f64,
+    },
+}
+
+impl Finding {
+    fn key(&self) -> &'static str {
+        match self {
+            Finding::OldTransaction { .. } => "old_transaction",
+            Finding::SlotHoldsXmin { .. } => "slot",
+            Finding::DeadTuples { .. } => "dead_tuples",
+        }
+    }
+
+    fn warn(&self) {
+        match self {
+            Finding::OldTransaction {
+                pid,
+                application,
+                state,
+                age,
+            } => tracing::warn!(
+                ?pid,
+                application = %crate::redact::sanitize_error(application),
+                %state,
+                age = %humantime::format_duration(Duration::from_secs(age.as_secs())),
+                "a long transaction holds back the xmin horizon: vacuum cannot clean the outbox table until it ends"
+            ),
+            Finding::SlotHoldsXmin {
+                slot,
+                active,
+                transactions,
+            } => tracing::warn!(
+                slot = %slot,
+                active,
+                transactions,
+                "a replication slot holds back the xmin horizon: vacuum cannot clean the outbox table (drop the slot if it is abandoned)"
+            ),
+            Finding::DeadTuples { dead, ratio } => tracing::warn!(
+                dead,
+                ratio = format!("{ratio:.2}"),
+                "the outbox table is mostly dead tuples: autovacuum is not keeping up or is held back; claims slow down"
+            ),
+        }
+    }
+}
+
+/// The conditions `health` shows against `config`'s thresholds.
+pub fn findings(health: &DbHealth, config: &HealthConfig) -> Vec<Finding> {
+    let mut out = Vec::new();
+    if let Some(age) = health.oldest_xact_age_seconds {
+        let age = Duration::from_secs_f64(age.clamp(0.0, 1e9));
+        if age > config.max_transaction_age {
+            out.push(Finding::OldTransaction {
+                pid: health.oldest_xact_pid,
+                application: health.oldest_xact_application.clone().unwrap_or_default(),
+                state: health.oldest_xact_state.clone().unwrap_or_default(),
+                age,
+            });
+        }
+    }
+    if let (Some(slot), Some(age)) = (&health.slot_name, health.slot_xmin_age) {
+        if age > config.max_slot_xmin_age {
+            out.push(Finding::SlotHoldsXmin {
+                slot: slot.clone(),
+                active: health.slot_active.unwrap_or(false),
+                transactions: age,
+            });
+        }
+    }
+    if let (Some(ratio), Some(dead)) = (health.dead_tuple_ratio(), health.dead_tuples) {
+        if ratio > config.max_dead_tuple_ratio && dead >= config.min_dead_tuples {
+            out.push(Finding::DeadTuples { dead, ratio });
+        }
+    }
+    out
+}
+
+fn export(health: &DbHealth) {
+    gauge!(OLDEST_TRANSACTION_AGE).set(health.oldest_xact_age_seconds.unwrap_or(0.0));
+    gauge!(SLOT_XMIN_AGE).set(health.slot_xmin_age.unwrap_or(0) as f64);
+    gauge!(DEAD_TUPLES).set(health.dead_tuples.unwrap_or(0) as f64);
+    gauge!(DEAD_TUPLE_RATIO).set(health.dead_tuple_ratio().unwrap_or(0.0));
+}
+
+/// Describe the watch's gauges (with the rest, when a recorder is installed).
+pub fn describe() {
+    use metrics::describe_gauge;
+    describe_gauge!(
+        OLDEST_TRANSACTION_AGE,
+        metrics::Unit::Seconds,
+        "Age of the oldest transaction holding back the xmin horizon"
+    );
+    describe_gauge!(
+        SLOT_XMIN_AGE,
+        "Transactions by which a replication slot holds back the xmin horizon"
+    );
+    describe_gauge!(DEAD_TUPLES, "Dead tuples of the outbox table");
+    describe_gauge!(
+        DEAD_TUPLE_RATIO,
+        "Dead / (live + dead) tuples of the outbox table"
+    );
+    describe_gauge!(
+        LISTEN_WORKING,
+        "1 when LISTEN/NOTIFY reaches the relay, 0 when it relies on polling"
+    );
+}
+
+/// Read, export and warn every `config.interval` until `stop`.
+pub async fn watch(
+    store: &Store,
+    config: &HealthConfig,
+    stop: &tokio_util::sync::CancellationToken,
+) {
+    let mut warned: std::collections::HashMap<&'static str, Instant> = Default::default();
+    let mut failing = false;
+    loop {
+        match store.db_health().await {
+            Ok(h) => {
+                failing = false;
+                export(&h);
+                let found = findings(&h, config);
+                warned.retain(|k, _| found.iter().any(|f| f.key() == *k));
+                for f in found {
+                    let due = warned
+                        .get(f.key())
+                        .is_none_or(|at| at.elapsed() >= config.repeat_warning);
+                    if due {
+                        f.warn();
+                        warned.insert(f.key(), Instant::now());
+                    }
+                }
+            }
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(error = %crate::redact::sanitize_error(&e.to_string()), "reading database health failed; trying again next interval");
+            }
+            Err(_) => {}
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(config.interval) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thresholds_decide_the_findings() {
+        let config = HealthConfig::default();
+        let mut h = DbHealth {
+            oldest_xact_age_seconds: Some(10.0),
+            live_tuples: Some(1_000_000),
+            dead_tuples: Some(10),
+            ..Default::default()
+        };
+        assert!(findings(&h, &config).is_empty());
+        h.oldest_xact_age_seconds = Some(3600.0);
+        h.oldest_xact_application = Some("psql".into());
+        h.dead_tuples = Some(3_000_000);
+        h.slot_name = Some("old_slot".into());
+        h.slot_xmin_age = Some(200_000_000);
+        let f = findings(&h, &config);
+        assert_eq!(f.len(), 3, "{f:?}");
+        assert!(matches!(&f[2], Finding::DeadTuples { ratio, .. } if *ratio > 0.7));
+        // A small table churning is not a finding.
+        let small = DbHealth {
+            live_tuples: Some(10),
+            dead_tuples: Some(500),
+            ..Default::default()
+        };
+        assert!(findings(&small, &config).is_empty());
+    }
+
+    #[test]
+    fn config_errors_name_the_field() {
+        let bad = HealthConfig {
+            max_dead_tuple_ratio: 1.5,
+            ..Default::default()
+        };
+        assert_eq!(
+            bad.validate().unwrap_err().field,
+            "health.max_dead_tuple_ratio"
+        );
+        let bad = HealthConfig {
+            interval: Duration::ZERO,
+            ..Default::default()
+        };
+        assert_eq!(bad.validate().unwrap_err().field, "health.interval");
+    }
+}
