@@ -10,6 +10,9 @@
 //! - **scale**: 1, 2 and 4 relay processes draining N events together.
 //! - **ordered**: N events over A aggregates drained unordered, then with
 //!   `--ordered`, in the same run.
+//! - **sustained**: producers at a steady high rate for a long time, the relay
+//!   with retention on; the outbox's table and index size and dead tuples
+//!   sampled throughout, and the relay's peak RSS. (Not in the default set.)
 
 use crate::commands::{AnyError, Settings};
 use crate::pgcluster::TempCluster;
@@ -53,6 +56,12 @@ pub struct BenchArgs {
     /// Aggregates the ordered run spreads its events over
     #[arg(long, default_value_t = 10_000)]
     pub aggregates: i64,
+    /// Producer rate of the sustained run, events/s (batches of 100 per transaction)
+    #[arg(long, default_value_t = 5_000)]
+    pub sustained_rate: u64,
+    /// Length of the sustained run
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub sustained_duration: Duration,
     /// Which parts to run
     #[arg(
         long,
@@ -75,6 +84,7 @@ pub enum Part {
     Latency,
     Scale,
     Ordered,
+    Sustained,
 }
 
 const REDIS_DEFAULT: &str = "redis://127.0.0.1:6379";
@@ -87,6 +97,26 @@ struct Report {
     latency: Vec<Latency>,
     scale: Vec<Scale>,
     ordered: Option<Ordered>,
+    sustained: Option<Sustained>,
+}
+
+#[derive(Debug, Serialize)]
+struct Sustained {
+    rate: u64,
+    duration_s: f64,
+    events: u64,
+    /// Samples of the outbox table: seconds since the start, sizes, pending.
+    samples: Vec<Sample>,
+    relay_peak_rss_mb: f64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Sample {
+    at_s: f64,
+    table_bytes: i64,
+    index_bytes: i64,
+    dead_tuples: i64,
+    pending: i64,
 }
 
 #[derive(Debug, Serialize)]
@@ -224,6 +254,9 @@ async fn run_on(url: &str, args: &BenchArgs) -> Result<Report, AnyError> {
     if args.only.contains(&Part::Ordered) {
         report.ordered = Some(bench.ordered().await?);
     }
+    if args.only.contains(&Part::Sustained) {
+        report.sustained = Some(bench.sustained().await?);
+    }
     bench.reset().await?;
     sqlx::raw_sql(
         &bench
@@ -305,6 +338,130 @@ impl Bench<'_> {
             .seed(n, aggregates, &self.schema.render("{schema}.outbox"))
             .await?;
         Ok(store)
+    }
+
+    async fn sustained(&self) -> Result<Sustained, AnyError> {
+        let args = self.args;
+        let rate = args.sustained_rate.max(1);
+        eprintln!(
+            "sustained: {rate} events/s for {} with retention on…",
+            humantime::format_duration(args.sustained_duration)
+        );
+        self.reset().await?;
+        let store = self.store();
+        let config = std::env::temp_dir().join(format!(
+            "postbox-bench-sustained-{}.toml",
+            std::process::id()
+        ));
+        std::fs::write(
+            &config,
+            format!(
+                "[relay]\nbatch_size = {}\n[retention]\nenabled = true\nolder_than = \"5s\"\ninterval = \"2s\"\nbatch_size = 5000\npause = \"10ms\"\n",
+                args.batch_size
+            ),
+        )?;
+        let relay = std::process::Command::new(std::env::current_exe()?)
+            .args([
+                "--config",
+                config.to_str().unwrap_or_default(),
+                "relay",
+                "--sink",
+                &self.sink,
+            ])
+            .env("DATABASE_URL", self.url)
+            .env("POSTBOX_SCHEMA", self.schema.name())
+            .env("POSTBOX_LOG", "warn")
+            .env_remove("POSTBOX_CONFIG")
+            .stdout(std::process::Stdio::null())
+            .spawn()?;
+        let relay_pid = relay.id() as libc::pid_t;
+        let waited = tokio::task::spawn_blocking(move || wait_with_rusage(relay));
+
+        // Keep the Redis list from growing without bound: a consumer would.
+        let trimmer = redis_target(&self.sink).map(|(url, key)| {
+            tokio::spawn(async move {
+                let Ok(client) = redis::Client::open(url) else {
+                    return;
+                };
+                let Ok(mut c) = client.get_multiplexed_async_connection().await else {
+                    return;
+                };
+                loop {
+                    let _: Result<(), _> = c.del(&key).await;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            })
+        });
+
+        let started = Instant::now();
+        let deadline = started + args.sustained_duration;
+        let produced = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let producers = 4_u64;
+        let batch = 100_u64;
+        let mut tasks = Vec::new();
+        for p in 0..producers {
+            let pool = self.pool.clone();
+            let outbox = Outbox::new(self.schema.clone());
+            let produced = produced.clone();
+            let period = Duration::from_secs_f64((producers * batch) as f64 / rate as f64);
+            tasks.push(tokio::spawn(async move {
+                let mut tick = tokio::time::interval(period);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut i = 0_u64;
+                while Instant::now() < deadline {
+                    tick.tick().await;
+                    let events = (0..batch)
+                        .map(|_| {
+                            i += 1;
+                            NewEvent::new(
+                                "order.created",
+                                "order",
+                                format!("{p}-{i}"),
+                                &serde_json::json!({"p": p, "i": i, "note": "x".repeat(120)}),
+                            )
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let mut tx = pool.begin().await?;
+                    postbox::sqlx::enqueue_batch(&outbox, &mut tx, &events).await?;
+                    tx.commit().await?;
+                    produced.fetch_add(batch, std::sync::atomic::Ordering::Relaxed);
+                }
+                Ok::<_, AnyError>(())
+            }));
+        }
+        let every = (args.sustained_duration / 10).max(Duration::from_secs(1));
+        let mut samples = Vec::new();
+        while Instant::now() < deadline {
+            tokio::time::sleep(every.min(deadline.saturating_duration_since(Instant::now()))).await;
+            let size = store.table_size().await?;
+            let pending: i64 = store.pending().await?;
+            samples.push(Sample {
+                at_s: round2(started.elapsed().as_secs_f64()),
+                table_bytes: size.table_bytes,
+                index_bytes: size.index_bytes,
+                dead_tuples: size.dead_tuples,
+                pending,
+            });
+        }
+        for t in tasks {
+            t.await??;
+        }
+        // SAFETY: SIGTERM to our own child; the relay drains and exits.
+        unsafe {
+            libc::kill(relay_pid, libc::SIGTERM);
+        }
+        let (_, rss) = waited.await??;
+        if let Some(t) = trimmer {
+            t.abort();
+        }
+        let _ = std::fs::remove_file(&config);
+        Ok(Sustained {
+            rate,
+            duration_s: round2(started.elapsed().as_secs_f64()),
+            events: produced.load(std::sync::atomic::Ordering::Relaxed),
+            samples,
+            relay_peak_rss_mb: round2(rss),
+        })
     }
 
     async fn ordered(&self) -> Result<Ordered, AnyError> {
@@ -694,6 +851,24 @@ fn print_table(r: &Report) {
             "  --ordered                  {:>9.0} events/s   = {:.2} × unordered",
             o.ordered_events_per_s, o.ordered_vs_unordered
         );
+    }
+    if let Some(s) = &r.sustained {
+        println!();
+        println!(
+            "sustained ({} events/s for {:.0} s, {} events, retention on; relay peak RSS {:.1} MB)",
+            s.rate, s.duration_s, s.events, s.relay_peak_rss_mb
+        );
+        println!("  at s     table MB  indexes MB  dead tuples   pending");
+        for x in &s.samples {
+            println!(
+                "  {:>6.0} {:>10.1} {:>11.1} {:>12} {:>9}",
+                x.at_s,
+                x.table_bytes as f64 / 1e6,
+                x.index_bytes as f64 / 1e6,
+                x.dead_tuples,
+                x.pending
+            );
+        }
     }
     if !r.scale.is_empty() {
         println!();

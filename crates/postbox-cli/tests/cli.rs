@@ -351,6 +351,34 @@ async fn bench_runs_on_tiny_inputs() {
         .await
         .unwrap();
     assert_eq!(left, 0, "the bench schema is dropped afterwards");
+    // The sustained run: producers, the relay with retention, samples, RSS.
+    let out = ok(postbox(
+        &db,
+        &[
+            "bench",
+            "--only",
+            "sustained",
+            "--sustained-rate",
+            "400",
+            "--sustained-duration",
+            "3s",
+            "--bench-schema",
+            &schema,
+            "--sink",
+            &sink,
+            "--json",
+        ],
+    ));
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(r["sustained"]["events"].as_u64().unwrap() > 0, "{r}");
+    assert!(
+        !r["sustained"]["samples"].as_array().unwrap().is_empty(),
+        "{r}"
+    );
+    assert!(
+        r["sustained"]["relay_peak_rss_mb"].as_f64().unwrap() > 0.0,
+        "{r}"
+    );
     let refused = postbox(&db, &["bench", "--bench-schema", "postbox"]);
     assert!(
         stderr(&refused).contains("must contain \"bench\""),

@@ -148,8 +148,12 @@ async fn metrics_move_during_a_relay_run_and_health_endpoints_answer() {
         Some(0.0)
     );
     assert_eq!(sample(&scrape, "postbox_acks_lost_total"), Some(0.0));
-    // The LISTEN probe came back (a direct connection, no pooler).
-    assert_eq!(sample(&scrape, "postbox_listen_working"), Some(1.0));
+    // The LISTEN probe comes back (a direct connection, no pooler).
+    wait_for("the LISTEN probe to come back", Duration::from_secs(30), || {
+        let addr = addr.clone();
+        async move { sample(&get(&addr, "/metrics").await.1, "postbox_listen_working") == Some(1.0) }
+    })
+    .await;
     assert!(scrape.contains("# TYPE postbox_commit_to_delivery_seconds histogram"));
 
     // The gauges follow the table: make a dead letter and a pending event appear.

@@ -12,6 +12,7 @@ pub struct BenchStore {
     naive_select: String,
     naive_mark: String,
     table_size: String,
+    pending: String,
 }
 
 /// Sizes of the outbox table.
@@ -31,6 +32,7 @@ impl BenchStore {
             naive_select: schema.render(include_str!("sql/bench_naive_select.sql")),
             naive_mark: schema.render(include_str!("sql/bench_naive_mark.sql")),
             table_size: schema.render(include_str!("sql/bench_table_size.sql")),
+            pending: schema.render(include_str!("sql/bench_pending.sql")),
         }
     }
 
@@ -72,6 +74,13 @@ impl BenchStore {
             .execute(&mut *tx)
             .await?;
         tx.commit().await
+    }
+
+    /// Events not yet delivered (pending or in flight).
+    pub async fn pending(&self) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(&self.pending)
+            .fetch_one(&self.pool)
+            .await
     }
 
     pub async fn table_size(&self) -> Result<TableSize, sqlx::Error> {
