@@ -356,7 +356,7 @@ impl Bench<'_> {
         std::fs::write(
             &config,
             format!(
-                "[relay]\nbatch_size = {}\n[retention]\nenabled = true\nolder_than = \"5s\"\ninterval = \"2s\"\nbatch_size = 5000\npause = \"10ms\"\n",
+                "[relay]\nbatch_size = {}\n[retention]\nenabled = true\nolder_than = \"5s\"\ninterval = \"2s\"\nbatch_size = 5000\npause = \"10ms\"\nvacuum = true\n",
                 args.batch_size
             ),
         )?;

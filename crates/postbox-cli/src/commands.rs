@@ -523,6 +523,7 @@ async fn purge(settings: &Settings, args: PurgeArgs) -> Result<ExitCode, AnyErro
         batch_size: args.batch_size.unwrap_or(file.batch_size),
         pause: args.pause.unwrap_or(file.pause),
         interval: file.interval,
+        vacuum: file.vacuum,
     };
     config.validate()?;
     let pool = settings.pool("postbox-purge").await?;

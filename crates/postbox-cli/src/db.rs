@@ -28,9 +28,12 @@ pub fn options(url: Option<&str>, application: &str) -> Result<PgConnectOptions,
     let options = PgConnectOptions::from_str(url).map_err(|e| DbError::Invalid {
         reason: postbox_relay::redact::sanitize_error(&e.to_string()),
     })?;
+    // Statements over a second (a VACUUM, a claim behind a lock) are logged at
+    // debug: the metrics and the health watch are where slowness is reported.
     Ok(options
         .application_name(application)
-        .log_statements(tracing::log::LevelFilter::Trace))
+        .log_statements(tracing::log::LevelFilter::Trace)
+        .log_slow_statements(tracing::log::LevelFilter::Debug, Duration::from_secs(1)))
 }
 
 /// Where a URL points, for messages: host, port and database, never credentials.

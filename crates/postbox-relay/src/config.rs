@@ -99,7 +99,7 @@ impl RelayConfig {
         if self.lease < Duration::from_secs(1) {
             return Err(ConfigError::new(f("lease"), "must be at least 1s"));
         }
-        if self.publish_timeout * 2 >= self.lease {
+        if self.publish_timeout.saturating_mul(2) >= self.lease {
             return Err(ConfigError::new(
                 f("publish_timeout"),
                 format!(

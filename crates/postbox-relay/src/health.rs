@@ -123,6 +123,7 @@ pub enum Finding {
         dead: i64,
         ratio: f64,
     },
+    AutovacuumOff,
 }
 
 impl Finding {
@@ -131,6 +132,7 @@ impl Finding {
             Finding::OldTransaction { .. } => "old_transaction",
             Finding::SlotHoldsXmin { .. } => "slot",
             Finding::DeadTuples { .. } => "dead_tuples",
+            Finding::AutovacuumOff => "autovacuum_off",
         }
     }
 
@@ -158,6 +160,9 @@ impl Finding {
                 transactions,
                 "a replication slot holds back the xmin horizon: vacuum cannot clean the outbox table (drop the slot if it is abandoned)"
             ),
+            Finding::AutovacuumOff => tracing::warn!(
+                "autovacuum is off on this server: the outbox's dead rows are never cleaned unless something vacuums it; turn autovacuum on, or set retention.vacuum = true"
+            ),
             Finding::DeadTuples { dead, ratio } => tracing::warn!(
                 dead,
                 ratio = format!("{ratio:.2}"),
@@ -170,6 +175,9 @@ impl Finding {
 /// The conditions `health` shows against `config`'s thresholds.
 pub fn findings(health: &DbHealth, config: &HealthConfig) -> Vec<Finding> {
     let mut out = Vec::new();
+    if !health.autovacuum {
+        out.push(Finding::AutovacuumOff);
+    }
     if let Some(age) = health.oldest_xact_age_seconds {
         let age = Duration::from_secs_f64(age.clamp(0.0, 1e9));
         if age > config.max_transaction_age {
@@ -274,6 +282,7 @@ mod tests {
     fn thresholds_decide_the_findings() {
         let config = HealthConfig::default();
         let mut h = DbHealth {
+            autovacuum: true,
             oldest_xact_age_seconds: Some(10.0),
             live_tuples: Some(1_000_000),
             dead_tuples: Some(10),
@@ -290,11 +299,14 @@ mod tests {
         assert!(matches!(&f[2], Finding::DeadTuples { ratio, .. } if *ratio > 0.7));
         // A small table churning is not a finding.
         let small = DbHealth {
+            autovacuum: true,
             live_tuples: Some(10),
             dead_tuples: Some(500),
             ..Default::default()
         };
         assert!(findings(&small, &config).is_empty());
+        let off = DbHealth::default();
+        assert_eq!(findings(&off, &config), vec![Finding::AutovacuumOff]);
     }
 
     #[test]

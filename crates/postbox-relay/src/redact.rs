@@ -5,8 +5,8 @@ pub const MAX_ERROR_BYTES: usize = 512;
 
 /// Mask credentials in an error text and bound its length: URL user-info
 /// (`scheme://user:pass@host` → `scheme://***@host`), `Bearer`/`Basic`
-/// authorization values, and `password=`/`token=`/`secret=`/`key=` style
-/// parameters. Control characters become spaces.
+/// authorization values, `password=`/`token=`/`secret=`/`key=` style
+/// parameters and `whsec_…` webhook secrets. Control characters become spaces.
 pub fn sanitize_error(text: &str) -> String {
     let mut out = mask_secrets(text);
     if out.len() > MAX_ERROR_BYTES {
@@ -55,7 +55,7 @@ fn mask_url_userinfo(text: &str) -> String {
 }
 
 fn mask_after_words(text: &str) -> String {
-    const WORDS: [&str; 8] = [
+    const WORDS: [&str; 9] = [
         "bearer ",
         "basic ",
         "password=",
@@ -64,6 +64,8 @@ fn mask_after_words(text: &str) -> String {
         "secret=",
         "key=",
         "authorization: ",
+        // A Standard Webhooks signing secret (`whsec_<base64>`).
+        "whsec_",
     ];
     let lower = text.to_ascii_lowercase();
     let mut out = String::with_capacity(text.len());

@@ -838,13 +838,20 @@ async fn retention_loop(shared: Arc<Shared>, config: RetentionConfig, stop: Canc
             _ = stop.cancelled() => return,
         }
         match retention::purge(&shared.store, &config, &stop, |_| {}).await {
-            Ok(r) if r.outbox + r.inbox + r.idempotency_keys > 0 => tracing::info!(
-                outbox = r.outbox,
-                inbox = r.inbox,
-                idempotency_keys = r.idempotency_keys,
-                archived = config.archive,
-                "retention removed old rows"
-            ),
+            Ok(r) if r.outbox + r.inbox + r.idempotency_keys > 0 => {
+                tracing::info!(
+                    outbox = r.outbox,
+                    inbox = r.inbox,
+                    idempotency_keys = r.idempotency_keys,
+                    archived = config.archive,
+                    "retention removed old rows"
+                );
+                if config.vacuum && r.outbox > 0 {
+                    if let Err(e) = shared.store.vacuum_outbox().await {
+                        tracing::warn!(error = %sanitize_error(&e.to_string()), "VACUUM of the outbox after retention failed (retention.vacuum needs the table's owner)");
+                    }
+                }
+            }
             Ok(_) => {}
             Err(e) => {
                 tracing::warn!(error = %sanitize_error(&e.to_string()), "retention pass failed; trying again next interval")

@@ -37,6 +37,11 @@ pub struct RetentionConfig {
     /// How often the relay runs a retention pass.
     #[serde(with = "humantime_serde")]
     pub interval: Duration,
+    /// After a relay pass that removed events, `VACUUM (ANALYZE)` the outbox so
+    /// the space is reused at once — for databases where autovacuum is off or
+    /// too slow for the outbox's churn. Needs the table's owner (the relay
+    /// role is not); off by default.
+    pub vacuum: bool,
 }
 
 impl Default for RetentionConfig {
@@ -49,6 +54,7 @@ impl Default for RetentionConfig {
             batch_size: 5_000,
             pause: Duration::from_millis(100),
             interval: Duration::from_secs(600),
+            vacuum: false,
         }
     }
 }

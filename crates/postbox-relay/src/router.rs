@@ -25,7 +25,8 @@ use std::time::Duration;
 pub const DEFAULT_DESTINATION: &str = "default";
 
 /// An event-type pattern: an exact name, or a glob where `*` matches any run
-/// of characters (dots included) and `?` exactly one.
+/// of characters (dots included) and `?` exactly one character (as `%` and `_`
+/// do in SQL `LIKE`, which the ordered claim uses: see [`Pattern::like`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pattern(String);
 
@@ -41,7 +42,13 @@ impl Pattern {
     }
 
     pub fn matches(&self, event_type: &str) -> bool {
-        glob_match(self.0.as_bytes(), event_type.as_bytes())
+        if self.0.is_ascii() && event_type.is_ascii() {
+            glob_match(self.0.as_bytes(), event_type.as_bytes(), b'*', b'?')
+        } else {
+            let pattern: Vec<char> = self.0.chars().collect();
+            let text: Vec<char> = event_type.chars().collect();
+            glob_match(&pattern, &text, '*', '?')
+        }
     }
 
     /// The same pattern for SQL `LIKE` (with `\` as the escape character).
@@ -62,17 +69,17 @@ impl Pattern {
     }
 }
 
-/// Iterative glob match with backtracking to the last `*` (linear in practice).
-fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
+/// Iterative glob match with backtracking to the last `*` (linear in practice),
+/// over characters (bytes when both sides are ASCII), so that `?` is one
+/// character, as `_` is for `LIKE`.
+fn glob_match<T: Copy + PartialEq>(pattern: &[T], text: &[T], any_run: T, any_one: T) -> bool {
     let (mut p, mut t) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
     while t < text.len() {
-        if p < pattern.len() && pattern[p] == b'*' {
+        if p < pattern.len() && pattern[p] == any_run {
             star = Some((p, t));
             p += 1;
-        } else if p < pattern.len() && (pattern[p] == b'?' || pattern[p] == text[t]) {
-            // `?` matches one byte; event types are matched byte-wise, so a
-            // multi-byte character needs as many `?`.
+        } else if p < pattern.len() && (pattern[p] == any_one || pattern[p] == text[t]) {
             p += 1;
             t += 1;
         } else if let Some((sp, st)) = star {
@@ -83,7 +90,7 @@ fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
             return false;
         }
     }
-    pattern[p..].iter().all(|&b| b == b'*')
+    pattern[p..].iter().all(|&c| c == any_run)
 }
 
 /// What happens to an ordered aggregate when one of its events becomes a dead letter.

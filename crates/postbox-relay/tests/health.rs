@@ -76,3 +76,45 @@ async fn a_long_transaction_and_dead_tuples_are_seen() {
         .any(|f| matches!(f, Finding::DeadTuples { .. })));
     db.drop_schema().await;
 }
+
+#[tokio::test]
+async fn retention_with_vacuum_vacuums_the_outbox_after_removing_events() {
+    let db = TestDb::new().await;
+    enqueue(&db, 50).await;
+    let retention = postbox_relay::RetentionConfig {
+        enabled: true,
+        older_than: Duration::from_millis(1),
+        interval: Duration::from_millis(200),
+        pause: Duration::from_millis(1),
+        vacuum: true,
+        ..Default::default()
+    };
+    let relay = postbox_relay::Relay::new(store(&db), ScriptedSink::delivering(), fast_config())
+        .unwrap()
+        .with_retention(retention)
+        .unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let run = relay.run(postbox_relay::RunMode::Forever, stop.clone());
+    let check = async {
+        wait_for(
+            "the outbox vacuumed by retention",
+            Duration::from_secs(30),
+            || async {
+                let vacuumed: Option<bool> = sqlx::query_scalar(
+                    "SELECT last_vacuum IS NOT NULL FROM pg_stat_user_tables \
+                 WHERE schemaname = $1 AND relname = 'outbox'",
+                )
+                .bind(db.schema.name())
+                .fetch_optional(&db.pool)
+                .await
+                .unwrap();
+                vacuumed == Some(true)
+            },
+        )
+        .await;
+        assert_eq!(db.count("SELECT count(*) FROM {schema}.outbox").await, 0);
+        stop.cancel();
+    };
+    tokio::join!(run, check);
+    db.drop_schema().await;
+}

@@ -4,6 +4,7 @@ mod support;
 
 mod engine;
 mod health;
+mod hostile;
 mod ordering;
 mod quarantine;
 mod redis_sink;

@@ -153,3 +153,18 @@ pub async fn redis() -> redis::aio::MultiplexedConnection {
         .await
         .expect("connect to Redis (is it running? see DEVELOPERS.md)")
 }
+
+/// Property-test settings shared by the suites: `cases` cases (or
+/// `PROPTEST_CASES` to run longer), and no regression files written into the
+/// source tree (a failure prints its shrunk input instead).
+pub fn proptest_config(cases: u32) -> proptest::test_runner::Config {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(cases);
+    proptest::test_runner::Config {
+        cases,
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
+    }
+}

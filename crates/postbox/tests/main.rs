@@ -1,6 +1,7 @@
 //! The library's integration tests, against a real PostgreSQL (one schema per test).
 
 mod enqueue;
+mod hostile;
 mod idempotency;
 mod inbox;
 mod migrate;

@@ -219,9 +219,12 @@ impl HttpOptions {
         self.static_headers()?;
         if let Some(name) = &self.secret_env {
             if name.is_empty() || name.contains(['=', '\0']) {
+                // Not echoed: a value with `=` here is likely the secret itself
+                // (base64 padding), put where its variable's name belongs.
                 return Err(field_error(
                     "secret_env",
-                    format!("{name:?} is not an environment variable name"),
+                    "is not an environment variable name (it is empty or holds '=' or NUL): \
+                     name the variable that holds the secrets, not a secret",
                 ));
             }
         }

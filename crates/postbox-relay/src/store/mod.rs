@@ -23,6 +23,7 @@ struct Queries {
     destination_counts: String,
     db_health: String,
     notify_probe: String,
+    vacuum_outbox: String,
     ack_delivered: String,
     settle_failed: String,
     release: String,
@@ -47,6 +48,7 @@ impl Queries {
             destination_counts: schema.render(include_str!("sql/destination_counts.sql")),
             db_health: include_str!("sql/db_health.sql").to_owned(),
             notify_probe: include_str!("sql/notify_probe.sql").to_owned(),
+            vacuum_outbox: schema.render(include_str!("sql/vacuum_outbox.sql")),
             ack_delivered: schema.render(include_str!("sql/ack_delivered.sql")),
             settle_failed: schema.render(include_str!("sql/settle_failed.sql")),
             release: schema.render(include_str!("sql/release.sql")),
@@ -577,6 +579,8 @@ pub struct DbHealth {
     pub slot_xmin_age: Option<i64>,
     pub live_tuples: Option<i64>,
     pub dead_tuples: Option<i64>,
+    /// The server's `autovacuum` setting.
+    pub autovacuum: bool,
 }
 
 impl DbHealth {
@@ -605,7 +609,16 @@ impl Store {
             slot_xmin_age: r.try_get(6)?,
             live_tuples: r.try_get(7)?,
             dead_tuples: r.try_get(8)?,
+            autovacuum: r.try_get(9)?,
         })
+    }
+
+    /// `VACUUM (ANALYZE)` the outbox table (needs its owner).
+    pub async fn vacuum_outbox(&self) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(&self.sql.vacuum_outbox)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     /// Send a notification with `payload` on the relays' channel.
@@ -639,13 +652,22 @@ fn decode_error(column: &str, e: serde_json::Error) -> sqlx::Error {
 }
 
 /// Headers are a JSON object; values that are not strings travel as their JSON text.
+///
+/// Values are read raw first: serde_json reads a raw value of any depth, while
+/// a `Value` stops at 128 levels, and a row that fails to decode fails the
+/// claim of its whole batch. A value too deep for `Value` travels verbatim.
 fn header_map(json: &str) -> Result<BTreeMap<String, String>, serde_json::Error> {
-    let map: BTreeMap<String, serde_json::Value> = serde_json::from_str(json)?;
-    Ok(map
-        .into_iter()
-        .map(|(k, v)| match v {
-            serde_json::Value::String(s) => (k, s),
-            other => (k, other.to_string()),
+    let map: BTreeMap<String, Box<RawValue>> = serde_json::from_str(json)?;
+    map.into_iter()
+        .map(|(k, raw)| {
+            let text = raw.get();
+            let value = if text.starts_with('"') {
+                serde_json::from_str::<String>(text)?
+            } else {
+                serde_json::from_str::<serde_json::Value>(text)
+                    .map_or_else(|_| text.to_owned(), |v| v.to_string())
+            };
+            Ok((k, value))
         })
-        .collect())
+        .collect()
 }

@@ -1,7 +1,8 @@
 -- What degrades a queue table in production, in one read of the statistics
 -- views: the oldest transaction holding back the xmin horizon (vacuum cannot
 -- remove dead rows newer than it), the replication slot holding it back the
--- most, and the outbox table's live and dead tuples. $1 is the schema name.
+-- most, the outbox table's live and dead tuples, and whether autovacuum is
+-- on at all. $1 is the schema name.
 -- Without pg_monitor (or pg_read_all_stats) other roles' sessions are hidden
 -- from pg_stat_activity, and the first columns are NULL.
 WITH oldest AS (
@@ -24,7 +25,8 @@ tup AS (
     WHERE schemaname = $1 AND relname = 'outbox')
 SELECT oldest.pid, oldest.application_name, oldest.state, oldest.age,
        slot.slot_name, slot.active, slot.xmin_age,
-       tup.n_live_tup, tup.n_dead_tup
+       tup.n_live_tup, tup.n_dead_tup,
+       current_setting('autovacuum')::bool
 FROM (SELECT 1) AS one
 LEFT JOIN oldest ON true
 LEFT JOIN slot ON true
