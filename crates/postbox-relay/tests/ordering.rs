@@ -5,6 +5,7 @@
 use crate::support::*;
 use async_trait::async_trait;
 use postbox::{NewEvent, Outbox, SequenceCheck};
+use postbox_relay::store::dlq::{Action, Applied, Selection};
 use postbox_relay::{
     Message, Outcome, PoisonPolicy, Relay, RelayConfig, Router, RunMode, Sink, SinkError,
 };
@@ -121,6 +122,20 @@ fn ordered_relay(
     Relay::with_router(store(db), Router::single(sink).all_ordered(poison), config).unwrap()
 }
 
+/// One ordered relay with `poison`, drained.
+async fn drain_ordered(db: &TestDb, sink: &Arc<OrderSink>, poison: PoisonPolicy) {
+    drain_all(&[ordered_relay(db, sink.clone(), poison, fast_config())]).await;
+}
+
+/// An operator's replay or discard of dead letters, as `postbox dlq` does it.
+async fn operator(db: &TestDb, selection: Selection, action: Action) -> Applied {
+    store(db)
+        .dead_letters()
+        .apply(&selection, &action, "test", 100, |_| {})
+        .await
+        .unwrap()
+}
+
 async fn drain_all(relays: &[Relay]) {
     let runs = relays
         .iter()
@@ -209,13 +224,7 @@ async fn a_poisoned_aggregate_blocks_only_itself_until_an_operator_discards_it()
     let db = TestDb::new().await;
     enqueue_aggregates(&db, 50, 5).await;
     let sink = poisoning("acc-7", 2);
-    drain_all(&[ordered_relay(
-        &db,
-        sink.clone(),
-        PoisonPolicy::Block,
-        fast_config(),
-    )])
-    .await;
+    drain_ordered(&db, &sink, PoisonPolicy::Block).await;
     assert_eq!(
         sink.delivered("acc-7"),
         vec![1],
@@ -236,8 +245,8 @@ async fn a_poisoned_aggregate_blocks_only_itself_until_an_operator_discards_it()
     );
 
     // The operator discards the dead letter: the aggregate goes on.
-    let dlq = store(&db).dead_letters();
-    let dead: Vec<uuid::Uuid> = dlq
+    let dead: Vec<uuid::Uuid> = store(&db)
+        .dead_letters()
         .list(&Default::default(), 10)
         .await
         .unwrap()
@@ -245,24 +254,15 @@ async fn a_poisoned_aggregate_blocks_only_itself_until_an_operator_discards_it()
         .map(|d| d.event_id)
         .collect();
     assert_eq!(dead.len(), 1);
-    dlq.apply(
-        &postbox_relay::store::dlq::Selection::Ids(dead),
-        &postbox_relay::store::dlq::Action::Discard {
+    operator(
+        &db,
+        Selection::Ids(dead),
+        Action::Discard {
             reason: "bad data, fixed by hand".into(),
         },
-        "test",
-        100,
-        |_| {},
     )
-    .await
-    .unwrap();
-    drain_all(&[ordered_relay(
-        &db,
-        sink.clone(),
-        PoisonPolicy::Block,
-        fast_config(),
-    )])
     .await;
+    drain_ordered(&db, &sink, PoisonPolicy::Block).await;
     assert_eq!(sink.delivered("acc-7"), vec![1, 3, 4, 5]);
     db.drop_schema().await;
 }
@@ -283,34 +283,12 @@ async fn a_replayed_blocking_dead_letter_is_delivered_before_its_successors() {
             Outcome::Delivered
         }
     });
-    drain_all(&[ordered_relay(
-        &db,
-        sink.clone(),
-        PoisonPolicy::Block,
-        fast_config(),
-    )])
-    .await;
+    drain_ordered(&db, &sink, PoisonPolicy::Block).await;
     assert_eq!(sink.delivered("acc-1"), vec![1]);
     fixed.store(true, std::sync::atomic::Ordering::SeqCst);
-    let dlq = store(&db).dead_letters();
-    let applied = dlq
-        .apply(
-            &postbox_relay::store::dlq::Selection::All(Default::default()),
-            &postbox_relay::store::dlq::Action::Replay,
-            "test",
-            100,
-            |_| {},
-        )
-        .await
-        .unwrap();
+    let applied = operator(&db, Selection::All(Default::default()), Action::Replay).await;
     assert_eq!(applied.count, 1);
-    drain_all(&[ordered_relay(
-        &db,
-        sink.clone(),
-        PoisonPolicy::Block,
-        fast_config(),
-    )])
-    .await;
+    drain_ordered(&db, &sink, PoisonPolicy::Block).await;
     assert_eq!(sink.delivered("acc-1"), vec![1, 2, 3, 4]);
     db.drop_schema().await;
 }
@@ -320,13 +298,7 @@ async fn skip_lets_the_aggregate_go_on_and_the_consumer_sees_the_gap() {
     let db = TestDb::new().await;
     enqueue_aggregates(&db, 4, 4).await;
     let sink = poisoning("acc-2", 2);
-    drain_all(&[ordered_relay(
-        &db,
-        sink.clone(),
-        PoisonPolicy::Skip,
-        fast_config(),
-    )])
-    .await;
+    drain_ordered(&db, &sink, PoisonPolicy::Skip).await;
     assert_eq!(sink.delivered("acc-2"), vec![1, 3, 4]);
     assert_eq!(
         db.count("SELECT count(*) FROM {schema}.outbox WHERE status = 'failed'")
