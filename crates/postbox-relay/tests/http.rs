@@ -130,18 +130,7 @@ impl Receiver {
             .fallback(handle)
             .layer(axum::extract::DefaultBodyLimit::max(64 * 1024 * 1024))
             .with_state(state.clone());
-        let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(async move {
-            use axum::serve::ListenerExt;
-            let listener = listener.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.await;
-                })
-                .await;
-        });
+        let stop = postbox_testkit::serve_http(listener, app);
         Self {
             addr,
             state,

@@ -168,3 +168,25 @@ pub fn proptest_config(cases: u32) -> proptest::test_runner::Config {
         ..proptest::test_runner::Config::default()
     }
 }
+
+/// Serve `app` on `listener` (with `TCP_NODELAY`) until the returned sender is
+/// dropped or fired: the HTTP servers tests start (receivers, the QStash
+/// stand-in) all run this way.
+pub fn serve_http(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+) -> tokio::sync::oneshot::Sender<()> {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        use axum::serve::ListenerExt;
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    stop
+}
