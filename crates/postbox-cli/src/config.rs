@@ -61,6 +61,40 @@ pub struct FileConfig {
     /// `[health]`: the relay's database health watch (on by default).
     #[serde(default)]
     pub health: HealthConfig,
+    /// `[redact]`: payload paths and headers masked wherever an event is shown.
+    #[serde(default)]
+    pub redact: RedactSection,
+}
+
+/// `[redact]`: what `postbox dlq show` and the console mask.
+///
+/// ```toml
+/// [redact]
+/// paths = ["card.number", "customer.email", "items[*].ssn", "**.password"]
+/// headers = ["authorization"]
+/// ```
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedactSection {
+    #[serde(default)]
+    pub paths: Vec<String>,
+    #[serde(default)]
+    pub headers: Vec<String>,
+}
+
+impl RedactSection {
+    /// The redactor; an unparsable path is named by its field, e.g. `redact.paths[1]`.
+    pub fn redactor(&self) -> Result<postbox_relay::redact::PayloadRedactor, String> {
+        for (i, path) in self.paths.iter().enumerate() {
+            if let Err(e) = postbox_relay::redact::PayloadRedactor::new(std::slice::from_ref(path))
+            {
+                return Err(format!("redact.paths[{i}]: {e}"));
+            }
+        }
+        let redactor = postbox_relay::redact::PayloadRedactor::new(&self.paths)
+            .map_err(|e| format!("redact.paths: {e}"))?;
+        Ok(redactor.with_headers(&self.headers))
+    }
 }
 
 /// `[sink]`, and each `[destinations.NAME]`.
@@ -104,7 +138,7 @@ impl FileConfig {
 
     /// Parse TOML; the message names the offending key and line.
     pub fn parse(text: &str) -> Result<Self, String> {
-        toml::from_str(text).map_err(|e| {
+        let config: Self = toml::from_str(text).map_err(|e| {
             // toml's message quotes the offending line, which could hold a secret.
             let span = e.span().map(|s| {
                 let line = text[..s.start.min(text.len())].matches('\n').count() + 1;
@@ -114,7 +148,9 @@ impl FileConfig {
             // string "postgres://u:pw@…"`): mask credentials in it.
             let message = postbox_relay::redact::mask_secrets(e.message());
             format!("{message}{}", span.unwrap_or_default())
-        })
+        })?;
+        config.redact.redactor()?;
+        Ok(config)
     }
 }
 
@@ -147,6 +183,18 @@ mod tests {
         let err = FileConfig::parse("database_url = \"postgres://u:hunter2@h/db\"\nextra = 1\n")
             .unwrap_err();
         assert!(!err.contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn names_a_bad_redaction_path() {
+        let err =
+            FileConfig::parse("[redact]\npaths = [\"card.number\", \"items[x]\"]\n").unwrap_err();
+        assert!(err.starts_with("redact.paths[1]: "), "{err}");
+        let c = FileConfig::parse(
+            "[redact]\npaths = [\"card.number\"]\nheaders = [\"Authorization\"]\n",
+        )
+        .unwrap();
+        assert!(!c.redact.redactor().unwrap().is_empty());
     }
 }
 

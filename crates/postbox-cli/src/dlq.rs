@@ -6,6 +6,7 @@
 use crate::commands::{AnyError, Settings};
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
+use postbox_relay::redact::PayloadRedactor;
 use postbox_relay::store::dlq::{
     Action, AuditEntry, DeadLetter, DeadLetters, EventDetail, Filter, Progress, Selection,
 };
@@ -154,7 +155,10 @@ pub async fn run(settings: &Settings, args: DlqArgs) -> Result<ExitCode, AnyErro
     let dlq = Store::new(pool, settings.schema.clone()).dead_letters();
     match args.command {
         DlqCommand::List(a) => list(&dlq, a).await,
-        DlqCommand::Show(a) => show(&dlq, a).await,
+        DlqCommand::Show(a) => {
+            let redactor = settings.file.redact.redactor()?;
+            show(&dlq, a, &redactor).await
+        }
         DlqCommand::Replay(a) => {
             let action = if a.new_id {
                 Action::ReplayAsNew
@@ -204,10 +208,16 @@ fn print_row(r: &DeadLetter) {
     );
 }
 
-async fn show(dlq: &DeadLetters, args: ShowArgs) -> Result<ExitCode, AnyError> {
-    let Some(event) = dlq.show(args.event_id).await? else {
+async fn show(
+    dlq: &DeadLetters,
+    args: ShowArgs,
+    redactor: &PayloadRedactor,
+) -> Result<ExitCode, AnyError> {
+    let Some(mut event) = dlq.show(args.event_id).await? else {
         return Err(format!("no event {} in this schema", args.event_id).into());
     };
+    redactor.redact(&mut event.payload);
+    redactor.redact_headers(&mut event.headers);
     let history = dlq.audit_log(100, Some(args.event_id)).await?;
     if args.json {
         let mut v = serde_json::to_value(&event)?;

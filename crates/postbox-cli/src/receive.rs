@@ -60,6 +60,10 @@ pub struct ReceiveArgs {
     /// How long a delivery waits for a database connection before it is answered 503
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
     pub db_timeout: Duration,
+    /// Serve Prometheus /metrics (postbox_inbox_duplicates_total), /healthz and
+    /// /readyz on ADDR, a port apart from the deliveries
+    #[arg(long, env = "POSTBOX_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
 }
 
 /// The signature scheme `--verify` selects.
@@ -164,6 +168,16 @@ pub async fn run(settings: &Settings, args: ReceiveArgs) -> Result<ExitCode, Any
 
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
+    if let Some(addr) = &args.metrics_listen {
+        let store = postbox_relay::Store::new(pool.clone(), settings.schema.clone());
+        let endpoint = crate::observe::Endpoint::bind(addr, store, Vec::new()).await?;
+        metrics::counter!(postbox_relay::metrics::INBOX_DUPLICATES, "consumer" => args.consumer.clone())
+            .absolute(0);
+        if let Some(addr) = endpoint.local_addr() {
+            tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+        }
+        tokio::spawn(endpoint.serve(shutdown.clone()));
+    }
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
@@ -484,6 +498,7 @@ mod tests {
             url: Some("https://x".to_owned()),
             max_body_bytes: 1,
             db_timeout: Duration::from_secs(1),
+            metrics_listen: None,
         };
         assert!(matches!(
             verifier(&args),

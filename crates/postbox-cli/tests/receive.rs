@@ -370,7 +370,23 @@ async fn stored(db: &TestDb) -> i64 {
 #[tokio::test]
 async fn a_verified_delivery_is_stored_once_and_a_repeat_is_a_duplicate() {
     let db = TestDb::new().await;
-    let receiver = Setup::webhooks(&db).start().await;
+    let metrics_port = free_port();
+    let receiver = Setup::webhooks(&db)
+        .arg("--metrics-listen")
+        .arg(&format!("127.0.0.1:{metrics_port}"))
+        .start()
+        .await;
+    let duplicates = |n: u32| {
+        let series = format!("postbox_inbox_duplicates_total{{consumer=\"billing\"}} {n}");
+        async move {
+            let scrape = get(metrics_port, "/metrics")
+                .await
+                .expect("scrape /metrics");
+            assert_eq!(scrape.status, 200);
+            scrape.body.lines().any(|l| l == series)
+        }
+    };
+    assert!(duplicates(0).await, "the counter starts at zero");
     let body = br#"{"type": "order.created", "order_id": 42}"#;
     let mut headers = webhooks_headers(SECRET, "msg_stored_once", now(), body);
     headers.push(("Authorization".to_owned(), "Bearer do-not-store".to_owned()));
@@ -393,6 +409,7 @@ async fn a_verified_delivery_is_stored_once_and_a_repeat_is_a_duplicate() {
         "{again:?}"
     );
     assert_eq!(stored(&db).await, 1);
+    assert!(duplicates(1).await, "the duplicate is counted");
 
     let row: (String, String, Vec<u8>, Value, bool) = sqlx::query_as(&db.sql(
         "SELECT consumer, event_id, body, headers, processed_at IS NULL FROM {schema}.received",

@@ -5,6 +5,7 @@ mod support;
 mod engine;
 mod health;
 mod hostile;
+mod metrics;
 mod ordering;
 mod quarantine;
 mod redis_sink;

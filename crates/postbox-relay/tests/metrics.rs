@@ -1,0 +1,129 @@
+//! The counters operators alert on move when their events happen: a lease
+//! that expires under a slow publish is reclaimed, and the stale holder's
+//! acknowledgement is lost to the newer claim.
+
+use crate::support::{enqueue, fast_config, store};
+use async_trait::async_trait;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use postbox_relay::{metrics as m, Message, Outcome, Relay, RunMode, Sink, SinkError};
+use postbox_testkit::{wait_for, TestDb};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// Delivers everything; its first publish waits for `gate`.
+struct FirstCallHeld {
+    calls: AtomicUsize,
+    entered: Notify,
+    gate: Notify,
+}
+
+#[async_trait]
+impl Sink for FirstCallHeld {
+    fn describe(&self) -> String {
+        "first-call-held".into()
+    }
+
+    async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+            self.entered.notify_one();
+            self.gate.notified().await;
+        }
+        vec![Outcome::Delivered; batch.len()]
+    }
+
+    async fn check(&self) -> Result<(), SinkError> {
+        Ok(())
+    }
+}
+
+/// Counter totals: the debugging recorder's snapshots reset counters, so
+/// every reading is added up here.
+struct Counters {
+    snapshotter: Snapshotter,
+    totals: Mutex<HashMap<String, u64>>,
+}
+
+impl Counters {
+    fn get(&self, name: &str) -> u64 {
+        let mut totals = self.totals.lock().unwrap();
+        for (key, _, _, value) in self.snapshotter.snapshot().into_vec() {
+            if let DebugValue::Counter(n) = value {
+                *totals.entry(key.key().name().to_owned()).or_default() += n;
+            }
+        }
+        totals.get(name).copied().unwrap_or(0)
+    }
+}
+
+#[test]
+fn a_reclaimed_lease_and_a_lost_ack_are_counted() {
+    let recorder = DebuggingRecorder::new();
+    let counters = Counters {
+        snapshotter: recorder.snapshotter(),
+        totals: Mutex::default(),
+    };
+    // A local recorder sees what this thread records; a current-thread runtime
+    // keeps the relay's tasks on it.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let stats = metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let db = TestDb::new().await;
+            enqueue(&db, 10).await;
+            let sink = Arc::new(FirstCallHeld {
+                calls: AtomicUsize::new(0),
+                entered: Notify::new(),
+                gate: Notify::new(),
+            });
+            let relay = Relay::new(store(&db), sink.clone(), fast_config()).unwrap();
+            let stop = CancellationToken::new();
+            let run = tokio::spawn({
+                let stop = stop.clone();
+                async move { relay.run(RunMode::Forever, stop).await }
+            });
+            sink.entered.notified().await;
+
+            // The publish outlives the lease: the rescuer hands the events back.
+            db.exec("UPDATE {schema}.outbox SET lease_expires_at = now() - interval '1 second'")
+                .await;
+            wait_for(
+                "the expired lease to be reclaimed",
+                Duration::from_secs(30),
+                || async { counters.get(m::LEASES_RECLAIMED) == 10 },
+            )
+            .await;
+            // The stale publish returns: its acknowledgement is refused, and a
+            // newer claim delivers the events.
+            sink.gate.notify_one();
+            wait_for(
+                "the stale acknowledgement to be lost",
+                Duration::from_secs(30),
+                || async { counters.get(m::ACKS_LOST) == 10 },
+            )
+            .await;
+            wait_for(
+                "the newer claim to deliver",
+                Duration::from_secs(30),
+                || async {
+                    db.count("SELECT count(*) FROM {schema}.outbox WHERE status = 'sent'")
+                        .await
+                        == 10
+                },
+            )
+            .await;
+            stop.cancel();
+            let stats = run.await.unwrap();
+            db.drop_schema().await;
+            stats
+        })
+    });
+    assert_eq!((stats.rescued, stats.lost_acks), (10, 10));
+    assert_eq!(counters.get(m::LEASES_RECLAIMED), 10);
+    assert_eq!(counters.get(m::ACKS_LOST), 10);
+}
