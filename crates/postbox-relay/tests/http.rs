@@ -687,6 +687,49 @@ async fn http_errors_and_descriptions_never_contain_credentials() {
     assert!(!err.contains("s3cret"), "{err}");
 }
 
+/// A receiver whose 401 echoes the bearer token it was sent: the dead
+/// letter's stored `last_error` keeps the status and loses the token.
+#[tokio::test]
+async fn last_error_never_holds_an_echoed_bearer_token() {
+    let db = TestDb::new().await;
+    enqueue(&db, 2).await;
+    let receiver = Receiver::start(|r, _| {
+        let sent = r.header("authorization").unwrap_or("none").to_owned();
+        Reply::Status(
+            401,
+            Vec::new(),
+            format!("invalid credentials: Authorization: {sent}"),
+        )
+    })
+    .await;
+    let http = HttpOptions {
+        headers: [(
+            "Authorization".to_owned(),
+            "Bearer tok-s3cret-42".to_owned(),
+        )]
+        .into(),
+        ..HttpOptions::default()
+    };
+    let sink = http_sink(&receiver.url("/hooks"), http, &[]);
+    let stats = drain(&db, sink, fast_config()).await;
+    assert_eq!(stats.dead_lettered, 2);
+    assert!(receiver.requests()[0]
+        .header("authorization")
+        .is_some_and(|a| a.contains("tok-s3cret-42")));
+    let errors: Vec<String> = sqlx::query_scalar(
+        &db.sql("SELECT last_error FROM {schema}.outbox WHERE status = 'failed'"),
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(errors.len(), 2);
+    for e in &errors {
+        assert!(e.contains("HTTP 401"), "{e}");
+        assert!(!e.contains("tok-s3cret"), "{e}");
+    }
+    db.drop_schema().await;
+}
+
 #[tokio::test]
 async fn http_check_accepts_any_answer() {
     let receiver = Receiver::start(|r, _| {

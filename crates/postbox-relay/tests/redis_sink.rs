@@ -182,3 +182,46 @@ async fn publish_answers_one_outcome_per_message() {
     let _ = RelayConfig::default();
     db.drop_schema().await;
 }
+
+/// A broker URL carrying a password, unreachable: the stored `last_error`
+/// says what failed and never repeats the password.
+#[tokio::test]
+async fn last_error_never_holds_the_broker_password() {
+    let db = TestDb::new().await;
+    enqueue(&db, 3).await;
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let url = format!("redis://relay:pw-s3cret@{closed}/0?mode=stream");
+    let sink = sinks::from_url(&url, &SinkOptions::default()).unwrap();
+    assert!(
+        !sink.describe().contains("pw-s3cret"),
+        "{}",
+        sink.describe()
+    );
+    let checked = sink.check().await.unwrap_err().to_string();
+    assert!(
+        checked.contains("unreachable") && !checked.contains("pw-s3cret"),
+        "{checked}"
+    );
+    let config = RelayConfig {
+        max_attempts: 1,
+        publish_timeout: std::time::Duration::from_secs(2),
+        ..fast_config()
+    };
+    let stats = drain(&db, sink, config).await;
+    assert_eq!(stats.dead_lettered, 3);
+    let errors: Vec<String> = sqlx::query_scalar(
+        &db.sql("SELECT last_error FROM {schema}.outbox WHERE status = 'failed'"),
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(errors.len(), 3);
+    for e in &errors {
+        assert!(!e.is_empty());
+        assert!(!e.contains("pw-s3cret"), "{e}");
+    }
+    db.drop_schema().await;
+}
