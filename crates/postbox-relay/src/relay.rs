@@ -30,7 +30,7 @@ use crate::redact::sanitize_error;
 use crate::retention::{self, RetentionConfig};
 use crate::router::{RetryPolicy, Round, Router};
 use crate::sink::{Message, Outcome, Sink};
-use crate::store::{Claim, ClaimOrder, DeliveryUpdate, Failure, Store};
+use crate::store::{Claim, ClaimOrder, DeliveryUpdate, Failure, RelayCommit, Store};
 use futures::FutureExt;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -137,6 +137,11 @@ impl Relay {
         config: RelayConfig,
     ) -> Result<Self, ConfigError> {
         config.validate()?;
+        let store = store.with_relay_commit(if config.synchronous_commit {
+            RelayCommit::Synchronous
+        } else {
+            RelayCommit::Asynchronous
+        });
         Ok(Self {
             store,
             router: Arc::new(router),

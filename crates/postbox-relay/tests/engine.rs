@@ -537,3 +537,45 @@ async fn the_relay_survives_its_database_connections_being_killed() {
     assert!(stats.delivered <= 3000);
     db.drop_schema().await;
 }
+
+/// The relay's statements relax `synchronous_commit` for their own implicit
+/// transaction only: the connection goes back to the pool (and to whatever
+/// the application runs on it next) with the server's setting. Both commit
+/// modes drain.
+#[tokio::test]
+async fn relay_commit_mode_stays_inside_each_statement() {
+    let db = TestDb::new().await;
+    enqueue(&db, 30).await;
+    let one = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db.url)
+        .await
+        .unwrap();
+    let setting = || async {
+        sqlx::query_scalar::<_, String>("SHOW synchronous_commit")
+            .fetch_one(&one)
+            .await
+            .unwrap()
+    };
+    let before = setting().await;
+    let store = Store::new(one.clone(), db.schema.clone());
+    let claim = store.claim(10, Duration::from_secs(30), None).await.unwrap();
+    assert_eq!(claim.ids.len(), 10);
+    assert_eq!(setting().await, before, "not left on the pooled connection");
+    store.ack_delivered(claim.token, &claim.ids).await.unwrap();
+    assert_eq!(setting().await, before);
+
+    let durable = RelayConfig {
+        synchronous_commit: true,
+        ..fast_config()
+    };
+    let stats = drain(&db, ScriptedSink::delivering(), durable).await;
+    assert_eq!(stats.delivered, 20);
+    assert_eq!(
+        db.count("SELECT count(*) FROM {schema}.outbox WHERE status = 'sent'")
+            .await,
+        30
+    );
+    one.close().await;
+    db.drop_schema().await;
+}

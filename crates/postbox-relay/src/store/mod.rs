@@ -38,21 +38,58 @@ struct Queries {
     purge_inbox: String,
 }
 
+/// How the relay's own writes commit (the `{relay_commit}` condition in the
+/// hot-path statements: claim, acknowledge, settle, release, rescue, record
+/// deliveries).
+///
+/// By default they commit asynchronously: each statement sets
+/// `synchronous_commit = off` for its own implicit transaction, so it does not
+/// wait for the WAL flush (on an ordinary disk, milliseconds per commit). That
+/// is safe for the delivery contract: a crash of PostgreSQL can only lose a
+/// suffix of the WAL, so it rolls the relay's marks back to an earlier
+/// consistent state — a claim or an acknowledgement is forgotten and the
+/// event is delivered again (at least once, never lost). The producers'
+/// commits, which hold the events themselves, keep the application's own
+/// setting, and flushing them flushes every earlier relay commit too.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RelayCommit {
+    #[default]
+    Asynchronous,
+    /// Wait for the flush like any other transaction (`relay.synchronous_commit = true`).
+    Synchronous,
+}
+
+impl RelayCommit {
+    fn condition(self) -> &'static str {
+        match self {
+            // An uncorrelated subquery: evaluated once per statement, before
+            // the implicit transaction commits; `true` is local to it.
+            Self::Asynchronous => "(SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL",
+            Self::Synchronous => "true",
+        }
+    }
+}
+
 impl Queries {
-    fn new(schema: &Schema) -> Self {
+    fn new(schema: &Schema, commit: RelayCommit) -> Self {
+        let relay = |template: &str| {
+            schema
+                .render(template)
+                .replace("{relay_commit}", commit.condition())
+        };
         Self {
-            claim: schema.render(include_str!("sql/claim.sql")),
-            claim_ordered: schema.render(include_str!("sql/claim_ordered.sql")),
+            claim: relay(include_str!("sql/claim.sql")),
+            claim_ordered: relay(include_str!("sql/claim_ordered.sql")),
             delivery_states: schema.render(include_str!("sql/delivery_states.sql")),
-            record_deliveries: schema.render(include_str!("sql/record_deliveries.sql")),
+            record_deliveries: relay(include_str!("sql/record_deliveries.sql")),
             destination_counts: schema.render(include_str!("sql/destination_counts.sql")),
             db_health: include_str!("sql/db_health.sql").to_owned(),
             notify_probe: include_str!("sql/notify_probe.sql").to_owned(),
             vacuum_outbox: schema.render(include_str!("sql/vacuum_outbox.sql")),
-            ack_delivered: schema.render(include_str!("sql/ack_delivered.sql")),
-            settle_failed: schema.render(include_str!("sql/settle_failed.sql")),
-            release: schema.render(include_str!("sql/release.sql")),
-            rescue_expired: schema.render(include_str!("sql/rescue_expired.sql")),
+            ack_delivered: relay(include_str!("sql/ack_delivered.sql")),
+            settle_failed: relay(include_str!("sql/settle_failed.sql")),
+            release: relay(include_str!("sql/release.sql")),
+            rescue_expired: relay(include_str!("sql/rescue_expired.sql")),
             next_due: schema.render(include_str!("sql/next_due.sql")),
             status_counts: schema.render(include_str!("sql/status_counts.sql")),
             gauges: schema.render(include_str!("sql/gauges.sql")),
@@ -198,8 +235,14 @@ pub struct NextDue {
 
 impl Store {
     pub fn new(pool: PgPool, schema: Schema) -> Self {
-        let sql = std::sync::Arc::new(Queries::new(&schema));
+        let sql = std::sync::Arc::new(Queries::new(&schema, RelayCommit::default()));
         Self { pool, schema, sql }
+    }
+
+    /// The same store, committing the relay's writes as `commit` says.
+    pub fn with_relay_commit(self, commit: RelayCommit) -> Self {
+        let sql = std::sync::Arc::new(Queries::new(&self.schema, commit));
+        Self { sql, ..self }
     }
 
     pub fn schema(&self) -> &Schema {

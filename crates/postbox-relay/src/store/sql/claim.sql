@@ -11,5 +11,6 @@ WHERE o.id IN (
     ORDER BY available_at, id
     LIMIT $3
     FOR UPDATE SKIP LOCKED)
+  AND {relay_commit}
 RETURNING o.id, o.event_id, o.event_type, o.aggregate_type, o.aggregate_id, o.schema_version,
           o.payload::text, o.headers::text, o.created_at, o.attempts, o.sequence

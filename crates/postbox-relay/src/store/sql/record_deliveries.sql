@@ -15,6 +15,7 @@ SELECT u.id, u.destination,
        now()
 FROM unnest($1::bigint[], $2::text[], $3::bool[], $4::bool[], $5::int4[], $6::float8[], $7::text[])
      AS u(id, destination, delivered, dead, attempts, delay_secs, error)
+WHERE {relay_commit}
 ON CONFLICT (outbox_id, destination) DO UPDATE
 SET status = EXCLUDED.status,
     attempts = EXCLUDED.attempts,

@@ -3,4 +3,4 @@
 UPDATE {schema}.outbox
 SET status = 'pending', lease_token = NULL, lease_expires_at = NULL,
     attempts = greatest(attempts - 1, 0)
-WHERE id = ANY($1) AND lease_token = $2 AND status = 'processing'
+WHERE id = ANY($1) AND lease_token = $2 AND status = 'processing' AND {relay_commit}

@@ -16,4 +16,5 @@ WHERE o.id IN (
     ORDER BY id
     LIMIT $2
     FOR UPDATE SKIP LOCKED)
+  AND {relay_commit}
 RETURNING o.event_id, o.status = 'failed'

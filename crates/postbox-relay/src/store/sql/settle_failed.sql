@@ -13,5 +13,5 @@ SET status = CASE WHEN f.reject OR (f.counted AND o.attempts >= f.budget)
     lease_expires_at = NULL
 FROM unnest($1::bigint[], $4::bool[], $5::float8[], $6::text[], $3::int4[], $7::bool[])
      AS f(id, reject, delay_secs, error, budget, counted)
-WHERE o.id = f.id AND o.lease_token = $2 AND o.status = 'processing'
+WHERE o.id = f.id AND o.lease_token = $2 AND o.status = 'processing' AND {relay_commit}
 RETURNING o.id, o.status = 'failed'
