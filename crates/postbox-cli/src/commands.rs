@@ -171,6 +171,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, AnyError> {
         Command::Demo(args) => crate::demo::run(&settings, args).await,
         Command::Bench(args) => crate::bench::run(&settings, args).await,
         Command::Receive(args) => crate::receive::run(&settings, args).await,
+        Command::Console(args) => crate::console::run(&settings, args).await,
     }
 }
 

@@ -3,6 +3,7 @@
 mod bench;
 mod commands;
 mod config;
+mod console;
 mod db;
 mod demo;
 mod dlq;
@@ -59,6 +60,8 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// Receive signed HTTP deliveries (QStash, Standard Webhooks) and store each once for the application
     Receive(receive::ReceiveArgs),
+    /// The operator console (web): overview, events, dead letters, audit log; and its users
+    Console(console::ConsoleArgs),
 }
 
 fn main() -> ExitCode {

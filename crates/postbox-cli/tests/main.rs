@@ -1,6 +1,7 @@
 //! End-to-end tests of the `postbox` binary against real PostgreSQL and Redis.
 
 mod cli;
+mod console;
 mod dlq;
 mod ops;
 mod receive;

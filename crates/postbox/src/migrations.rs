@@ -47,6 +47,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "sequences_destinations",
         sql: include_str!("../migrations/0005_sequences_destinations.sql"),
     },
+    Migration {
+        version: 6,
+        name: "console",
+        sql: include_str!("../migrations/0006_console.sql"),
+    },
 ];
 
 /// The bookkeeping table and lock, rendered per schema.

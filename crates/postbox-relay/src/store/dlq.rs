@@ -343,7 +343,23 @@ impl DeadLetters {
         action: &Action,
         actor: &str,
         batch: i64,
+        progress: impl FnMut(Progress),
+    ) -> Result<Applied, DlqError> {
+        self.apply_until(selection, action, actor, batch, progress, || false)
+            .await
+    }
+
+    /// [`DeadLetters::apply`], asking `stop` before each batch: once it
+    /// answers true no further batch starts (committed batches stay, each
+    /// with its audit entry), and the result counts what was committed.
+    pub async fn apply_until(
+        &self,
+        selection: &Selection,
+        action: &Action,
+        actor: &str,
+        batch: i64,
         mut progress: impl FnMut(Progress),
+        stop: impl Fn() -> bool,
     ) -> Result<Applied, DlqError> {
         check_actor(actor)?;
         if let Action::Discard { reason } = action {
@@ -373,6 +389,9 @@ impl DeadLetters {
         let selection_json = selection.to_json().to_string();
         let mut after = 0_i64;
         loop {
+            if stop() {
+                break;
+            }
             let mut tx = self.pool.begin().await?;
             let rows = sqlx::query(&self.sql.pick)
                 .bind(filter.event_type.as_deref())

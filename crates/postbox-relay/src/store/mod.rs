@@ -5,6 +5,7 @@
 //! SQL of its own.
 
 pub mod bench;
+pub mod console;
 pub mod dlq;
 
 use crate::sink::Message;

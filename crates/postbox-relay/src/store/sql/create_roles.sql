@@ -41,3 +41,7 @@ GRANT SELECT, DELETE ON {schema}.idempotency_keys TO {relay};
 -- Monitor: read-only, for `postbox status` and dashboards (every table of
 -- the schema as of this run: run it again after an upgrade).
 GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {monitor};
+
+-- The operator console's password hashes and session tokens are not for
+-- dashboards: the monitor role reads everything else.
+REVOKE ALL ON {schema}.console_users, {schema}.console_sessions FROM {monitor};

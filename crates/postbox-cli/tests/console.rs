@@ -1,0 +1,254 @@
+//! `postbox console`: the real binary — users from standard input, serving,
+//! the config file's redaction, and a graceful stop on SIGTERM.
+
+use postbox_testkit::TestDb;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Output, Stdio};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn console(db: &TestDb, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_postbox"));
+    c.arg("console")
+        .args(args)
+        .env("DATABASE_URL", &db.url)
+        .env("POSTBOX_SCHEMA", db.schema.name())
+        .env("POSTBOX_LOG", "warn")
+        .env_remove("POSTBOX_CONFIG")
+        .env_remove("POSTBOX_CONSOLE_LISTEN");
+    c
+}
+
+fn add_user(db: &TestDb, name: &str, role: &str, password: &str) -> Output {
+    let mut child = console(db, &["add-user", name, "--role", role, "--password-stdin"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{password}\n").as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// One HTTP/1.1 exchange on a fresh connection: (status line and headers, body).
+async fn http(addr: &str, request: String) -> (String, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.unwrap();
+    let out = text(&out);
+    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    (head.to_ascii_lowercase(), body.to_owned())
+}
+
+fn get(path: &str, cookie: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: x\r\nCookie: {cookie}\r\nConnection: close\r\n\r\n")
+}
+
+fn post(path: &str, cookie: &str, form: &str) -> String {
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nCookie: {cookie}\r\nContent-Type: application/x-www-form-urlencoded\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{form}",
+        form.len()
+    )
+}
+
+fn set_cookie(head: &str, name: &str) -> String {
+    head.lines()
+        .filter_map(|l| l.strip_prefix("set-cookie: "))
+        .find(|c| c.starts_with(name))
+        .unwrap_or_else(|| panic!("no {name} cookie in {head}"))
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+fn hidden(html: &str, name: &str) -> String {
+    let marker = format!("name=\"{name}\" value=\"");
+    let start = html.find(&marker).unwrap() + marker.len();
+    html[start..].split('"').next().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn users_come_from_standard_input_and_the_console_serves_them() {
+    let db = TestDb::new().await;
+    let created = add_user(&db, "alice", "operator", "correct horse battery");
+    assert!(created.status.success(), "{}", text(&created.stderr));
+    assert_eq!(
+        text(&created.stdout),
+        "created console user alice (operator)\n"
+    );
+    let updated = add_user(&db, "alice", "operator", "correct horse battery");
+    assert_eq!(
+        text(&updated.stdout),
+        "updated console user alice (operator)\n"
+    );
+    let short = add_user(&db, "bob", "viewer", "short");
+    assert!(!short.status.success());
+    assert!(
+        text(&short.stderr).contains("invalid password"),
+        "{}",
+        text(&short.stderr)
+    );
+    let bad = add_user(&db, "<bob>", "viewer", "long enough password");
+    assert!(
+        text(&bad.stderr).contains("invalid user name"),
+        "{}",
+        text(&bad.stderr)
+    );
+    let role = console(
+        &db,
+        &["add-user", "bob", "--role", "admin", "--password-stdin"],
+    )
+    .output()
+    .unwrap();
+    assert!(!role.status.success());
+    let stored: String =
+        sqlx::query_scalar(&db.sql("SELECT password_hash FROM {schema}.console_users"))
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(stored.starts_with("$argon2id$") && !stored.contains("correct horse"));
+
+    // An event with a secret in its payload, masked by the config file.
+    let id: uuid::Uuid = sqlx::query_scalar(&db.sql(
+        r#"SELECT {schema}.enqueue('order.placed', 'order', '1', '{"card": {"number": "4111"}}')"#,
+    ))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let config = std::env::temp_dir().join(format!("{}-console.toml", db.schema.name()));
+    std::fs::write(&config, "[redact]\npaths = [\"card.number\"]\n").unwrap();
+
+    let mut child = console(&db, &["--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        line
+    })
+    .await
+    .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("postbox console listening on http://")
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_owned();
+
+    let (head, _) = http(&addr, get("/", "")).await;
+    assert!(head.starts_with("http/1.1 303"), "{head}");
+    assert!(head.contains("location: /sign-in"), "{head}");
+    let (head, body) = http(&addr, get("/sign-in", "")).await;
+    let form_cookie = set_cookie(&head, "postbox_sign_in=");
+    let token = hidden(&body, "csrf");
+    let (head, _) = http(
+        &addr,
+        post(
+            "/sign-in",
+            &form_cookie,
+            &format!("csrf={token}&name=alice&password=correct+horse+battery&next=%2F"),
+        ),
+    )
+    .await;
+    assert!(head.starts_with("http/1.1 303"), "{head}");
+    let session = set_cookie(&head, "postbox_session=");
+    let (head, body) = http(&addr, get(&format!("/events/{id}"), &session)).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(body.contains("alice · operator"));
+    assert!(body.contains("***") && !body.contains("4111"), "{body}");
+
+    // SIGTERM stops it cleanly.
+    // SAFETY: signalling our own child process.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    let _ = std::fs::remove_file(&config);
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn an_unmigrated_schema_is_named_with_what_to_do() {
+    let db = TestDb::empty().await;
+    let out = console(&db, &["--listen", "127.0.0.1:0"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("run `postbox migrate` first"), "{err}");
+    let out = add_user(&db, "alice", "viewer", "long enough password");
+    assert!(
+        text(&out.stderr).contains("run `postbox migrate` first"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn the_monitor_role_cannot_read_password_hashes_or_sessions() {
+    let db = TestDb::new().await;
+    let schema = db.schema.name().to_owned();
+    let out = Command::new(env!("CARGO_BIN_EXE_postbox"))
+        .args(["migrate", "--create-roles"])
+        .env("DATABASE_URL", &db.url)
+        .env("POSTBOX_SCHEMA", &schema)
+        .env("POSTBOX_LOG", "warn")
+        .env_remove("POSTBOX_CONFIG")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Read each table as the monitor role, in a transaction of its own.
+    let read_as_monitor = |table: &str| {
+        let (pool, sql) = (
+            db.pool.clone(),
+            db.sql(&format!("SELECT count(*) FROM {{schema}}.{table}")),
+        );
+        let role = format!("SET LOCAL ROLE {schema}_monitor");
+        async move {
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::raw_sql(&role).execute(&mut *tx).await.unwrap();
+            let read = sqlx::query(&sql).execute(&mut *tx).await;
+            tx.rollback().await.unwrap();
+            read.err().and_then(|e| {
+                e.as_database_error()
+                    .and_then(|d| d.code().map(|c| c.into_owned()))
+            })
+        }
+    };
+    assert_eq!(
+        read_as_monitor("audit_log").await,
+        None,
+        "the monitor reads the audit log"
+    );
+    for table in ["console_users", "console_sessions"] {
+        assert_eq!(
+            read_as_monitor(table).await.as_deref(),
+            Some("42501"),
+            "{table}"
+        );
+    }
+    let roles = format!("{schema}_relay, {schema}_producer, {schema}_monitor");
+    let url = db.url.clone();
+    db.drop_schema().await;
+    let admin = sqlx::PgPool::connect(&url).await.unwrap();
+    sqlx::raw_sql(&format!("DROP ROLE {roles}"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    admin.close().await;
+}

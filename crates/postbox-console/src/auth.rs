@@ -1,0 +1,313 @@
+//! Users, passwords, sessions and CSRF tokens.
+
+use crate::{Console, ConsoleError};
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::Argon2;
+use axum::extract::{ConnectInfo, FromRequestParts};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap};
+use axum::response::{IntoResponse, Response};
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+
+/// The session cookie's name.
+pub(crate) const SESSION_COOKIE: &str = "postbox_session";
+/// The sign-in form's own CSRF cookie (there is no session yet).
+pub(crate) const SIGN_IN_COOKIE: &str = "postbox_sign_in";
+
+/// What a console user may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Looks at everything; changes nothing.
+    Viewer,
+    /// Also replays and discards dead letters and cancels bulk actions.
+    Operator,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Viewer => "viewer",
+            Role::Operator => "operator",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Self, ConsoleError> {
+        match s {
+            "viewer" => Ok(Role::Viewer),
+            "operator" => Ok(Role::Operator),
+            other => Err(ConsoleError::UnknownRole(other.to_owned())),
+        }
+    }
+}
+
+pub(crate) fn check_user_name(name: &str) -> Result<(), ConsoleError> {
+    if name.is_empty() || name.len() > 64 {
+        return Err(ConsoleError::InvalidUserName("must be 1 to 64 characters"));
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '@'))
+    {
+        return Err(ConsoleError::InvalidUserName(
+            "use letters, digits, '.', '_', '-' and '@' only",
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_password(password: &str) -> Result<(), ConsoleError> {
+    if password.len() < 8 {
+        return Err(ConsoleError::InvalidPassword("must be at least 8 bytes"));
+    }
+    if password.len() > 1024 {
+        return Err(ConsoleError::InvalidPassword("must be at most 1024 bytes"));
+    }
+    Ok(())
+}
+
+/// An argon2id hash of `password` (PHC string, random salt). CPU-heavy: call
+/// it off the async runtime.
+pub fn hash_password(password: &str) -> Result<String, ConsoleError> {
+    let mut salt = [0_u8; 16];
+    rand::rng().fill_bytes(&mut salt);
+    let salt = SaltString::encode_b64(&salt).map_err(|e| ConsoleError::Hash(e.to_string()))?;
+    Argon2::default()
+        .hash_password(password.as_bytes(), &salt)
+        .map(|h| h.to_string())
+        .map_err(|e| ConsoleError::Hash(e.to_string()))
+}
+
+/// Whether `password` matches the PHC string `hash` (false for a malformed hash).
+pub fn verify_password(password: &str, hash: &str) -> bool {
+    let Ok(parsed) = PasswordHash::new(hash) else {
+        return false;
+    };
+    Argon2::default()
+        .verify_password(password.as_bytes(), &parsed)
+        .is_ok()
+}
+
+/// A hash to verify against when the user does not exist, so that an unknown
+/// name takes as long to refuse as a wrong password.
+pub(crate) fn decoy_hash() -> &'static str {
+    static DECOY: OnceLock<String> = OnceLock::new();
+    DECOY.get_or_init(|| hash_password("decoy password, never valid").unwrap_or_default())
+}
+
+/// 32 random bytes, hex.
+pub(crate) fn random_token() -> String {
+    let mut bytes = [0_u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    hex(&bytes)
+}
+
+pub(crate) fn token_hash(token: &str) -> Vec<u8> {
+    Sha256::digest(token.as_bytes()).to_vec()
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Compare secrets without an early exit.
+pub(crate) fn same_secret(a: &str, b: &str) -> bool {
+    if a.len() != b.len() || a.is_empty() {
+        return false;
+    }
+    a.bytes()
+        .zip(b.bytes())
+        .fold(0_u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
+
+/// A cookie's value from the request's `Cookie` headers.
+pub(crate) fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+/// Whether cookies set on this request's response should be `Secure`.
+pub(crate) fn secure(console: &Console, headers: &HeaderMap) -> bool {
+    console.inner.config.secure_cookies
+        || headers
+            .get("x-forwarded-proto")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("https"))
+}
+
+/// A `Set-Cookie` value; `max_age` 0 deletes the cookie.
+pub(crate) fn set_cookie(name: &str, value: &str, max_age: u64, secure: bool) -> String {
+    format!(
+        "{name}={value}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Strict{}",
+        if secure { "; Secure" } else { "" }
+    )
+}
+
+/// The signed-in user of a request. As an extractor it sends anyone without a
+/// live session to the sign-in page, coming back to where they were going.
+#[derive(Clone, Debug)]
+pub(crate) struct Session {
+    pub user: String,
+    pub role: Role,
+    pub csrf: String,
+    pub token_hash: Vec<u8>,
+}
+
+impl Session {
+    pub fn is_operator(&self) -> bool {
+        self.role == Role::Operator
+    }
+
+    /// The audit log's actor for this user's actions.
+    pub fn actor(&self) -> String {
+        actor(&self.user)
+    }
+}
+
+/// How the console names a user in the audit log.
+pub(crate) fn actor(user: &str) -> String {
+    format!("console:{user}")
+}
+
+/// Refusal of a request without a session.
+pub(crate) struct SignInFirst {
+    next: String,
+}
+
+impl IntoResponse for SignInFirst {
+    fn into_response(self) -> Response {
+        let target = if self.next == "/" {
+            "/sign-in".to_owned()
+        } else {
+            let next: String = url::form_urlencoded::byte_serialize(self.next.as_bytes()).collect();
+            format!("/sign-in?next={next}")
+        };
+        crate::handlers::see_other(&target)
+    }
+}
+
+impl FromRequestParts<Console> for Session {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, console: &Console) -> Result<Self, Response> {
+        let next = if parts.method == axum::http::Method::GET {
+            parts
+                .uri
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .to_owned()
+        } else {
+            "/".to_owned()
+        };
+        let Some(token) = cookie(&parts.headers, SESSION_COOKIE) else {
+            return Err(SignInFirst { next }.into_response());
+        };
+        let hash = token_hash(token);
+        let stored = console
+            .inner
+            .console
+            .session(&hash)
+            .await
+            .map_err(|e| crate::handlers::internal(&e).into_response())?;
+        let Some(stored) = stored else {
+            return Err(SignInFirst { next }.into_response());
+        };
+        let Ok(role) = Role::parse(&stored.role) else {
+            return Err(SignInFirst { next }.into_response());
+        };
+        Ok(Session {
+            user: stored.user,
+            role,
+            csrf: stored.csrf_token,
+            token_hash: hash,
+        })
+    }
+}
+
+/// The client's address, for per-client sign-in limits and the audit log.
+pub(crate) struct ClientAddr(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for ClientAddr {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(ClientAddr(
+            parts
+                .extensions
+                .get::<ConnectInfo<SocketAddr>>()
+                .map_or_else(|| "unknown".to_owned(), |c| c.0.ip().to_string()),
+        ))
+    }
+}
+
+/// Where to go after signing in: a local path only, never another site.
+pub(crate) fn safe_next(next: Option<&str>) -> String {
+    match next {
+        Some(n)
+            if n.starts_with('/')
+                && !n.starts_with("//")
+                && !n.contains('\\')
+                && !n.chars().any(char::is_control) =>
+        {
+            n.to_owned()
+        }
+        _ => "/".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_verify_against_their_hash_only() {
+        let h = hash_password("correct horse").unwrap();
+        assert!(h.starts_with("$argon2id$"), "{h}");
+        assert!(verify_password("correct horse", &h));
+        assert!(!verify_password("wrong horse", &h));
+        assert!(!verify_password("correct horse", "not a hash"));
+    }
+
+    #[test]
+    fn names_passwords_and_roles_are_checked() {
+        assert!(check_user_name("alice@ops").is_ok());
+        assert!(check_user_name("").is_err());
+        assert!(check_user_name("a b").is_err());
+        assert!(check_user_name("<script>").is_err());
+        assert!(check_password("short").is_err());
+        assert!(Role::parse("admin").is_err());
+        assert_eq!(Role::parse("operator").unwrap(), Role::Operator);
+    }
+
+    #[test]
+    fn only_local_paths_are_followed_after_sign_in() {
+        assert_eq!(safe_next(Some("/events?type=a")), "/events?type=a");
+        assert_eq!(safe_next(Some("//evil.example")), "/");
+        assert_eq!(safe_next(Some("https://evil.example")), "/");
+        assert_eq!(safe_next(Some("/\\evil")), "/");
+        assert_eq!(safe_next(None), "/");
+    }
+
+    #[test]
+    fn cookies_are_found_among_others() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::COOKIE,
+            "a=1; postbox_session=abc; b=2".parse().unwrap(),
+        );
+        assert_eq!(cookie(&h, SESSION_COOKIE), Some("abc"));
+        assert_eq!(cookie(&h, "c"), None);
+        assert!(same_secret("abc", "abc"));
+        assert!(!same_secret("abc", "abd"));
+        assert!(!same_secret("", ""));
+    }
+}

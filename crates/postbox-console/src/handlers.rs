@@ -1,0 +1,937 @@
+//! Routes: each handler checks access, reads or acts through the store, and
+//! renders a page. No response carries an error's text: failures are logged
+//! (sanitized) and answered with fixed phrases.
+
+use crate::auth::{self, ClientAddr, Session, SESSION_COOKIE, SIGN_IN_COOKIE};
+use crate::form::FormData;
+use crate::jobs::JobState;
+use crate::views::{self, EventSearch};
+use crate::{assets, Console};
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
+use maud::Markup;
+use postbox_relay::store::console::EventQuery;
+use postbox_relay::store::dlq::{Action, Filter, Selection, MAX_REASON_BYTES};
+use std::time::Duration;
+use uuid::Uuid;
+
+/// Audit actions the console writes itself (replays and discards use `store::dlq`'s).
+pub(crate) const ACTION_SIGN_IN: &str = "console.sign_in";
+pub(crate) const ACTION_SIGN_IN_FAILED: &str = "console.sign_in_failed";
+pub(crate) const ACTION_SIGN_OUT: &str = "console.sign_out";
+
+/// Minutes shown in the delivery-rate chart, and the newest outbox rows it counts among.
+const RATE_MINUTES: i32 = 30;
+const RATE_WINDOW_ROWS: i64 = 200_000;
+/// Event ids one bulk request may name.
+const MAX_SELECTED: usize = 10_000;
+
+pub(crate) fn router(console: Console) -> Router {
+    Router::new()
+        .route("/", get(overview))
+        .route("/sign-in", get(sign_in_page).post(sign_in))
+        .route("/sign-out", post(sign_out))
+        .route("/events", get(events))
+        .route("/events/{id}", get(event_page))
+        .route("/events/{id}/replay", post(replay_one))
+        .route("/events/{id}/discard", post(discard_one))
+        .route("/dead-letters", get(dead_letters))
+        .route("/dead-letters/action", post(bulk_action))
+        .route("/jobs/{id}", get(job_page))
+        .route("/jobs/{id}/progress", get(job_progress))
+        .route("/jobs/{id}/cancel", post(job_cancel))
+        .route("/audit", get(audit))
+        .route("/static/console.css", get(assets::css))
+        .route("/static/console.js", get(assets::js))
+        .fallback(not_found)
+        .layer(axum::middleware::map_response(security_headers))
+        .with_state(console)
+}
+
+async fn security_headers(mut res: Response) -> Response {
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
+             connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    if !h.contains_key(header::CACHE_CONTROL) {
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    res
+}
+
+/// A refused or failed request, answered with a fixed phrase.
+pub(crate) enum Fail {
+    Internal,
+    NotFound,
+    Forbidden(&'static str),
+    BadRequest(String),
+    TooMany(Duration, &'static str),
+}
+
+impl IntoResponse for Fail {
+    fn into_response(self) -> Response {
+        let (status, title, text, retry) = match self {
+            Fail::Internal => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "Something went wrong",
+                "The console could not complete this request; its log says why. Try again in a moment.".to_owned(),
+                None,
+            ),
+            Fail::NotFound => (
+                StatusCode::NOT_FOUND,
+                "Not found",
+                "There is nothing at this address.".to_owned(),
+                None,
+            ),
+            Fail::Forbidden(why) => (StatusCode::FORBIDDEN, "Not allowed", why.to_owned(), None),
+            Fail::BadRequest(why) => (StatusCode::BAD_REQUEST, "Cannot do that", why, None),
+            Fail::TooMany(wait, what) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "Too many requests",
+                format!("{what} Try again in {} s.", wait.as_secs().max(1)),
+                Some(wait),
+            ),
+        };
+        let mut res = (status, page(views::error_page(None, title, &text))).into_response();
+        if let Some(wait) = retry {
+            if let Ok(v) = HeaderValue::from_str(&wait.as_secs().max(1).to_string()) {
+                res.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+        }
+        res
+    }
+}
+
+/// Log a failure without its secrets and answer 500.
+pub(crate) fn internal(e: &dyn std::fmt::Display) -> Fail {
+    tracing::error!(
+        error = %postbox_relay::redact::sanitize_error(&e.to_string()),
+        "console request failed"
+    );
+    Fail::Internal
+}
+
+/// 303 See Other to a local path (the overview if it cannot be a header).
+pub(crate) fn see_other(location: &str) -> Response {
+    let location =
+        HeaderValue::from_str(location).unwrap_or_else(|_| HeaderValue::from_static("/"));
+    (StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response()
+}
+
+fn page(markup: Markup) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        markup.into_string(),
+    )
+        .into_response()
+}
+
+async fn not_found() -> Fail {
+    Fail::NotFound
+}
+
+fn check_csrf(session: &Session, form: &FormData) -> Result<(), Fail> {
+    if auth::same_secret(form.get("csrf").unwrap_or(""), &session.csrf) {
+        Ok(())
+    } else {
+        Err(Fail::Forbidden(
+            "This form is out of date or did not come from the console (CSRF token missing or wrong). Reload the page and try again.",
+        ))
+    }
+}
+
+fn require_operator(session: &Session) -> Result<(), Fail> {
+    if session.is_operator() {
+        Ok(())
+    } else {
+        Err(Fail::Forbidden(
+            "Your role (viewer) can look but not replay, discard or cancel. Ask for the operator role.",
+        ))
+    }
+}
+
+fn limit_actions(console: &Console, session: &Session) -> Result<(), Fail> {
+    console.inner.actions.check(&session.user).map_err(|wait| {
+        Fail::TooMany(
+            wait,
+            "You have sent many replay or discard requests in a short time.",
+        )
+    })
+}
+
+fn parse_id(s: &str) -> Result<Uuid, Fail> {
+    s.parse().map_err(|_| Fail::NotFound)
+}
+
+/// A time in a form: RFC 3339, `YYYY-MM-DD[THH:MM[:SS]]` in UTC, or a
+/// duration meaning that long ago (`90min`, `2h`, `3days`).
+pub(crate) fn parse_when(s: &str) -> Result<DateTime<Utc>, String> {
+    if let Ok(t) = DateTime::parse_from_rfc3339(s) {
+        return Ok(t.with_timezone(&Utc));
+    }
+    for fmt in [
+        "%Y-%m-%dT%H:%M:%S",
+        "%Y-%m-%dT%H:%M",
+        "%Y-%m-%d %H:%M:%S",
+        "%Y-%m-%d %H:%M",
+    ] {
+        if let Ok(t) = NaiveDateTime::parse_from_str(s, fmt) {
+            return Ok(t.and_utc());
+        }
+    }
+    if let Ok(d) = NaiveDate::parse_from_str(s, "%Y-%m-%d") {
+        if let Some(t) = d.and_hms_opt(0, 0, 0) {
+            return Ok(t.and_utc());
+        }
+    }
+    let bad = || {
+        format!("“{s}” is neither a time (2026-05-01T12:00, UTC) nor a duration ago (2h, 3days).")
+    };
+    let ago = humantime::parse_duration(s).map_err(|_| bad())?;
+    let ago = chrono::Duration::from_std(ago).map_err(|_| bad())?;
+    Utc::now().checked_sub_signed(ago).ok_or_else(bad)
+}
+
+/// The last `minutes` whole minutes up to now, with the delivered counts found (zeros filled in).
+fn minutes_filled(found: &[(DateTime<Utc>, i64)], minutes: i32) -> Vec<(DateTime<Utc>, i64)> {
+    let now = Utc::now().timestamp();
+    let this_minute = DateTime::from_timestamp(now - now.rem_euclid(60), 0).unwrap_or_default();
+    (0..minutes)
+        .rev()
+        .map(|back| {
+            let m = this_minute - chrono::Duration::minutes(i64::from(back));
+            let n = found.iter().find(|(t, _)| *t == m).map_or(0, |(_, n)| *n);
+            (m, n)
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------- sign-in
+
+async fn sign_in_page(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let q = FormData::parse(query.unwrap_or_default().as_bytes());
+    let next = auth::safe_next(q.get("next"));
+    sign_in_form(&console, &headers, StatusCode::OK, &next, "", None)
+}
+
+fn sign_in_form(
+    console: &Console,
+    headers: &HeaderMap,
+    status: StatusCode,
+    next: &str,
+    name: &str,
+    error: Option<&str>,
+) -> Response {
+    let token = auth::random_token();
+    let markup = views::sign_in(&views::SignInView {
+        csrf: &token,
+        next,
+        name,
+        error,
+    });
+    let cookie = auth::set_cookie(SIGN_IN_COOKIE, &token, 3600, auth::secure(console, headers));
+    let mut res = (status, page(markup)).into_response();
+    if let Ok(v) = HeaderValue::from_str(&cookie) {
+        res.headers_mut().append(header::SET_COOKIE, v);
+    }
+    res
+}
+
+/// The attempted name as the audit log records it: one line, at most 60 characters.
+fn audit_name(name: &str) -> String {
+    let clean: String = name.chars().filter(|c| !c.is_control()).take(60).collect();
+    if clean.trim().is_empty() {
+        "(empty)".to_owned()
+    } else {
+        clean
+    }
+}
+
+async fn audit_sign_in(console: &Console, name: &str, ok: bool, outcome: &str, client: &str) {
+    let action = if ok {
+        ACTION_SIGN_IN
+    } else {
+        ACTION_SIGN_IN_FAILED
+    };
+    let details = serde_json::json!({ "outcome": outcome, "client": client });
+    if let Err(e) = console
+        .inner
+        .console
+        .audit(
+            &auth::actor(&audit_name(name)),
+            action,
+            &serde_json::json!({}),
+            i64::from(ok),
+            None,
+            &details,
+        )
+        .await
+    {
+        internal(&e);
+    }
+}
+
+async fn sign_in(
+    State(console): State<Console>,
+    ClientAddr(client): ClientAddr,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let form = FormData::parse(&body);
+    let name = form.get("name").unwrap_or("");
+    let password = form.all("password").next().unwrap_or_default().to_owned();
+    let next = auth::safe_next(form.get("next"));
+    let expected = auth::cookie(&headers, SIGN_IN_COOKIE).unwrap_or("");
+    if !auth::same_secret(form.get("csrf").unwrap_or(""), expected) {
+        audit_sign_in(&console, name, false, "csrf", &client).await;
+        return sign_in_form(
+            &console,
+            &headers,
+            StatusCode::FORBIDDEN,
+            &next,
+            name,
+            Some("The sign-in form expired or did not come from this console. Please try again."),
+        );
+    }
+    let by_client = console.inner.sign_in_by_client.check(&client);
+    let by_name = console
+        .inner
+        .sign_in_by_name
+        .check(&name.to_ascii_lowercase());
+    if let Err(wait) = by_client.and(by_name) {
+        audit_sign_in(&console, name, false, "rate_limited", &client).await;
+        return Fail::TooMany(wait, "Too many sign-in attempts.").into_response();
+    }
+    let user = match console.inner.console.user(name).await {
+        Ok(u) => u,
+        Err(e) => return internal(&e).into_response(),
+    };
+    let stored = user.as_ref().map(|u| u.password_hash.clone());
+    let matches = tokio::task::spawn_blocking(move || {
+        // An unknown name is checked against a decoy: it takes as long to refuse.
+        match &stored {
+            Some(hash) => auth::verify_password(&password, hash),
+            None => auth::verify_password(&password, auth::decoy_hash()),
+        }
+    })
+    .await
+    .unwrap_or(false);
+    let user = match (user, matches) {
+        (Some(u), true) => u,
+        (found, _) => {
+            let outcome = if found.is_some() {
+                "wrong_password"
+            } else {
+                "unknown_user"
+            };
+            audit_sign_in(&console, name, false, outcome, &client).await;
+            return sign_in_form(
+                &console,
+                &headers,
+                StatusCode::UNAUTHORIZED,
+                &next,
+                name,
+                Some("Wrong user name or password."),
+            );
+        }
+    };
+    if auth::Role::parse(&user.role).is_err() {
+        return internal(&"stored role is unknown").into_response();
+    }
+    let token = auth::random_token();
+    let csrf = auth::random_token();
+    let lifetime = console.inner.config.session_lifetime;
+    if let Err(e) = console
+        .inner
+        .console
+        .create_session(
+            &auth::token_hash(&token),
+            name,
+            &csrf,
+            lifetime.as_secs_f64(),
+        )
+        .await
+    {
+        return internal(&e).into_response();
+    }
+    audit_sign_in(&console, name, true, "ok", &client).await;
+    let secure = auth::secure(&console, &headers);
+    let mut res = see_other(&next);
+    for cookie in [
+        auth::set_cookie(SESSION_COOKIE, &token, lifetime.as_secs(), secure),
+        auth::set_cookie(SIGN_IN_COOKIE, "", 0, secure),
+    ] {
+        if let Ok(v) = HeaderValue::from_str(&cookie) {
+            res.headers_mut().append(header::SET_COOKIE, v);
+        }
+    }
+    res
+}
+
+async fn sign_out(
+    State(console): State<Console>,
+    session: Session,
+    ClientAddr(client): ClientAddr,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, Fail> {
+    check_csrf(&session, &FormData::parse(&body))?;
+    console
+        .inner
+        .console
+        .delete_session(&session.token_hash)
+        .await
+        .map_err(|e| internal(&e))?;
+    console
+        .inner
+        .console
+        .audit(
+            &session.actor(),
+            ACTION_SIGN_OUT,
+            &serde_json::json!({}),
+            1,
+            None,
+            &serde_json::json!({ "client": client }),
+        )
+        .await
+        .map_err(|e| internal(&e))?;
+    let mut res = see_other("/sign-in");
+    let cookie = auth::set_cookie(SESSION_COOKIE, "", 0, auth::secure(&console, &headers));
+    if let Ok(v) = HeaderValue::from_str(&cookie) {
+        res.headers_mut().append(header::SET_COOKIE, v);
+    }
+    Ok(res)
+}
+
+// ---------------------------------------------------------------- pages
+
+async fn overview(State(console): State<Console>, session: Session) -> Result<Response, Fail> {
+    let i = &console.inner;
+    let counts = i.store.status_counts().await.map_err(|e| internal(&e))?;
+    let destinations = i
+        .store
+        .destination_counts()
+        .await
+        .map_err(|e| internal(&e))?;
+    let rate = i
+        .console
+        .delivery_rate(RATE_MINUTES, RATE_WINDOW_ROWS)
+        .await
+        .map_err(|e| internal(&e))?;
+    let relays = i.console.relays().await.map_err(|e| internal(&e))?;
+    let jobs = i.jobs.recent(10);
+    Ok(page(views::overview(
+        &session,
+        &views::OverviewView {
+            schema: i.config.schema.name(),
+            counts: &counts,
+            destinations: &destinations,
+            rate: &minutes_filled(&rate, RATE_MINUTES),
+            relays: &relays,
+            jobs: &jobs,
+        },
+    )))
+}
+
+fn with_cursor(path: &str, query: &str, key: &str, cursor: i64) -> String {
+    if query.is_empty() {
+        format!("{path}?{key}={cursor}")
+    } else {
+        format!("{path}?{query}&{key}={cursor}")
+    }
+}
+
+async fn events(
+    State(console): State<Console>,
+    session: Session,
+    RawQuery(query): RawQuery,
+) -> Result<Response, Fail> {
+    let q = FormData::parse(query.unwrap_or_default().as_bytes());
+    let text = |k: &str| q.get(k).unwrap_or("").to_owned();
+    let search = EventSearch {
+        event_id: text("event_id"),
+        aggregate_type: text("aggregate_type"),
+        aggregate_id: text("aggregate_id"),
+        event_type: text("type"),
+        status: text("status"),
+        from: text("from"),
+        to: text("to"),
+    };
+    let page_size = console.inner.config.page_size;
+    let mut error = None;
+    let mut query = EventQuery {
+        aggregate_type: q.get("aggregate_type").map(str::to_owned),
+        aggregate_id: q.get("aggregate_id").map(str::to_owned),
+        event_type: q.get("type").map(str::to_owned),
+        status: q.get("status").map(str::to_owned),
+        before_row: q.get("before").and_then(|b| b.parse().ok()),
+        limit: page_size + 1,
+        ..EventQuery::default()
+    };
+    if let Some(id) = q.get("event_id") {
+        match id.parse() {
+            Ok(id) => query.event_id = Some(id),
+            Err(_) => error = Some(format!("“{id}” is not an event id (a UUID).")),
+        }
+    }
+    for (key, slot) in [
+        ("from", &mut query.created_from),
+        ("to", &mut query.created_before),
+    ] {
+        if let Some(s) = q.get(key) {
+            match parse_when(s) {
+                Ok(t) => *slot = Some(t),
+                Err(e) => error = Some(e),
+            }
+        }
+    }
+    let mut rows = if error.is_some() {
+        Vec::new()
+    } else {
+        console
+            .inner
+            .console
+            .events(&query)
+            .await
+            .map_err(|e| internal(&e))?
+    };
+    let next = if rows.len() as i64 > page_size {
+        rows.truncate(page_size as usize);
+        rows.last()
+            .map(|r| with_cursor("/events", &search.query(), "before", r.row))
+    } else {
+        None
+    };
+    Ok(page(views::events(
+        &session,
+        &search,
+        &rows,
+        next,
+        error.as_deref(),
+    )))
+}
+
+fn notice_text(code: Option<&str>) -> Option<&'static str> {
+    match code? {
+        "replayed" => Some("Replayed: the event is pending again under the same id, with its attempts reset, due now."),
+        "discarded" => Some("Discarded: the event stays in the table, resolved as discarded with your reason."),
+        "not-dead" => Some("Nothing was done: the event is not an unresolved dead letter (any more)."),
+        "none-selected" => Some("Nothing was done: select at least one dead letter first."),
+        _ => None,
+    }
+}
+
+async fn event_page(
+    State(console): State<Console>,
+    session: Session,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, Fail> {
+    let id = parse_id(&id)?;
+    let i = &console.inner;
+    let Some(mut event) = i.console.event(id).await.map_err(|e| internal(&e))? else {
+        return Err(Fail::NotFound);
+    };
+    let redactor = &i.config.redactor;
+    redactor.redact(&mut event.payload);
+    redactor.redact_headers(&mut event.headers);
+    let deliveries = i
+        .console
+        .deliveries(event.row)
+        .await
+        .map_err(|e| internal(&e))?;
+    let audit = i
+        .dlq
+        .audit_log(50, Some(id))
+        .await
+        .map_err(|e| internal(&e))?;
+    let q = FormData::parse(query.unwrap_or_default().as_bytes());
+    Ok(page(views::event(
+        &session,
+        &views::EventView {
+            event: &event,
+            deliveries: &deliveries,
+            audit: &audit,
+            redacted: !redactor.is_empty(),
+            notice: notice_text(q.get("notice")),
+        },
+    )))
+}
+
+fn check_reason(reason: Option<&str>) -> Result<String, Fail> {
+    match reason {
+        None => Err(Fail::BadRequest(
+            "A reason is required to discard dead letters.".to_owned(),
+        )),
+        Some(r) if r.len() > MAX_REASON_BYTES || r.contains('\0') => Err(Fail::BadRequest(
+            "The reason must be at most 2000 bytes of text.".to_owned(),
+        )),
+        Some(r) => Ok(r.to_owned()),
+    }
+}
+
+async fn act_on_one(
+    console: &Console,
+    session: &Session,
+    id: Uuid,
+    action: Action,
+) -> Result<Response, Fail> {
+    let applied = console
+        .inner
+        .dlq
+        .apply(
+            &Selection::Ids(vec![id]),
+            &action,
+            &session.actor(),
+            1,
+            |_| {},
+        )
+        .await
+        .map_err(|e| internal(&e))?;
+    let notice = match (applied.count, action) {
+        (0, _) => "not-dead",
+        (_, Action::Discard { .. }) => "discarded",
+        _ => "replayed",
+    };
+    Ok(see_other(&format!("/events/{id}?notice={notice}")))
+}
+
+async fn replay_one(
+    State(console): State<Console>,
+    session: Session,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, Fail> {
+    check_csrf(&session, &FormData::parse(&body))?;
+    require_operator(&session)?;
+    let id = parse_id(&id)?;
+    limit_actions(&console, &session)?;
+    act_on_one(&console, &session, id, Action::Replay).await
+}
+
+async fn discard_one(
+    State(console): State<Console>,
+    session: Session,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, Fail> {
+    let form = FormData::parse(&body);
+    check_csrf(&session, &form)?;
+    require_operator(&session)?;
+    let id = parse_id(&id)?;
+    let reason = check_reason(form.get("reason"))?;
+    limit_actions(&console, &session)?;
+    act_on_one(&console, &session, id, Action::Discard { reason }).await
+}
+
+/// The dead-letter filter of a query or form: (type, since text, filter).
+fn dlq_filter(q: &FormData) -> Result<(String, String, Filter), String> {
+    let event_type = q.get("type").unwrap_or("").to_owned();
+    let since_text = q.get("since").unwrap_or("").to_owned();
+    let since = match q.get("since") {
+        Some(s) => Some(parse_when(s)?),
+        None => None,
+    };
+    let filter = Filter {
+        event_type: q.get("type").map(str::to_owned),
+        since,
+    };
+    Ok((event_type, since_text, filter))
+}
+
+async fn dead_letters(
+    State(console): State<Console>,
+    session: Session,
+    RawQuery(query): RawQuery,
+) -> Result<Response, Fail> {
+    let q = FormData::parse(query.unwrap_or_default().as_bytes());
+    let i = &console.inner;
+    let page_size = i.config.page_size;
+    let (event_type, since, filter, error) = match dlq_filter(&q) {
+        Ok((t, s, f)) => (t, s, Some(f), None),
+        Err(e) => (
+            q.get("type").unwrap_or("").to_owned(),
+            q.get("since").unwrap_or("").to_owned(),
+            None,
+            Some(e),
+        ),
+    };
+    let (matching, mut rows) = match &filter {
+        Some(f) => {
+            let matching = i.dlq.count(f).await.map_err(|e| internal(&e))?;
+            let rows = i
+                .console
+                .events(&EventQuery {
+                    event_type: f.event_type.clone(),
+                    status: Some("dead".to_owned()),
+                    created_from: f.since,
+                    before_row: q.get("before").and_then(|b| b.parse().ok()),
+                    limit: page_size + 1,
+                    ..EventQuery::default()
+                })
+                .await
+                .map_err(|e| internal(&e))?;
+            (matching, rows)
+        }
+        None => (0, Vec::new()),
+    };
+    let next = if rows.len() as i64 > page_size {
+        rows.truncate(page_size as usize);
+        let mut base = url::form_urlencoded::Serializer::new(String::new());
+        if !event_type.is_empty() {
+            base.append_pair("type", &event_type);
+        }
+        if !since.is_empty() {
+            base.append_pair("since", &since);
+        }
+        rows.last()
+            .map(|r| with_cursor("/dead-letters", &base.finish(), "before", r.row))
+    } else {
+        None
+    };
+    Ok(page(views::dead_letters(
+        &session,
+        &views::DeadLettersView {
+            event_type: &event_type,
+            since: &since,
+            matching,
+            rows: &rows,
+            next,
+            error: error.as_deref(),
+            notice: notice_text(q.get("notice")),
+        },
+    )))
+}
+
+async fn bulk_action(
+    State(console): State<Console>,
+    session: Session,
+    body: Bytes,
+) -> Result<Response, Fail> {
+    let form = FormData::parse(&body);
+    check_csrf(&session, &form)?;
+    require_operator(&session)?;
+    let (event_type, since_text, filter) = dlq_filter(&form).map_err(Fail::BadRequest)?;
+    let (verb, all) = match form.get("do") {
+        Some("replay-selected") => ("replay", false),
+        Some("replay-all") => ("replay", true),
+        Some("discard-selected") => ("discard", false),
+        Some("discard-all") => ("discard", true),
+        _ => return Err(Fail::BadRequest("Unknown action.".to_owned())),
+    };
+    let action = if verb == "discard" {
+        Action::Discard {
+            reason: check_reason(form.get("reason"))?,
+        }
+    } else {
+        Action::Replay
+    };
+    let i = &console.inner;
+    let (selection, total, what) = if all {
+        let total = i.dlq.count(&filter).await.map_err(|e| internal(&e))?;
+        let mut what = format!("all {total} dead letter(s)");
+        if !event_type.is_empty() {
+            what.push_str(&format!(" of type {event_type}"));
+        }
+        if !since_text.is_empty() {
+            what.push_str(&format!(" created since {since_text}"));
+        }
+        (Selection::All(filter), total, what)
+    } else {
+        let ids = form
+            .all("ids")
+            .map(|s| s.trim().parse::<Uuid>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| Fail::BadRequest("A selected event id is not a UUID.".to_owned()))?;
+        if ids.is_empty() {
+            let mut back = url::form_urlencoded::Serializer::new(String::new());
+            back.append_pair("notice", "none-selected");
+            if !event_type.is_empty() {
+                back.append_pair("type", &event_type);
+            }
+            if !since_text.is_empty() {
+                back.append_pair("since", &since_text);
+            }
+            return Ok(see_other(&format!("/dead-letters?{}", back.finish())));
+        }
+        if ids.len() > MAX_SELECTED {
+            return Err(Fail::BadRequest(format!(
+                "Select at most {MAX_SELECTED} events at once, or act on all that match a filter."
+            )));
+        }
+        let n = ids.len() as u64;
+        (
+            Selection::Ids(ids),
+            n,
+            format!("{n} selected dead letter(s)"),
+        )
+    };
+    limit_actions(&console, &session)?;
+    let id = i
+        .jobs
+        .start(
+            i.dlq.clone(),
+            selection,
+            action,
+            session.actor(),
+            session.user.clone(),
+            what,
+            total,
+            i.config.batch_size,
+        )
+        .map_err(|_| {
+            Fail::TooMany(
+                Duration::from_secs(5),
+                "Several bulk actions are running already; wait for one to finish.",
+            )
+        })?;
+    Ok(see_other(&format!("/jobs/{id}")))
+}
+
+async fn job_page(
+    State(console): State<Console>,
+    session: Session,
+    Path(id): Path<String>,
+) -> Result<Response, Fail> {
+    let job = console
+        .inner
+        .jobs
+        .get(parse_id(&id)?)
+        .ok_or(Fail::NotFound)?;
+    Ok(page(views::job(&session, &job)))
+}
+
+async fn job_progress(
+    State(console): State<Console>,
+    _session: Session,
+    Path(id): Path<String>,
+) -> Result<Response, Fail> {
+    let job = console
+        .inner
+        .jobs
+        .get(parse_id(&id)?)
+        .ok_or(Fail::NotFound)?;
+    let body = serde_json::json!({
+        "done": job.done,
+        "total": job.total,
+        "state": job.state.as_str(),
+        "finished": job.state != JobState::Running,
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response())
+}
+
+async fn job_cancel(
+    State(console): State<Console>,
+    session: Session,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, Fail> {
+    check_csrf(&session, &FormData::parse(&body))?;
+    require_operator(&session)?;
+    let id = parse_id(&id)?;
+    console.inner.jobs.get(id).ok_or(Fail::NotFound)?;
+    console.inner.jobs.cancel(id);
+    Ok(see_other(&format!("/jobs/{id}")))
+}
+
+async fn audit(
+    State(console): State<Console>,
+    session: Session,
+    RawQuery(query): RawQuery,
+) -> Result<Response, Fail> {
+    let q = FormData::parse(query.unwrap_or_default().as_bytes());
+    let page_size = console.inner.config.page_size;
+    let mut entries = console
+        .inner
+        .console
+        .audit_page(
+            q.get("before").and_then(|b| b.parse().ok()),
+            q.get("action"),
+            q.get("actor"),
+            page_size + 1,
+        )
+        .await
+        .map_err(|e| internal(&e))?;
+    let action = q.get("action").unwrap_or("");
+    let actor = q.get("actor").unwrap_or("");
+    let next = if entries.len() as i64 > page_size {
+        entries.truncate(page_size as usize);
+        let mut base = url::form_urlencoded::Serializer::new(String::new());
+        if !action.is_empty() {
+            base.append_pair("action", action);
+        }
+        if !actor.is_empty() {
+            base.append_pair("actor", actor);
+        }
+        entries
+            .last()
+            .map(|e| with_cursor("/audit", &base.finish(), "before", e.id))
+    } else {
+        None
+    };
+    Ok(page(views::audit(
+        &session,
+        &views::AuditView {
+            entries: &entries,
+            action,
+            actor,
+            next,
+        },
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_read_as_utc_or_as_durations_ago() {
+        assert_eq!(
+            parse_when("2026-05-01T12:00").unwrap().to_rfc3339(),
+            "2026-05-01T12:00:00+00:00"
+        );
+        assert_eq!(
+            parse_when("2026-05-01").unwrap().to_rfc3339(),
+            "2026-05-01T00:00:00+00:00"
+        );
+        let ago = Utc::now() - parse_when("2h").unwrap();
+        assert!((ago.num_minutes() - 120).abs() <= 1);
+        assert!(parse_when("<script>").is_err());
+    }
+
+    #[test]
+    fn the_chart_has_one_slot_per_minute() {
+        let filled = minutes_filled(&[], 30);
+        assert_eq!(filled.len(), 30);
+        assert!(filled
+            .windows(2)
+            .all(|w| w[1].0 - w[0].0 == chrono::Duration::minutes(1)));
+        assert_eq!(filled.last().unwrap().0.timestamp() % 60, 0);
+    }
+}

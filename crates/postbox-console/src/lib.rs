@@ -1,0 +1,217 @@
+//! The postbox operator console: a small web application, served by axum,
+//! over one postbox schema.
+//!
+//! - **Access.** Users have a role: `viewer` looks, `operator` also replays
+//!   and discards dead letters. Passwords are stored as argon2 hashes
+//!   ([`add_user`]). A session is a random token in an `HttpOnly`,
+//!   `SameSite=Strict` cookie (`Secure` when the console sits behind TLS);
+//!   only the token's SHA-256 is stored. Every state-changing request carries
+//!   the session's CSRF token (the sign-in form its own, double-submitted).
+//!   Sign-in attempts and replays/discards are rate limited in process.
+//! - **Pages.** Overview, event search and one event (payload redacted by the
+//!   configured [`PayloadRedactor`]), dead letters with single and bulk
+//!   replay/discard (bulk actions run in the background, batch by batch, and
+//!   can be cancelled), and the audit log, read-only.
+//! - **Storage.** Everything goes through `postbox_relay::store`: the
+//!   dead-letter operations and their audit entries (`store::dlq`) and the
+//!   console's own queries and tables (`store::console`, migration 6).
+//!
+//! The HTML is rendered on the server; one embedded stylesheet and one small
+//! script (progress polling, select-all, confirmations) are served by the
+//! binary itself, so the console needs nothing from the internet.
+
+mod assets;
+mod auth;
+mod form;
+mod handlers;
+mod jobs;
+mod limit;
+mod views;
+
+pub use auth::{hash_password, verify_password, Role};
+pub use limit::RateLimit;
+pub use postbox_relay::redact::PayloadRedactor;
+
+use postbox::Schema;
+use postbox_relay::store::console::ConsoleStore;
+use postbox_relay::store::dlq::DeadLetters;
+use postbox_relay::Store;
+use sqlx::PgPool;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// What can go wrong outside a request: managing users, serving.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConsoleError {
+    /// A user name must be 1 to 64 characters of letters, digits, `.`, `_`, `-`, `@`.
+    #[error("invalid user name: {0}")]
+    InvalidUserName(&'static str),
+    /// A password must be 8 to 1024 bytes.
+    #[error("invalid password: {0}")]
+    InvalidPassword(&'static str),
+    /// Roles are `viewer` and `operator`.
+    #[error("unknown role {0:?}: expected viewer or operator")]
+    UnknownRole(String),
+    /// argon2 refused to hash (it does not in practice).
+    #[error("cannot hash the password: {0}")]
+    Hash(String),
+    /// The database refused or failed a statement.
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+    /// The schema lacks the console's tables.
+    #[error("schema {0} has no console tables (migration 6): run `postbox migrate` first")]
+    NotMigrated(String),
+    /// The listening socket failed.
+    #[error("cannot serve the console")]
+    Serve(#[source] std::io::Error),
+}
+
+/// How the console behaves; [`ConsoleConfig::new`] gives the defaults.
+#[derive(Clone, Debug)]
+pub struct ConsoleConfig {
+    /// The postbox schema to show.
+    pub schema: Schema,
+    /// Masks configured payload paths and headers on event pages.
+    pub redactor: PayloadRedactor,
+    /// Mark cookies `Secure` (set this when users reach the console over
+    /// HTTPS, through a TLS-terminating proxy). A request that arrives with
+    /// `X-Forwarded-Proto: https` gets `Secure` cookies either way.
+    pub secure_cookies: bool,
+    /// How long a session lasts after sign-in.
+    pub session_lifetime: Duration,
+    /// Sign-in attempts, per client address and per user name.
+    pub sign_in_limit: RateLimit,
+    /// Replay and discard requests, per user.
+    pub action_limit: RateLimit,
+    /// Dead letters per transaction (and per audit entry) in bulk actions.
+    pub batch_size: i64,
+    /// Rows per page of lists.
+    pub page_size: i64,
+}
+
+impl ConsoleConfig {
+    /// Defaults: 12-hour sessions, 5 sign-in attempts a minute, 20 replay or
+    /// discard requests a minute, batches of 500, pages of 50.
+    pub fn new(schema: Schema) -> Self {
+        Self {
+            schema,
+            redactor: PayloadRedactor::default(),
+            secure_cookies: false,
+            session_lifetime: Duration::from_secs(12 * 3600),
+            sign_in_limit: RateLimit::per_minute(5),
+            action_limit: RateLimit::per_minute(20),
+            batch_size: 500,
+            page_size: 50,
+        }
+    }
+}
+
+/// Shared by every request.
+pub(crate) struct Inner {
+    pub config: ConsoleConfig,
+    pub store: Store,
+    pub console: ConsoleStore,
+    pub dlq: DeadLetters,
+    pub sign_in_by_client: limit::Limiter,
+    pub sign_in_by_name: limit::Limiter,
+    pub actions: limit::Limiter,
+    pub jobs: jobs::Jobs,
+}
+
+/// The console application over one pool and schema.
+#[derive(Clone)]
+pub struct Console {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl Console {
+    pub fn new(pool: PgPool, config: ConsoleConfig) -> Self {
+        let store = Store::new(pool, config.schema.clone());
+        let inner = Inner {
+            console: store.console(),
+            dlq: store.dead_letters(),
+            store,
+            sign_in_by_client: limit::Limiter::new(config.sign_in_limit),
+            sign_in_by_name: limit::Limiter::new(config.sign_in_limit),
+            actions: limit::Limiter::new(config.action_limit),
+            jobs: jobs::Jobs::default(),
+            config,
+        };
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// Check that the schema has the console's tables (and that the database answers).
+    pub async fn check(&self) -> Result<(), ConsoleError> {
+        check_schema(&self.inner.console, &self.inner.config.schema).await
+    }
+
+    /// The axum router (needs `ConnectInfo<SocketAddr>` for per-client
+    /// sign-in limits; without it every client shares one bucket).
+    pub fn router(&self) -> axum::Router {
+        handlers::router(self.clone())
+    }
+
+    /// Serve on `listener` until `shutdown` is cancelled; bulk actions still
+    /// running are cancelled too (each stops after its current batch).
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: CancellationToken,
+    ) -> Result<(), ConsoleError> {
+        let jobs = self.inner.jobs.clone();
+        let app = self
+            .router()
+            .into_make_service_with_connect_info::<SocketAddr>();
+        let stop = shutdown.clone();
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+        jobs.cancel_all();
+        served.map_err(ConsoleError::Serve)
+    }
+}
+
+/// Create user `name` with `role`, or give an existing user this role and
+/// password; the user's open sessions end either way. Returns true when the
+/// user is new.
+pub async fn add_user(
+    pool: &PgPool,
+    schema: &Schema,
+    name: &str,
+    role: Role,
+    password: &str,
+) -> Result<bool, ConsoleError> {
+    auth::check_user_name(name)?;
+    auth::check_password(password)?;
+    let hash = {
+        let password = password.to_owned();
+        tokio::task::spawn_blocking(move || hash_password(&password))
+            .await
+            .map_err(|e| ConsoleError::Hash(e.to_string()))??
+    };
+    let store = ConsoleStore::new(pool.clone(), schema);
+    check_schema(&store, schema).await?;
+    Ok(store.upsert_user(name, role.as_str(), &hash).await?)
+}
+
+async fn check_schema(store: &ConsoleStore, schema: &Schema) -> Result<(), ConsoleError> {
+    match store.user("").await {
+        Ok(_) => Ok(()),
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42P01") => {
+            Err(ConsoleError::NotMigrated(schema.name().to_owned()))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Remove user `name` and end their sessions; false when there was none.
+pub async fn remove_user(pool: &PgPool, schema: &Schema, name: &str) -> Result<bool, ConsoleError> {
+    let store = ConsoleStore::new(pool.clone(), schema);
+    check_schema(&store, schema).await?;
+    Ok(store.delete_user(name).await?)
+}

@@ -1,0 +1,902 @@
+//! The pages, as maud templates: every value is HTML-escaped unless it is
+//! markup built here.
+
+use crate::auth::Session;
+use crate::jobs::{Job, JobState};
+use chrono::{DateTime, Utc};
+use maud::{html, Markup, DOCTYPE};
+use postbox_relay::store::console::{DeliveryRecord, EventRecord, EventRow, RelaySeen};
+use postbox_relay::store::dlq::AuditEntry;
+use postbox_relay::store::{DestinationCounts, StatusCounts};
+use serde_json::Value;
+use uuid::Uuid;
+
+/// Which navigation entry is current.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Nav {
+    Overview,
+    Events,
+    DeadLetters,
+    Audit,
+    None,
+}
+
+pub(crate) fn layout(title: &str, session: Option<&Session>, nav: Nav, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · postbox console" }
+                link rel="stylesheet" href="/static/console.css";
+                script src="/static/console.js" defer {}
+            }
+            body {
+                header.top {
+                    a.brand href="/" { "postbox" }
+                    @if let Some(s) = session {
+                        nav {
+                            a href="/" aria-current=[current(nav == Nav::Overview)] { "Overview" }
+                            a href="/events" aria-current=[current(nav == Nav::Events)] { "Events" }
+                            a href="/dead-letters" aria-current=[current(nav == Nav::DeadLetters)] { "Dead letters" }
+                            a href="/audit" aria-current=[current(nav == Nav::Audit)] { "Audit log" }
+                        }
+                        div.who {
+                            span.user { (s.user) " · " (s.role.as_str()) }
+                            form.inline method="post" action="/sign-out" {
+                                input type="hidden" name="csrf" value=(s.csrf);
+                                button.link type="submit" { "Sign out" }
+                            }
+                        }
+                    }
+                }
+                main { (body) }
+            }
+        }
+    }
+}
+
+fn current(yes: bool) -> Option<&'static str> {
+    yes.then_some("page")
+}
+
+pub(crate) fn time(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+}
+
+fn opt_time(t: Option<DateTime<Utc>>) -> String {
+    t.map_or_else(|| "—".to_owned(), time)
+}
+
+/// A duration in seconds, for people: `45s`, `12m 03s`, `3h 20m`, `2d 4h`.
+pub(crate) fn age(seconds: f64) -> String {
+    let s = seconds.max(0.0).round() as u64;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m {:02}s", s / 60, s % 60),
+        3600..=86_399 => format!("{}h {:02}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d {}h", s / 86_400, (s % 86_400) / 3600),
+    }
+}
+
+/// At most `max` characters on one line, a cut marked with `…`.
+pub(crate) fn clip(s: &str, max: usize) -> String {
+    let line = s.replace(['\n', '\r'], " ");
+    if line.chars().count() <= max {
+        return line;
+    }
+    let mut out: String = line.chars().take(max.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+fn status_badge(status: &str, resolution: Option<&str>) -> Markup {
+    let (class, label) = match (status, resolution) {
+        ("failed", Some("discarded")) => ("muted", "discarded"),
+        ("failed", Some("replaced")) => ("muted", "replaced"),
+        ("failed", _) => ("bad", "dead letter"),
+        ("sent", _) => ("good", "sent"),
+        ("processing", _) => ("busy", "processing"),
+        ("pending", _) => ("wait", "pending"),
+        (other, _) => ("muted", other),
+    };
+    html! { span class={"badge " (class)} { (label) } }
+}
+
+fn notice(text: Option<&str>) -> Markup {
+    html! {
+        @if let Some(t) = text {
+            p.notice role="status" { (t) }
+        }
+    }
+}
+
+pub(crate) struct SignInView<'a> {
+    pub csrf: &'a str,
+    pub next: &'a str,
+    pub name: &'a str,
+    pub error: Option<&'a str>,
+}
+
+pub(crate) fn sign_in(v: &SignInView<'_>) -> Markup {
+    layout(
+        "Sign in",
+        None,
+        Nav::None,
+        html! {
+            section.signin {
+                h1 { "Sign in" }
+                @if let Some(e) = v.error {
+                    p.error role="alert" { (e) }
+                }
+                form method="post" action="/sign-in" {
+                    input type="hidden" name="csrf" value=(v.csrf);
+                    input type="hidden" name="next" value=(v.next);
+                    label for="name" { "User" }
+                    input #name type="text" name="name" value=(v.name) autocomplete="username"
+                        autocapitalize="none" required autofocus;
+                    label for="password" { "Password" }
+                    input #password type="password" name="password" autocomplete="current-password" required;
+                    button.primary type="submit" { "Sign in" }
+                }
+            }
+        },
+    )
+}
+
+pub(crate) fn error_page(session: Option<&Session>, title: &str, text: &str) -> Markup {
+    layout(
+        title,
+        session,
+        Nav::None,
+        html! {
+            h1 { (title) }
+            p { (text) }
+            p { a href="/" { "Back to the overview" } }
+        },
+    )
+}
+
+pub(crate) struct OverviewView<'a> {
+    pub schema: &'a str,
+    pub counts: &'a StatusCounts,
+    pub destinations: &'a [DestinationCounts],
+    /// (minute, delivered) for each of the last minutes, oldest first, zeros included.
+    pub rate: &'a [(DateTime<Utc>, i64)],
+    pub relays: &'a [RelaySeen],
+    pub jobs: &'a [Job],
+}
+
+pub(crate) fn overview(session: &Session, v: &OverviewView<'_>) -> Markup {
+    let c = v.counts;
+    let delivered: i64 = v.rate.iter().map(|(_, n)| n).sum();
+    let minutes = v.rate.len();
+    layout(
+        "Overview",
+        Some(session),
+        Nav::Overview,
+        html! {
+            h1 { "Overview " span.sub { "schema " (v.schema) } }
+            div.cards {
+                a.card href="/events?status=pending" {
+                    span.label { "Pending" } span.value #pending { (c.pending) }
+                }
+                div.card.(if c.oldest_pending_age_seconds.unwrap_or(0.0) > 300.0 { "warn" } else { "" }) {
+                    span.label { "Oldest pending" }
+                    span.value #oldest-pending {
+                        (c.oldest_pending_age_seconds.map_or_else(|| "—".to_owned(), age))
+                    }
+                }
+                a.card href="/events?status=processing" {
+                    span.label { "Processing" } span.value { (c.processing) }
+                }
+                a.card href="/events?status=sent" {
+                    span.label { "Sent" } span.value { (c.sent) }
+                }
+                a.card.(if c.failed > 0 { "bad" } else { "" }) href="/dead-letters" {
+                    span.label { "Dead letters" } span.value #dead-letters { (c.failed) }
+                }
+                div.card {
+                    span.label { "Delivered, last " (minutes) " min" }
+                    span.value { (delivered) }
+                }
+            }
+            section {
+                h2 { "Delivery rate" }
+                (rate_chart(v.rate))
+            }
+            section {
+                h2 { "Destinations" }
+                @if v.destinations.is_empty() {
+                    p.muted { "No per-destination state recorded: fan-out events that reached every destination at the first try leave none." }
+                } @else {
+                    div.scroll { table {
+                        thead { tr { th { "Destination" } th.num { "Retrying" } th.num { "Dead letters" } th.num { "Delivered after retry" } th.num { "Most attempts" } } }
+                        tbody {
+                            @for d in v.destinations {
+                                tr {
+                                    td { (d.destination) }
+                                    td.num { (d.retrying) }
+                                    td.num { (d.dead_letters) }
+                                    td.num { (d.delivered_after_retry) }
+                                    td.num { (d.max_attempts) }
+                                }
+                            }
+                        }
+                    } }
+                }
+            }
+            section {
+                h2 { "Relays connected now" }
+                @if v.relays.is_empty() {
+                    p.warn-text { "No relay is connected to this database (no session named postbox-relay)." }
+                } @else {
+                    div.scroll { table #relays {
+                        thead { tr { th { "Client" } th.num { "Connections" } th { "Connected since" } th { "Last active" } } }
+                        tbody {
+                            @for r in v.relays {
+                                tr {
+                                    td { (r.client) }
+                                    td.num { (r.connections) }
+                                    td { (opt_time(r.connected_since)) }
+                                    td { (opt_time(r.last_active)) }
+                                }
+                            }
+                        }
+                    } }
+                }
+                p.muted.small { "Relays of every schema in this database are listed; other roles' addresses show only with pg_monitor." }
+            }
+            section {
+                h2 { "Lost acknowledgements" }
+                p.muted { "Not kept in the database: each relay counts them in "
+                    code { "postbox_acks_lost_total" } " on its " code { "/metrics" }
+                    " endpoint (a settlement refused because a newer lease held the event: a duplicate delivery, never a loss)." }
+            }
+            @if !v.jobs.is_empty() {
+                section {
+                    h2 { "Recent bulk actions" }
+                    (jobs_table(v.jobs))
+                }
+            }
+        },
+    )
+}
+
+fn rate_chart(rate: &[(DateTime<Utc>, i64)]) -> Markup {
+    let max = rate.iter().map(|(_, n)| *n).max().unwrap_or(0).max(1);
+    let n = rate.len().max(1);
+    let width = 600.0_f64;
+    let height = 120.0_f64;
+    let slot = width / n as f64;
+    let bar = (slot * 0.8).max(1.0);
+    let peak = rate.iter().map(|(_, n)| *n).max().unwrap_or(0);
+    let label = format!(
+        "Events delivered per minute over the last {} minutes; peak {} per minute",
+        rate.len(),
+        peak
+    );
+    html! {
+        figure.chart {
+            svg viewBox={"0 0 " (width) " " (height + 2.0)} preserveAspectRatio="none" role="img" aria-label=(label) {
+                line.axis x1="0" y1=(height) x2=(width) y2=(height) {}
+                @for (i, (minute, count)) in rate.iter().enumerate() {
+                    @let h = if *count == 0 { 0.0 } else { (*count as f64 / max as f64 * (height - 4.0)).max(2.0) };
+                    rect x=(format!("{:.1}", i as f64 * slot + (slot - bar) / 2.0)) y=(format!("{:.1}", height - h))
+                        width=(format!("{bar:.1}")) height=(format!("{h:.1}")) {
+                        title { (minute.format("%H:%M UTC")) ": " (count) }
+                    }
+                }
+            }
+            div.axis-labels { span { (rate.len()) " min ago" } span { "now" } }
+            figcaption {
+                "Events delivered per minute; peak " strong { (peak) } " per minute."
+            }
+        }
+    }
+}
+
+fn jobs_table(jobs: &[Job]) -> Markup {
+    html! {
+        div.scroll { table {
+            thead { tr { th { "Started" } th { "By" } th { "Action" } th { "Progress" } th { "State" } } }
+            tbody {
+                @for j in jobs {
+                    tr {
+                        td { a href={"/jobs/" (j.id)} { (time(j.started_at)) } }
+                        td { (j.owner) }
+                        td { (j.verb) " " (j.what) }
+                        td.num { (j.done) " / " (j.total) }
+                        td { (j.state.as_str()) }
+                    }
+                }
+            }
+        } }
+    }
+}
+
+/// The search form's values, echoed back.
+#[derive(Default)]
+pub(crate) struct EventSearch {
+    pub event_id: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    pub status: String,
+    pub from: String,
+    pub to: String,
+}
+
+impl EventSearch {
+    /// The query string of this search (without the page cursor).
+    pub fn query(&self) -> String {
+        let mut q = url::form_urlencoded::Serializer::new(String::new());
+        for (k, v) in [
+            ("event_id", &self.event_id),
+            ("aggregate_type", &self.aggregate_type),
+            ("aggregate_id", &self.aggregate_id),
+            ("type", &self.event_type),
+            ("status", &self.status),
+            ("from", &self.from),
+            ("to", &self.to),
+        ] {
+            if !v.is_empty() {
+                q.append_pair(k, v);
+            }
+        }
+        q.finish()
+    }
+}
+
+const STATUSES: &[(&str, &str)] = &[
+    ("", "any"),
+    ("pending", "pending"),
+    ("processing", "processing"),
+    ("sent", "sent"),
+    ("dead", "dead letter"),
+    ("discarded", "discarded"),
+    ("replaced", "replaced"),
+    ("failed", "failed (any resolution)"),
+];
+
+pub(crate) fn events(
+    session: &Session,
+    search: &EventSearch,
+    rows: &[EventRow],
+    next: Option<String>,
+    error: Option<&str>,
+) -> Markup {
+    layout(
+        "Events",
+        Some(session),
+        Nav::Events,
+        html! {
+            h1 { "Events" }
+            form.search method="get" action="/events" {
+                div.fields {
+                    label.wide { "Event id" input type="text" name="event_id" value=(search.event_id) placeholder="0190f3c2-…" autocapitalize="none"; }
+                    label { "Event type" input type="text" name="type" value=(search.event_type) autocapitalize="none"; }
+                    label { "Aggregate type" input type="text" name="aggregate_type" value=(search.aggregate_type) autocapitalize="none"; }
+                    label { "Aggregate id" input type="text" name="aggregate_id" value=(search.aggregate_id) autocapitalize="none"; }
+                    label { "Status"
+                        select name="status" {
+                            @for (value, text) in STATUSES {
+                                option value=(value) selected[search.status == *value] { (text) }
+                            }
+                        }
+                    }
+                    label { "Created from" input type="text" name="from" value=(search.from) placeholder="2h or 2026-05-01T12:00"; }
+                    label { "Created before" input type="text" name="to" value=(search.to) placeholder="UTC"; }
+                }
+                button.primary type="submit" { "Search" }
+                " " a href="/events" { "Clear" }
+            }
+            @if let Some(e) = error {
+                p.error role="alert" { (e) }
+            }
+            @if rows.is_empty() {
+                p.muted { "No events match." }
+            } @else {
+                (event_table(rows))
+            }
+            @if let Some(n) = next {
+                p.pager { a href=(n) { "Older events →" } }
+            }
+        },
+    )
+}
+
+fn event_table(rows: &[EventRow]) -> Markup {
+    html! {
+        div.scroll { table.events.stack {
+            thead { tr { th { "Created" } th { "Event" } th { "Aggregate" } th { "Status" } th.num { "Attempts" } th { "Last error" } } }
+            tbody {
+                @for r in rows {
+                    tr {
+                        td.nowrap { (time(r.created_at)) }
+                        td { a href={"/events/" (r.event_id)} { (r.event_type) } br; span.id { (r.event_id) } }
+                        td { (r.aggregate_type) "/" (r.aggregate_id) }
+                        td { (status_badge(&r.status, r.resolution.as_deref())) }
+                        td.num.attempts { (r.attempts) }
+                        td.error-text { (clip(r.last_error.as_deref().unwrap_or(""), 120)) }
+                    }
+                }
+            }
+        } }
+    }
+}
+
+pub(crate) struct EventView<'a> {
+    pub event: &'a EventRecord,
+    pub deliveries: &'a [DeliveryRecord],
+    pub audit: &'a [AuditEntry],
+    pub redacted: bool,
+    pub notice: Option<&'a str>,
+}
+
+/// What happened to an event, from what the database keeps.
+fn timeline(v: &EventView<'_>) -> Vec<(DateTime<Utc>, String)> {
+    let e = v.event;
+    let mut items = vec![(
+        e.created_at,
+        match e.sequence {
+            Some(n) => format!("Enqueued (number {n} of its aggregate)"),
+            None => "Enqueued".to_owned(),
+        },
+    )];
+    for d in v.deliveries {
+        let what = match (d.status.as_str(), &d.last_error) {
+            ("sent", _) => format!(
+                "Delivered to {} after {} attempt(s)",
+                d.destination, d.attempts
+            ),
+            ("failed", Some(err)) => format!(
+                "Destination {} gave up after {} attempt(s): {}",
+                d.destination, d.attempts, err
+            ),
+            (_, Some(err)) => format!(
+                "Destination {} failed attempt {}: {}",
+                d.destination, d.attempts, err
+            ),
+            (s, None) => format!("Destination {}: {s}", d.destination),
+        };
+        items.push((d.sent_at.unwrap_or(d.updated_at), what));
+    }
+    for a in v.audit {
+        let verb = match a.action.as_str() {
+            "dlq.replay" => "Replayed under the same id",
+            "dlq.replay_new_id" => "Replayed as a new event",
+            "dlq.discard" => "Discarded",
+            other => other,
+        };
+        let mut text = format!("{verb} by {}", a.actor);
+        if let Some(r) = &a.reason {
+            text.push_str(&format!(" (reason: {r})"));
+        }
+        items.push((a.at, text));
+    }
+    if let Some(at) = e.sent_at {
+        items.push((at, "Delivered and acknowledged".to_owned()));
+    }
+    match e.status.as_str() {
+        "pending" if e.attempts > 0 => items.push((
+            e.available_at,
+            format!(
+                "Attempt {} failed; next attempt due{}",
+                e.attempts,
+                e.last_error
+                    .as_deref()
+                    .map(|er| format!(" (last error: {er})"))
+                    .unwrap_or_default()
+            ),
+        )),
+        "failed" => items.push((
+            e.available_at,
+            format!(
+                "Last attempt ({}) due; the relay gave up and made it a dead letter{}",
+                e.attempts,
+                e.last_error
+                    .as_deref()
+                    .map(|er| format!(": {er}"))
+                    .unwrap_or_default()
+            ),
+        )),
+        "processing" => {
+            if let Some(until) = e.lease_expires_at {
+                items.push((
+                    until,
+                    format!("Claimed by a relay (attempt {}); lease expires", e.attempts),
+                ));
+            }
+        }
+        _ => {}
+    }
+    if let (Some(at), Some(res)) = (e.resolved_at, &e.resolution) {
+        items.push((at, format!("Resolved as {res}")));
+    }
+    items.sort_by_key(|(t, _)| *t);
+    items
+}
+
+/// One sentence on where the event stands and why.
+fn diagnosis(e: &EventRecord) -> String {
+    let now = Utc::now();
+    match (e.status.as_str(), e.resolution.as_deref()) {
+        ("sent", _) => "Delivered.".to_owned(),
+        ("failed", Some("discarded")) => format!(
+            "Discarded by an operator{}.",
+            e.resolution_note
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        ),
+        ("failed", Some("replaced")) => "Replayed as a new event (see “replaced by”).".to_owned(),
+        ("failed", _) => format!(
+            "Dead letter after {} attempt(s): the relay gave up on it. Fix the cause shown in the last error, then replay it, or discard it with a reason.",
+            e.attempts
+        ),
+        ("processing", _) => match e.lease_expires_at {
+            Some(t) if t < now => "Claimed, but its lease has expired: the relay that held it stopped or stalled; the rescuer will put it back.".to_owned(),
+            _ => "Being delivered by a relay now.".to_owned(),
+        },
+        ("pending", _) if e.available_at > now => format!(
+            "Waiting for a retry at {} after {} failed attempt(s).",
+            time(e.available_at),
+            e.attempts
+        ),
+        ("pending", _) => "Due now, waiting for a relay to claim it. If it stays here, check that a relay is connected (Overview) and, for ordered routes, whether an earlier event of its aggregate is stuck.".to_owned(),
+        (other, _) => format!("Status {other}."),
+    }
+}
+
+pub(crate) fn event(session: &Session, v: &EventView<'_>) -> Markup {
+    let e = v.event;
+    let pretty = |value: &Value| serde_json::to_string_pretty(value).unwrap_or_default();
+    layout(
+        &format!("Event {}", e.event_id),
+        Some(session),
+        Nav::Events,
+        html! {
+            p.crumbs { a href="/events" { "Events" } " / " span.id { (e.event_id) } }
+            h1 { (e.event_type) " " (status_badge(&e.status, e.resolution.as_deref())) }
+            (notice(v.notice))
+            p.diagnosis #diagnosis { (diagnosis(e)) }
+            @if let Some(err) = &e.last_error {
+                div.last-error {
+                    h2 { "Last error" }
+                    pre #last-error { (err) }
+                }
+            }
+            @if e.is_dead_letter() && session.is_operator() {
+                div.actions {
+                    form method="post" action={"/events/" (e.event_id) "/replay"} {
+                        input type="hidden" name="csrf" value=(session.csrf);
+                        button.primary #replay type="submit" { "Replay" }
+                        span.muted.small { " same event id, attempts reset, due now" }
+                    }
+                    form.discard method="post" action={"/events/" (e.event_id) "/discard"} {
+                        input type="hidden" name="csrf" value=(session.csrf);
+                        input type="text" name="reason" placeholder="Why discard it?" required maxlength="2000";
+                        button.danger type="submit" { "Discard" }
+                    }
+                }
+            }
+            section {
+                h2 { "Envelope" }
+                dl.envelope {
+                    dt { "Event id" } dd.id { (e.event_id) }
+                    dt { "Type" } dd { (e.event_type) " (schema version " (e.schema_version) ")" }
+                    dt { "Aggregate" } dd {
+                        a href={"/events?" (agg_query(&e.aggregate_type, &e.aggregate_id))} { (e.aggregate_type) "/" (e.aggregate_id) }
+                        @if let Some(n) = e.sequence { " · number " (n) }
+                    }
+                    dt { "Status" } dd #status { (e.status) @if let Some(r) = &e.resolution { " (" (r) ")" } }
+                    dt { "Attempts" } dd #attempts { (e.attempts) }
+                    dt { "Created" } dd { (time(e.created_at)) }
+                    dt { "Due" } dd { (time(e.available_at)) }
+                    dt { "Sent" } dd { (opt_time(e.sent_at)) }
+                    @if let Some(t) = e.lease_expires_at { dt { "Lease until" } dd { (time(t)) } }
+                    @if let Some(t) = e.resolved_at { dt { "Resolved" } dd { (time(t)) } }
+                    @if let Some(n) = &e.resolution_note { dt { "Reason" } dd { (n) } }
+                    @if let Some(id) = e.replaced_by { dt { "Replaced by" } dd { a href={"/events/" (id)} { (id) } } }
+                    @if let Some(id) = e.replay_of { dt { "Replay of" } dd { a href={"/events/" (id)} { (id) } } }
+                }
+            }
+            section {
+                h2 { "Timeline" }
+                ol.timeline #timeline {
+                    @for (at, what) in timeline(v) {
+                        li { time { (time(at)) } " " span { (what) } }
+                    }
+                }
+                p.muted.small { "postbox keeps the attempt count and the last error of each event, not every attempt." }
+            }
+            @if !v.deliveries.is_empty() {
+                section {
+                    h2 { "Destinations" }
+                    div.scroll { table {
+                        thead { tr { th { "Destination" } th { "Status" } th.num { "Attempts" } th { "Due" } th { "Sent" } th { "Last error" } } }
+                        tbody {
+                            @for d in v.deliveries {
+                                tr {
+                                    td { (d.destination) }
+                                    td { (d.status) }
+                                    td.num { (d.attempts) }
+                                    td.nowrap { (time(d.available_at)) }
+                                    td.nowrap { (opt_time(d.sent_at)) }
+                                    td.error-text { (d.last_error.as_deref().unwrap_or("")) }
+                                }
+                            }
+                        }
+                    } }
+                }
+            }
+            section {
+                h2 { "Payload" }
+                @if v.redacted { p.muted.small { "Configured paths and headers are masked as ***." } }
+                pre.json #payload { (pretty(&e.payload)) }
+                h2 { "Headers" }
+                pre.json { (pretty(&e.headers)) }
+            }
+            @if !v.audit.is_empty() {
+                section {
+                    h2 { "Audit entries" }
+                    (audit_table(v.audit))
+                }
+            }
+        },
+    )
+}
+
+fn agg_query(t: &str, id: &str) -> String {
+    url::form_urlencoded::Serializer::new(String::new())
+        .append_pair("aggregate_type", t)
+        .append_pair("aggregate_id", id)
+        .finish()
+}
+
+pub(crate) struct DeadLettersView<'a> {
+    pub event_type: &'a str,
+    pub since: &'a str,
+    pub matching: u64,
+    pub rows: &'a [EventRow],
+    pub next: Option<String>,
+    pub error: Option<&'a str>,
+    pub notice: Option<&'a str>,
+}
+
+pub(crate) fn dead_letters(session: &Session, v: &DeadLettersView<'_>) -> Markup {
+    layout(
+        "Dead letters",
+        Some(session),
+        Nav::DeadLetters,
+        html! {
+            h1 { "Dead letters" }
+            (notice(v.notice))
+            form.search method="get" action="/dead-letters" {
+                div.fields {
+                    label { "Event type" input type="text" name="type" value=(v.event_type) autocapitalize="none"; }
+                    label { "Created since" input type="text" name="since" value=(v.since) placeholder="2h or 2026-05-01T12:00"; }
+                }
+                button.primary type="submit" { "Filter" }
+                " " a href="/dead-letters" { "Clear" }
+            }
+            @if let Some(e) = v.error {
+                p.error role="alert" { (e) }
+            }
+            p #matching { strong { (v.matching) } " unresolved dead letter(s) match." }
+            @if !v.rows.is_empty() {
+                form #bulk method="post" action="/dead-letters/action" {
+                    input type="hidden" name="csrf" value=(session.csrf);
+                    input type="hidden" name="type" value=(v.event_type);
+                    input type="hidden" name="since" value=(v.since);
+                    div.scroll { table.events.stack {
+                        thead { tr {
+                            @if session.is_operator() {
+                                th { input type="checkbox" data-select-all="ids" aria-label="Select all on this page"; }
+                            }
+                            th { "Created" } th { "Event" } th { "Aggregate" } th.num { "Attempts" } th { "Last error" }
+                        } }
+                        tbody {
+                            @for r in v.rows {
+                                tr.has-select[session.is_operator()] {
+                                    @if session.is_operator() {
+                                        td.select { input type="checkbox" name="ids" value=(r.event_id) aria-label={"Select " (r.event_id)}; }
+                                    }
+                                    td.nowrap { (time(r.created_at)) }
+                                    td { a href={"/events/" (r.event_id)} { (r.event_type) } br; span.id { (r.event_id) } }
+                                    td { (r.aggregate_type) "/" (r.aggregate_id) }
+                                    td.num.attempts { (r.attempts) }
+                                    td.error-text { (clip(r.last_error.as_deref().unwrap_or(""), 160)) }
+                                }
+                            }
+                        }
+                    } }
+                    @if let Some(n) = &v.next {
+                        p.pager { a href=(n) { "More →" } }
+                    }
+                    @if session.is_operator() {
+                        fieldset.bulk {
+                            legend { "Act on dead letters" }
+                            div.row {
+                                button.primary type="submit" name="do" value="replay-selected" { "Replay selected" }
+                                button type="submit" name="do" value="replay-all"
+                                    data-confirm={"Replay all " (v.matching) " matching dead letters?"} { "Replay all " (v.matching) " matching" }
+                            }
+                            div.row {
+                                input type="text" name="reason" placeholder="Reason (required to discard)" maxlength="2000";
+                                button.danger type="submit" name="do" value="discard-selected" { "Discard selected" }
+                                button.danger type="submit" name="do" value="discard-all"
+                                    data-confirm={"Discard all " (v.matching) " matching dead letters?"} { "Discard all " (v.matching) " matching" }
+                            }
+                            p.muted.small { "Replays keep each event's id, reset its attempts and make it due now. Bulk actions run in batches, each with its own audit entry, and can be cancelled." }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+pub(crate) fn job(session: &Session, job: &Job) -> Markup {
+    let running = job.state == JobState::Running;
+    let verb = if job.verb == "discard" {
+        "Discarding"
+    } else {
+        "Replaying"
+    };
+    layout(
+        "Bulk action",
+        Some(session),
+        Nav::DeadLetters,
+        html! {
+            h1 { (verb) " " (job.what) }
+            div.job #job data-progress-url=(format!("/jobs/{}/progress", job.id)) data-state=(job.state.as_str()) {
+                progress #job-progress value=(job.done) max=(job.total.max(1)) {}
+                p { span #job-done { (job.done) } " of " span #job-total { (job.total) } " done · "
+                    strong #job-state { (job.state.as_str()) } }
+                p.muted.small { "Started by " (job.owner) " at " (time(job.started_at)) }
+                @if job.skipped > 0 {
+                    p.warn-text { (job.skipped) " selected event(s) were no longer unresolved dead letters and were left alone." }
+                }
+            }
+            div.actions {
+                @if running && session.is_operator() {
+                    form method="post" action={"/jobs/" (job.id) "/cancel"} {
+                        input type="hidden" name="csrf" value=(session.csrf);
+                        button.danger #cancel type="submit" { "Cancel" }
+                        span.muted.small { " stops after the current batch" }
+                    }
+                }
+                @if running { a.noscript-refresh href={"/jobs/" (job.id)} { "Refresh" } }
+            }
+            p { a href="/dead-letters" { "Dead letters" } " · " a href="/audit" { "Audit log" } }
+        },
+    )
+}
+
+pub(crate) struct AuditView<'a> {
+    pub entries: &'a [AuditEntry],
+    pub action: &'a str,
+    pub actor: &'a str,
+    pub next: Option<String>,
+}
+
+const ACTIONS: &[&str] = &[
+    "",
+    "dlq.replay",
+    "dlq.replay_new_id",
+    "dlq.discard",
+    "console.sign_in",
+    "console.sign_in_failed",
+    "console.sign_out",
+];
+
+pub(crate) fn audit(session: &Session, v: &AuditView<'_>) -> Markup {
+    layout(
+        "Audit log",
+        Some(session),
+        Nav::Audit,
+        html! {
+            h1 { "Audit log" }
+            p.muted { "Every replay, discard and sign-in attempt, newest first. Kept in the database; the console cannot change it." }
+            form.search method="get" action="/audit" {
+                div.fields {
+                    label { "Action"
+                        select name="action" {
+                            @for a in ACTIONS {
+                                option value=(a) selected[v.action == *a] { @if a.is_empty() { "any" } @else { (a) } }
+                            }
+                        }
+                    }
+                    label { "Actor" input type="text" name="actor" value=(v.actor) autocapitalize="none"; }
+                }
+                button.primary type="submit" { "Filter" }
+            }
+            @if v.entries.is_empty() {
+                p.muted { "No entries." }
+            } @else {
+                (audit_table(v.entries))
+            }
+            @if let Some(n) = &v.next {
+                p.pager { a href=(n) { "Older entries →" } }
+            }
+        },
+    )
+}
+
+fn audit_table(entries: &[AuditEntry]) -> Markup {
+    html! {
+        div.scroll { table.audit.stack #audit {
+            thead { tr { th { "When" } th { "Actor" } th { "Action" } th.num { "Count" } th { "What" } th { "Reason" } } }
+            tbody {
+                @for a in entries {
+                    tr {
+                        td.nowrap { (time(a.at)) }
+                        td { (a.actor) }
+                        td { (a.action) }
+                        td.num.count { (a.count) }
+                        td { (audit_what(a)) }
+                        td.reason { (a.reason.as_deref().unwrap_or("")) }
+                    }
+                }
+            }
+        } }
+    }
+}
+
+/// The selection, and up to five of the events an entry touched, linked.
+fn audit_what(a: &AuditEntry) -> Markup {
+    let events: Vec<Uuid> = a
+        .details
+        .as_array()
+        .map(|d| {
+            d.iter()
+                .filter_map(|x| x.get("event_id")?.as_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let selection = if a.selection.get("all").is_some() {
+        clip(&a.selection.to_string(), 120)
+    } else {
+        String::new()
+    };
+    let field = |k: &str| a.details.get(k).and_then(Value::as_str);
+    let other = match (events.is_empty(), field("outcome"), field("client")) {
+        (false, _, _) => String::new(),
+        (true, Some(outcome), Some(client)) => format!("{outcome} · from {client}"),
+        (true, None, Some(client)) => format!("from {client}"),
+        (true, _, _) => clip(&a.details.to_string(), 160),
+    };
+    html! {
+        @if !selection.is_empty() { code { (selection) } br; }
+        @for id in events.iter().take(5) {
+            a.id href={"/events/" (id)} { (id) } br;
+        }
+        @if events.len() > 5 { span.muted { "and " (events.len() - 5) " more" } }
+        @if events.is_empty() && other != "[]" && other != "{}" { span.details { (other) } }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_read_naturally() {
+        assert_eq!(age(0.4), "0s");
+        assert_eq!(age(75.0), "1m 15s");
+        assert_eq!(age(3600.0 * 3.0 + 120.0), "3h 02m");
+        assert_eq!(age(86_400.0 * 2.0 + 3600.0), "2d 1h");
+    }
+
+    #[test]
+    fn user_data_is_escaped() {
+        let page = error_page(None, "<b>x</b>", "\"quoted\" & <script>alert(1)</script>");
+        let s = page.into_string();
+        assert!(!s.contains("<script>alert"), "{s}");
+        assert!(s.contains("&lt;script&gt;"), "{s}");
+        assert!(s.contains("&lt;b&gt;x&lt;/b&gt;"), "{s}");
+    }
+}

@@ -1,0 +1,8 @@
+//! The operator console against a real PostgreSQL: HTTP-level tests of access
+//! control, CSRF and rate limits, the pages and bulk actions, and end-to-end
+//! tests in headless Chromium.
+
+mod access;
+mod browser;
+mod pages;
+mod support;

@@ -1,0 +1,450 @@
+//! The pages and the bulk actions, over HTTP.
+
+use crate::support::{hidden, job_progress, Harness};
+use postbox::NewEvent;
+use postbox_console::{PayloadRedactor, Role};
+use postbox_testkit::wait_for;
+use reqwest::StatusCode;
+use serde_json::Value;
+use std::time::Duration;
+use uuid::Uuid;
+
+#[tokio::test]
+async fn the_overview_shows_counts_rate_and_connected_relays() {
+    let h = Harness::start().await;
+    let dead = h.dead_letters("order.placed", 2).await;
+    let events: Vec<NewEvent> = (0..5)
+        .map(|i| {
+            NewEvent::new("order.paid", "order", i.to_string(), &serde_json::json!({})).unwrap()
+        })
+        .collect();
+    let ids = h.db.enqueue_events(&events).await;
+    h.db.exec("UPDATE {schema}.outbox SET status = 'sent', sent_at = now() WHERE event_type = 'order.paid' AND id % 2 = 0")
+        .await;
+    // A connection that looks like a relay's.
+    let options: sqlx::postgres::PgConnectOptions = h.db.url.parse().unwrap();
+    let relay = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options.application_name("postbox-relay"))
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1").execute(&relay).await.unwrap();
+
+    let mut a = h.signed_in("victor", Role::Viewer).await;
+    let page = a.get("/").await;
+    assert_eq!(page.status, StatusCode::OK);
+    let b = &page.body;
+    let sent = ids.len() as i64
+        - h.db
+            .count("SELECT count(*) FROM {schema}.outbox WHERE status = 'pending'")
+            .await;
+    assert!(
+        b.contains(&format!("id=\"dead-letters\">{}<", dead.len())),
+        "{b}"
+    );
+    assert!(
+        b.contains(&format!(
+            "<span class=\"label\">Sent</span><span class=\"value\">{sent}</span>"
+        )),
+        "{b}"
+    );
+    assert!(b.contains("<svg"), "a chart");
+    assert!(b.contains(&format!("peak <strong>{sent}</strong>")), "{b}");
+    assert!(b.contains("id=\"relays\""), "{b}");
+    assert!(b.contains("postbox_acks_lost_total"));
+    relay.close().await;
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn events_are_searched_by_type_aggregate_status_id_and_time_in_pages() {
+    let h = Harness::with(|c| c.page_size = 4).await;
+    let events: Vec<NewEvent> = (0..6)
+        .map(|i| {
+            NewEvent::new(
+                "order.placed",
+                "order",
+                format!("<b>{i}</b>"),
+                &serde_json::json!({"i": i}),
+            )
+            .unwrap()
+        })
+        .chain((0..2).map(|i| {
+            NewEvent::new(
+                "user.created",
+                "user",
+                i.to_string(),
+                &serde_json::json!({}),
+            )
+            .unwrap()
+        }))
+        .collect();
+    let ids = h.db.enqueue_events(&events).await;
+    let dead = h.dead_letters("order.refunded", 1).await;
+    let mut a = h.signed_in("victor", Role::Viewer).await;
+
+    let first = a.get("/events?type=order.placed").await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.body.matches("href=\"/events/").count(), 4, "one page");
+    assert!(!first.body.contains("<b>"), "user data is escaped");
+    assert!(first.body.contains("&lt;b&gt;5&lt;/b&gt;"));
+    let next = first
+        .body
+        .split("<p class=\"pager\"><a href=\"")
+        .nth(1)
+        .unwrap();
+    let next = next.split('"').next().unwrap().replace("&amp;", "&");
+    assert!(
+        next.starts_with("/events?type=order.placed&before="),
+        "{next}"
+    );
+    let second = a.get(&next).await;
+    assert_eq!(second.body.matches("href=\"/events/").count(), 2);
+    assert!(!second.body.contains("Older events"));
+
+    let by_id = a.get(&format!("/events?event_id={}", ids[7])).await;
+    assert_eq!(by_id.body.matches("href=\"/events/").count(), 1);
+    assert!(by_id.body.contains("user.created"));
+    let by_agg = a.get("/events?aggregate_type=user&aggregate_id=1").await;
+    assert_eq!(by_agg.body.matches("href=\"/events/").count(), 1);
+    let by_status = a.get("/events?status=dead").await;
+    assert!(by_status.body.contains(&dead[0].to_string()));
+    assert_eq!(by_status.body.matches("href=\"/events/").count(), 1);
+    let future = a.get("/events?from=2h&to=2999-01-01").await;
+    assert_eq!(future.body.matches("href=\"/events/").count(), 4);
+    let none = a.get("/events?from=2999-01-01").await;
+    assert!(none.body.contains("No events match."));
+    let bad = a.get("/events?event_id=%3Cscript%3E&from=soon").await;
+    assert_eq!(bad.status, StatusCode::OK);
+    assert!(bad.body.contains("is neither a time") || bad.body.contains("is not an event id"));
+    assert!(!bad.body.contains("<script>"));
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn an_event_page_shows_why_it_is_stuck_with_redacted_payload() {
+    let h = Harness::with(|c| {
+        c.redactor = PayloadRedactor::new(&["card.number".to_owned()])
+            .unwrap()
+            .with_headers(&["authorization".to_owned()]);
+    })
+    .await;
+    let ids = h.dead_letters("order.placed", 1).await;
+    h.db.exec(r#"UPDATE {schema}.outbox SET headers = '{"Authorization": "Bearer s3cret", "traceparent": "00-abc"}'"#)
+        .await;
+    let mut a = h.signed_in("alice", Role::Operator).await;
+    let page = a.get(&format!("/events/{}", ids[0])).await;
+    assert_eq!(page.status, StatusCode::OK);
+    let b = &page.body;
+    assert!(b.contains("Dead letter after 20 attempt(s)"), "{b}");
+    assert!(b.contains("sink rejected: 400 missing field customer_id"));
+    assert!(b.contains("***"), "masked");
+    assert!(!b.contains("4111"), "the card number is masked");
+    assert!(!b.contains("s3cret"), "the header is masked");
+    assert!(b.contains("00-abc"));
+    assert!(b.contains("id=\"replay\""));
+    assert!(b.contains("Enqueued (number 1 of its aggregate)"));
+
+    let csrf = a.csrf.clone();
+    let r = a
+        .post(&format!("/events/{}/replay", ids[0]), &[("csrf", &csrf)])
+        .await;
+    assert_eq!(
+        r.location,
+        Some(format!("/events/{}?notice=replayed", ids[0]))
+    );
+    let (status, attempts, _) = h.status(ids[0]).await;
+    assert_eq!((status.as_str(), attempts), ("pending", 0));
+    let after = a.get(r.location.as_deref().unwrap()).await;
+    assert!(after.body.contains("Replayed: the event is pending again"));
+    assert!(
+        after
+            .body
+            .contains("Replayed under the same id by console:alice"),
+        "timeline"
+    );
+    let again = a
+        .post(&format!("/events/{}/replay", ids[0]), &[("csrf", &csrf)])
+        .await;
+    assert_eq!(
+        again.location,
+        Some(format!("/events/{}?notice=not-dead", ids[0]))
+    );
+
+    assert_eq!(
+        a.get(&format!("/events/{}", Uuid::now_v7())).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        a.get("/events/not-an-id").await.status,
+        StatusCode::NOT_FOUND
+    );
+    h.finish().await;
+}
+
+async fn progress(a: &mut crate::support::Agent, job: &str) -> Value {
+    let r = a.get(&format!("{job}/progress")).await;
+    serde_json::from_str(&r.body).unwrap()
+}
+
+#[tokio::test]
+async fn replay_all_matching_runs_in_batches_and_is_audited() {
+    let h = Harness::with(|c| c.batch_size = 10).await;
+    let x = h.dead_letters("order.placed", 25).await;
+    let y = h.dead_letters("user.created", 3).await;
+    let mut a = h.signed_in("alice", Role::Operator).await;
+    let list = a.get("/dead-letters?type=order.placed").await;
+    assert!(
+        list.body
+            .contains("<strong>25</strong> unresolved dead letter(s) match."),
+        "{}",
+        list.body
+    );
+    let csrf = a.csrf.clone();
+    let r = a
+        .post(
+            "/dead-letters/action",
+            &[
+                ("csrf", &csrf),
+                ("type", "order.placed"),
+                ("since", ""),
+                ("do", "replay-all"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+    let job = r.location.unwrap();
+    assert!(job.starts_with("/jobs/"));
+    wait_for("the bulk replay to finish", Duration::from_secs(20), || {
+        let p = job_progress(h.url(&format!("{job}/progress")), a.cookies.clone());
+        async move { p.await["finished"] == true }
+    })
+    .await;
+    let p = progress(&mut a, &job).await;
+    assert_eq!(
+        (p["done"].as_u64(), p["total"].as_u64(), p["state"].as_str()),
+        (Some(25), Some(25), Some("finished"))
+    );
+    for id in &x {
+        assert_eq!(h.status(*id).await.0, "pending");
+    }
+    for id in &y {
+        assert_eq!(h.status(*id).await.0, "failed");
+    }
+    let audit = h.audit().await;
+    let replays: Vec<i64> = audit
+        .iter()
+        .filter(|(actor, action, _, _)| action == "dlq.replay" && actor == "console:alice")
+        .map(|(_, _, count, _)| *count)
+        .collect();
+    assert_eq!(replays, vec![10, 10, 5], "one audit entry per batch");
+    let selection: Value = sqlx::query_scalar(
+        &h.db
+            .sql("SELECT selection FROM {schema}.audit_log WHERE action = 'dlq.replay' LIMIT 1"),
+    )
+    .fetch_one(&h.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        selection,
+        serde_json::json!({"all": true, "type": "order.placed"})
+    );
+    let page = a.get(&job).await;
+    assert!(
+        page.body.contains("id=\"job-state\">finished<"),
+        "{}",
+        page.body
+    );
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn discarding_a_selection_needs_a_reason() {
+    let h = Harness::start().await;
+    let ids = h.dead_letters("order.placed", 3).await;
+    let mut a = h.signed_in("alice", Role::Operator).await;
+    let csrf = a.csrf.clone();
+    let (one, two) = (ids[0].to_string(), ids[1].to_string());
+    let r = a
+        .post(
+            "/dead-letters/action",
+            &[("csrf", &csrf), ("do", "discard-selected"), ("ids", &one)],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert!(r.body.contains("A reason is required"));
+    let r = a
+        .post(
+            "/dead-letters/action",
+            &[("csrf", &csrf), ("do", "discard-selected")],
+        )
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::BAD_REQUEST,
+        "no reason and nothing selected"
+    );
+    let r = a
+        .post(
+            "/dead-letters/action",
+            &[("csrf", &csrf), ("do", "replay-selected")],
+        )
+        .await;
+    assert_eq!(
+        r.location.as_deref(),
+        Some("/dead-letters?notice=none-selected")
+    );
+    let r = a
+        .post(
+            "/dead-letters/action",
+            &[
+                ("csrf", &csrf),
+                ("do", "discard-selected"),
+                ("ids", &one),
+                ("ids", &two),
+                ("reason", "test orders <b>"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+    let job = r.location.unwrap();
+    wait_for("the discard to finish", Duration::from_secs(20), || async {
+        h.db.count("SELECT count(*) FROM {schema}.outbox WHERE resolution = 'discarded'")
+            .await
+            == 2
+    })
+    .await;
+    assert_eq!(h.status(ids[2]).await.2, None);
+    wait_for("the job to say so", Duration::from_secs(10), || {
+        let p = job_progress(h.url(&format!("{job}/progress")), a.cookies.clone());
+        async move { p.await["state"] == "finished" }
+    })
+    .await;
+    let audit = a.get("/audit?action=dlq.discard").await;
+    assert!(
+        audit.body.contains("test orders &lt;b&gt;"),
+        "{}",
+        audit.body
+    );
+    assert!(audit.body.contains(&one) && audit.body.contains(&two));
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn a_bulk_action_can_be_cancelled_between_batches() {
+    let h = Harness::with(|c| c.batch_size = 1).await;
+    let ids = h.dead_letters("order.placed", 12).await;
+    // Hold the fifth dead letter so the action waits there.
+    let mut holder = h.db.pool.begin().await.unwrap();
+    sqlx::query(
+        &h.db
+            .sql("SELECT 1 FROM {schema}.outbox WHERE event_id = $1 FOR UPDATE"),
+    )
+    .bind(ids[4])
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+    let mut a = h.signed_in("alice", Role::Operator).await;
+    let mut v = h.signed_in("victor", Role::Viewer).await;
+    let csrf = a.csrf.clone();
+    let r = a
+        .post(
+            "/dead-letters/action",
+            &[("csrf", &csrf), ("do", "replay-all")],
+        )
+        .await;
+    let job = r.location.unwrap();
+    wait_for("four batches", Duration::from_secs(20), || async {
+        h.db.count("SELECT count(*) FROM {schema}.outbox WHERE status = 'pending'")
+            .await
+            == 4
+    })
+    .await;
+    let page = v.get(&job).await;
+    assert!(page.body.contains("id=\"job-state\">running<"));
+    assert!(
+        !page.body.contains("id=\"cancel\""),
+        "a viewer sees no cancel button"
+    );
+    let vcsrf = v.csrf.clone();
+    assert_eq!(
+        v.post(&format!("{job}/cancel"), &[("csrf", &vcsrf)])
+            .await
+            .status,
+        StatusCode::FORBIDDEN
+    );
+    let page = a.get(&job).await;
+    let token = hidden(&page.body, "csrf");
+    let r = a.post(&format!("{job}/cancel"), &[("csrf", &token)]).await;
+    assert_eq!(r.location.as_deref(), Some(job.as_str()));
+    holder.commit().await.unwrap();
+    wait_for("the action to stop", Duration::from_secs(20), || {
+        let p = job_progress(h.url(&format!("{job}/progress")), a.cookies.clone());
+        async move { p.await["finished"] == true }
+    })
+    .await;
+    let p = progress(&mut a, &job).await;
+    assert_eq!(p["state"], "cancelled");
+    assert_eq!(
+        p["done"], 5,
+        "the batch under way when cancelled still commits"
+    );
+    assert_eq!(
+        h.db.count("SELECT count(*) FROM {schema}.outbox WHERE status = 'pending'")
+            .await,
+        5
+    );
+    let audited: i64 = h.db.count("SELECT COALESCE(sum(count), 0)::bigint FROM {schema}.audit_log WHERE action = 'dlq.replay'").await;
+    assert_eq!(audited, 5, "the audit log matches the data");
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn the_audit_log_has_its_own_read_only_page() {
+    let h = Harness::with(|c| c.page_size = 3).await;
+    let ids = h.dead_letters("order.placed", 1).await;
+    let mut a = h.signed_in("alice", Role::Operator).await;
+    let csrf = a.csrf.clone();
+    a.post(
+        &format!("/events/{}/discard", ids[0]),
+        &[("csrf", &csrf), ("reason", "duplicate order")],
+    )
+    .await;
+    for _ in 0..3 {
+        let mut b = crate::support::Agent::new(&h);
+        b.sign_in("alice", "wrong password").await;
+    }
+    let page = a.get("/audit").await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert_eq!(
+        page.body.matches("<td>console:alice</td>").count(),
+        3,
+        "one page"
+    );
+    assert!(page.body.contains("Older entries"));
+    let discards = a.get("/audit?action=dlq.discard").await;
+    assert!(discards.body.contains("duplicate order"));
+    assert!(discards.body.contains(&ids[0].to_string()));
+    let mut x = crate::support::Agent::new(&h);
+    x.sign_in("<script>alert(1)</script>", "whatever").await;
+    let failed = a.get("/audit?action=console.sign_in_failed").await;
+    assert!(failed
+        .body
+        .contains("console:&lt;script&gt;alert(1)&lt;/script&gt;"));
+    assert!(!failed.body.contains("<script>alert"));
+    let sign_ins = a.get("/audit?action=console.sign_in").await;
+    assert_eq!(sign_ins.body.matches("<td>console.sign_in</td>").count(), 1);
+    for method in [
+        reqwest::Method::POST,
+        reqwest::Method::PUT,
+        reqwest::Method::DELETE,
+    ] {
+        let r = reqwest::Client::new()
+            .request(method.clone(), h.url("/audit"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED, "{method}");
+    }
+    h.finish().await;
+}
