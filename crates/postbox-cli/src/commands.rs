@@ -172,6 +172,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, AnyError> {
         Command::Bench(args) => crate::bench::run(&settings, args).await,
         Command::Receive(args) => crate::receive::run(&settings, args).await,
         Command::Console(args) => crate::console::run(&settings, args).await,
+        Command::Verify(args) => crate::verify::run(&settings, args).await,
     }
 }
 

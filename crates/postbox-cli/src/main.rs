@@ -10,6 +10,7 @@ mod dlq;
 mod observe;
 mod pgcluster;
 mod receive;
+mod verify;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -62,6 +63,8 @@ pub enum Command {
     Receive(receive::ReceiveArgs),
     /// The operator console (web): overview, events, dead letters, audit log; and its users
     Console(console::ConsoleArgs),
+    /// Check the delivery contract under faults: producers, relays (killed, stalled), broker and database outages, an inbox consumer
+    Verify(verify::VerifyArgs),
 }
 
 fn main() -> ExitCode {

@@ -5,3 +5,5 @@ mod console;
 mod dlq;
 mod ops;
 mod receive;
+mod restore;
+mod verify;

@@ -10,6 +10,7 @@
 pub mod backoff;
 pub mod cloudevents;
 pub mod config;
+pub mod failpoint;
 pub mod health;
 pub mod metrics;
 pub mod redact;

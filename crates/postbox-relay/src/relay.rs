@@ -24,6 +24,7 @@
 
 use crate::backoff;
 use crate::config::{ConfigError, RelayConfig};
+use crate::failpoint;
 use crate::health::{self, HealthConfig};
 use crate::metrics as m;
 use crate::redact::sanitize_error;
@@ -306,6 +307,7 @@ async fn claim_loop(shared: &Shared, mode: RunMode, to_publish: mpsc::Sender<Cla
         };
         let n = claim.ids.len();
         if n > 0 {
+            failpoint::hit(failpoint::points::AFTER_CLAIM_COMMIT).await;
             only_blocked = 0;
             shared.stats.claimed.fetch_add(n as u64, Ordering::Relaxed);
             shared.in_flight.fetch_add(1, Ordering::SeqCst);
@@ -401,6 +403,12 @@ async fn publish_loop(
     while let Some(claim) = batches.recv().await {
         if shared.shutdown.is_cancelled() {
             release(&shared, &claim).await;
+            shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+            continue;
+        }
+        #[cfg(feature = "failpoints")]
+        if failpoint::hit(failpoint::points::ACK_BEFORE_PUBLISH).await {
+            failpoint::ack_without_publishing(&shared.store, &claim).await;
             shared.in_flight.fetch_sub(1, Ordering::SeqCst);
             continue;
         }
@@ -586,6 +594,7 @@ async fn settle_loop(shared: Arc<Shared>, mut settled: mpsc::Receiver<Published>
             })
             .await;
         }
+        failpoint::hit(failpoint::points::AFTER_PUBLISH_BEFORE_ACK).await;
         settle(&shared, &claim, outcomes, &budgets).await;
         shared.in_flight.fetch_sub(1, Ordering::SeqCst);
         shared.wake.notify_one();
@@ -647,9 +656,19 @@ async fn settle(shared: &Shared, claim: &Claim, outcomes: Vec<Outcome>, budgets:
         }
     }
 
-    let acked = retry_db(shared, claim, "acknowledging delivered events", || {
-        shared.store.ack_delivered(claim.token, &delivered)
-    })
+    let (store, token, ids) = (&shared.store, claim.token, &delivered);
+    let acked = retry_db(
+        shared,
+        claim,
+        "acknowledging delivered events",
+        move || async move {
+            let acked = store.ack_delivered(token, ids).await?;
+            if failpoint::hit(failpoint::points::DURING_ACK).await {
+                return Err(sqlx::Error::Protocol("failpoint during_ack".into()));
+            }
+            Ok(acked)
+        },
+    )
     .await;
     if let Some(acked) = acked {
         shared

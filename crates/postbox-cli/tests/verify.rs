@@ -1,0 +1,222 @@
+//! `postbox verify` end to end: short runs with faults injected must pass on
+//! Redis and on NATS JetStream (ordered), and a relay with a bug planted on
+//! purpose (acknowledging before publishing) must be caught, naming the
+//! events it lost. The test build's binary carries failpoints (the
+//! dev-dependency on postbox-relay turns the feature on).
+
+use postbox_testkit::{database_url, redis_url};
+use std::process::Output;
+use std::time::Duration;
+use tokio::process::Command;
+
+/// Failpoints for the passing runs: relays crash after claiming and after
+/// publishing, acknowledgements fail after they committed, producers lose
+/// their commits' outcomes.
+const FAILPOINTS: &str =
+    "after_claim_commit=1%exit,after_publish_before_ack=1%exit,during_ack=3%fail,producer_commit=2%fail";
+
+async fn verify(args: &[&str]) -> Output {
+    let run = Command::new(env!("CARGO_BIN_EXE_postbox"))
+        .arg("verify")
+        .args(args)
+        .arg("--json")
+        .env("DATABASE_URL", database_url())
+        .env("POSTBOX_LOG", "warn")
+        .env_remove("POSTBOX_SCHEMA")
+        .env_remove("POSTBOX_CONFIG")
+        .env("NO_COLOR", "1")
+        .kill_on_drop(true)
+        .output();
+    tokio::time::timeout(Duration::from_secs(300), run)
+        .await
+        .expect("postbox verify finished within 5 minutes")
+        .expect("run postbox verify")
+}
+
+fn report(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "verify printed no JSON report ({e}); exit {:?}\nstdout: {}\nstderr: {}",
+            o.status,
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    })
+}
+
+fn n(r: &serde_json::Value, key: &str) -> u64 {
+    r[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("report field {key} missing: {r}"))
+}
+
+fn faults(r: &serde_json::Value) -> u64 {
+    r["faults"]
+        .as_object()
+        .expect("faults in the report")
+        .values()
+        .filter_map(serde_json::Value::as_u64)
+        .sum()
+}
+
+#[track_caller]
+fn assert_passed(o: &Output) -> serde_json::Value {
+    let r = report(o);
+    assert!(
+        o.status.success() && r["passed"] == true,
+        "verify failed: exit {:?}\n{}\nstderr: {}",
+        o.status,
+        serde_json::to_string_pretty(&r).unwrap_or_default(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // The run did something, and faults really happened.
+    assert!(n(&r, "events_committed") > 500, "{r}");
+    assert!(n(&r, "events_not_committed") > 0, "{r}");
+    assert_eq!(n(&r, "effects_applied"), n(&r, "events_committed"), "{r}");
+    assert!(n(&r, "deliveries") >= n(&r, "events_committed"), "{r}");
+    assert!(
+        n(&r, "relay_kills") + n(&r, "relay_failpoint_exits") > 0,
+        "{r}"
+    );
+    assert!(
+        faults(&r) > 0,
+        "no broker, database or stall fault happened: {r}"
+    );
+    r
+}
+
+#[tokio::test]
+async fn verify_passes_on_redis_with_faults_injected() {
+    let o = verify(&[
+        "--sink",
+        &redis_url(),
+        "--duration",
+        "40s",
+        "--relays",
+        "3",
+        "--rate",
+        "250",
+        "--seed",
+        "20261130",
+        "--failpoints",
+        FAILPOINTS,
+    ])
+    .await;
+    let r = assert_passed(&o);
+    assert!(
+        n(&r, "duplicates") > 0,
+        "no duplicate reached the inbox: {r}"
+    );
+}
+
+#[tokio::test]
+async fn verify_passes_on_nats_jetstream_in_order_with_faults_injected() {
+    let o = verify(&[
+        "--sink",
+        "nats://127.0.0.1:4222",
+        "--ordered",
+        "--duration",
+        "40s",
+        "--relays",
+        "2",
+        "--rate",
+        "200",
+        "--aggregates",
+        "300",
+        "--seed",
+        "7",
+        "--failpoints",
+        FAILPOINTS,
+    ])
+    .await;
+    let r = assert_passed(&o);
+    assert_eq!(r["ordered"], true);
+    assert_eq!(n(&r, "order_violation_count"), 0, "{r}");
+}
+
+#[tokio::test]
+async fn verify_catches_a_relay_that_acknowledges_before_publishing() {
+    let o = verify(&[
+        "--sink",
+        &redis_url(),
+        "--duration",
+        "15s",
+        "--relays",
+        "2",
+        "--rate",
+        "200",
+        "--faults",
+        "none",
+        "--plant",
+        "ack-before-publish",
+    ])
+    .await;
+    let r = report(&o);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "a planted bug must fail the run: {r}\nstderr: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(r["passed"], false);
+    let lost = n(&r, "lost_count");
+    assert!(lost > 0, "{r}");
+    let ids: Vec<String> = r["lost"]
+        .as_array()
+        .expect("lost ids")
+        .iter()
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect();
+    assert!(!ids.is_empty() && ids.len() as u64 <= lost, "{r}");
+    // Nothing else is wrong: the inbox still applied what arrived exactly once.
+    assert_eq!(r["effects_not_once"].as_array().map(Vec::len), Some(0));
+    assert_eq!(r["rolled_back_delivered"].as_array().map(Vec::len), Some(0));
+
+    // The named events are real: committed, and marked sent by the relay
+    // without ever reaching the consumer. The failing run kept its schema.
+    let schema = r["schema"]
+        .as_str()
+        .expect("schema in the report")
+        .to_owned();
+    let pool = sqlx::PgPool::connect(&database_url())
+        .await
+        .expect("connect");
+    let uuids: Vec<uuid::Uuid> = ids.iter().map(|s| s.parse().expect("a uuid")).collect();
+    let sent: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {schema}.outbox WHERE event_id = ANY($1) AND status = 'sent'"
+    ))
+    .bind(&uuids)
+    .fetch_one(&pool)
+    .await
+    .expect("read the kept schema");
+    assert_eq!(sent, uuids.len() as i64, "every lost event is marked sent");
+    let applied: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {schema}.verify_effects WHERE event_id = ANY($1)"
+    ))
+    .bind(&uuids)
+    .fetch_one(&pool)
+    .await
+    .expect("read the kept schema");
+    assert_eq!(applied, 0);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains(&ids[0]), "the report names the lost events");
+
+    // Clean up what the failing run kept.
+    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+        .execute(&pool)
+        .await
+        .expect("drop the kept schema");
+    let key = format!(
+        "postbox_verify:{}",
+        schema.trim_start_matches("postbox_verify_")
+    );
+    let mut redis = postbox_testkit::redis().await;
+    let _: () = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut redis)
+        .await
+        .expect("delete the kept stream");
+    if let Some(logs) = r["logs"].as_str() {
+        let _ = std::fs::remove_dir_all(logs);
+    }
+}
