@@ -244,7 +244,9 @@ async fn run_on(url: &str, args: &BenchArgs) -> Result<Report, AnyError> {
             // LISTEN with the relay's default asynchronous commits, the same
             // with synchronous ones (what a flush per claim costs), polling.
             for (listen, synchronous) in [(true, false), (true, true), (false, false)] {
-                report.latency.push(bench.latency(listen, synchronous).await?);
+                report
+                    .latency
+                    .push(bench.latency(listen, synchronous).await?);
             }
         } else {
             eprintln!("latency: skipped (it reads the messages back from a Redis list sink)");
@@ -622,7 +624,8 @@ impl Bench<'_> {
             .kill_on_drop(true)
             .spawn()?;
 
-        // The consumer: BRPOP from the list, note when each id arrived.
+        // The consumer: pop everything that has arrived (up to 1,000 at a
+        // time, blocking while the list is empty), note when each id arrived.
         let received: Arc<Mutex<Vec<(uuid::Uuid, Instant)>>> = Arc::default();
         let consumer = {
             let received = received.clone();
@@ -630,18 +633,26 @@ impl Bench<'_> {
             let mut conn = client.get_multiplexed_async_connection().await?;
             tokio::spawn(async move {
                 loop {
-                    let popped: Result<Option<(String, String)>, _> = conn.brpop(&key, 0.5).await;
+                    let popped: Result<Option<(String, Vec<String>)>, _> = redis::cmd("BLMPOP")
+                        .arg(0.5)
+                        .arg(1)
+                        .arg(&key)
+                        .arg("RIGHT")
+                        .arg("COUNT")
+                        .arg(1000)
+                        .query_async(&mut conn)
+                        .await;
                     match popped {
-                        Ok(Some((_, body))) => {
+                        Ok(Some((_, bodies))) => {
                             let at = Instant::now();
-                            if let Some(id) = serde_json::from_str::<serde_json::Value>(&body)
-                                .ok()
-                                .and_then(|v| v["id"].as_str().and_then(|s| s.parse().ok()))
-                            {
-                                received
-                                    .lock()
-                                    .unwrap_or_else(|p| p.into_inner())
-                                    .push((id, at));
+                            let mut received = received.lock().unwrap_or_else(|p| p.into_inner());
+                            for body in bodies {
+                                if let Some(id) = serde_json::from_str::<serde_json::Value>(&body)
+                                    .ok()
+                                    .and_then(|v| v["id"].as_str().and_then(|s| s.parse().ok()))
+                                {
+                                    received.push((id, at));
+                                }
                             }
                         }
                         Ok(None) => {}

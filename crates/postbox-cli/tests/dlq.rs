@@ -420,7 +420,7 @@ async fn show_masks_configured_payload_paths_and_headers() {
 
     // A bad path is refused, naming the field.
     std::fs::write(
-        &dir.join("bad.toml"),
+        dir.join("bad.toml"),
         "[redact]\npaths = [\"card..number\"]\n",
     )
     .unwrap();

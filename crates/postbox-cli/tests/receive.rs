@@ -475,8 +475,8 @@ async fn forged_standard_webhooks_deliveries_are_refused() {
         t,
         body,
     );
-    let stale = webhooks_headers(SECRET, "msg_forged", t - 301, body);
-    let future = webhooks_headers(SECRET, "msg_forged", t + 301, body);
+    let stale = webhooks_headers(SECRET, "msg_forged", t - 330, body);
+    let future = webhooks_headers(SECRET, "msg_forged", t + 330, body);
     let qstash_token =
         qstash::sign(CURRENT_KEY, &qstash::Claims::new("http://x/", body, t, 60)).expect("signs");
     let signature = good[2].1.clone();

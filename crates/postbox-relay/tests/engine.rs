@@ -559,7 +559,10 @@ async fn relay_commit_mode_stays_inside_each_statement() {
     };
     let before = setting().await;
     let store = Store::new(one.clone(), db.schema.clone());
-    let claim = store.claim(10, Duration::from_secs(30), None).await.unwrap();
+    let claim = store
+        .claim(10, Duration::from_secs(30), None)
+        .await
+        .unwrap();
     assert_eq!(claim.ids.len(), 10);
     assert_eq!(setting().await, before, "not left on the pooled connection");
     store.ack_delivered(claim.token, &claim.ids).await.unwrap();

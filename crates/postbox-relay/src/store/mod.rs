@@ -65,7 +65,9 @@ impl RelayCommit {
         match self {
             // An uncorrelated subquery: evaluated once per statement, before
             // the implicit transaction commits; `true` is local to it.
-            Self::Asynchronous => "(SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL",
+            Self::Asynchronous => {
+                "(SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL"
+            }
             Self::Synchronous => "true",
         }
     }
