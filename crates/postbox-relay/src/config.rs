@@ -55,9 +55,9 @@ pub struct RelayConfig {
     /// On SIGTERM/SIGINT, how long in-flight batches may take to finish before the relay exits anyway.
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
-    /// Make the relay's claims and acknowledgements wait for the WAL flush.
-    /// Off by default: losing one in a PostgreSQL crash only redelivers the
-    /// event, and not waiting saves a flush per statement (see
+    /// Whether the relay's claims and acknowledgements wait for the WAL flush
+    /// (the default). `false` saves a flush per statement; losing one in a
+    /// PostgreSQL crash only redelivers the event (see
     /// [`crate::store::RelayCommit`]).
     pub synchronous_commit: bool,
 }
@@ -75,7 +75,7 @@ impl Default for RelayConfig {
             rescue_interval: Duration::from_secs(5),
             listen: true,
             shutdown_timeout: Duration::from_secs(30),
-            synchronous_commit: false,
+            synchronous_commit: true,
         }
     }
 }

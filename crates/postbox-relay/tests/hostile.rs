@@ -578,7 +578,7 @@ fn relay_config() -> impl Strategy<Value = RelayConfig> {
                 rescue_interval,
                 listen,
                 shutdown_timeout,
-                synchronous_commit: false,
+                synchronous_commit: true,
             },
         )
 }

@@ -26,7 +26,7 @@ pub fn fast_config() -> RelayConfig {
         rescue_interval: Duration::from_millis(100),
         listen: true,
         shutdown_timeout: Duration::from_secs(10),
-        synchronous_commit: false,
+        synchronous_commit: true,
     }
 }
 

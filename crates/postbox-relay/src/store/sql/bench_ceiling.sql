@@ -1,12 +1,10 @@
 -- The pure-SQL ceiling on this schema: claim batches of {batch} with a fresh
--- lease token and acknowledge them, as the relay does, with no broker hop;
--- like the relay's, these commits do not wait for the WAL flush.
+-- lease token and acknowledge them, as the relay does, with no broker hop.
 DO $ceiling$
 DECLARE tok uuid; ids bigint[]; n int;
 BEGIN
   LOOP
     tok := gen_random_uuid();
-    PERFORM set_config('synchronous_commit', 'off', true);
     WITH c AS (
       UPDATE {schema}.outbox o
       SET status = 'processing', lease_token = tok,
@@ -19,7 +17,6 @@ BEGIN
     n := coalesce(array_length(ids, 1), 0);
     EXIT WHEN n = 0;
     COMMIT;
-    PERFORM set_config('synchronous_commit', 'off', true);
     UPDATE {schema}.outbox
     SET status = 'sent', sent_at = now(), lease_token = NULL, lease_expires_at = NULL, last_error = NULL
     WHERE id = ANY(ids) AND lease_token = tok AND status = 'processing';
