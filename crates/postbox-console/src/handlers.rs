@@ -810,16 +810,17 @@ async fn bulk_action(
     Ok(see_other(&format!("/jobs/{id}")))
 }
 
+/// The bulk action `id` names, or 404.
+fn find_job(console: &Console, id: &str) -> Result<crate::jobs::Job, Fail> {
+    console.inner.jobs.get(parse_id(id)?).ok_or(Fail::NotFound)
+}
+
 async fn job_page(
     State(console): State<Console>,
     session: Session,
     Path(id): Path<String>,
 ) -> Result<Response, Fail> {
-    let job = console
-        .inner
-        .jobs
-        .get(parse_id(&id)?)
-        .ok_or(Fail::NotFound)?;
+    let job = find_job(&console, &id)?;
     Ok(page(views::job(&session, &job)))
 }
 
@@ -828,11 +829,7 @@ async fn job_progress(
     _session: Session,
     Path(id): Path<String>,
 ) -> Result<Response, Fail> {
-    let job = console
-        .inner
-        .jobs
-        .get(parse_id(&id)?)
-        .ok_or(Fail::NotFound)?;
+    let job = find_job(&console, &id)?;
     let body = serde_json::json!({
         "done": job.done,
         "total": job.total,

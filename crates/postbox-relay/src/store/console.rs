@@ -6,7 +6,7 @@
 //! Password hashing, tokens and access rules live in the console crate; this
 //! module only stores what it is given.
 
-use super::dlq::{AuditEntry, DlqError};
+use super::dlq::{audit_entry, json, AuditEntry, DlqError};
 use super::Store;
 use chrono::{DateTime, Utc};
 use postbox::Schema;
@@ -409,22 +409,7 @@ impl ConsoleStore {
             .bind(limit.max(0))
             .fetch_all(&self.pool)
             .await?;
-        rows.iter()
-            .map(|r| {
-                let selection: String = r.try_get(4)?;
-                let details: String = r.try_get(7)?;
-                Ok(AuditEntry {
-                    id: r.try_get(0)?,
-                    at: r.try_get(1)?,
-                    actor: r.try_get(2)?,
-                    action: r.try_get(3)?,
-                    selection: json("selection", &selection)?,
-                    count: r.try_get(5)?,
-                    reason: r.try_get(6)?,
-                    details: json("details", &details)?,
-                })
-            })
-            .collect()
+        rows.iter().map(audit_entry).collect()
     }
 }
 
@@ -454,8 +439,4 @@ fn event_record(r: &PgRow) -> Result<EventRecord, DlqError> {
         replaced_by: r.try_get(19)?,
         replay_of: r.try_get(20)?,
     })
-}
-
-fn json(column: &'static str, text: &str) -> Result<Value, DlqError> {
-    serde_json::from_str(text).map_err(|source| DlqError::Decode { column, source })
 }

@@ -316,22 +316,7 @@ impl DeadLetters {
             .bind(event_id)
             .fetch_all(&self.pool)
             .await?;
-        rows.iter()
-            .map(|r| {
-                let selection: String = r.try_get(4)?;
-                let details: String = r.try_get(7)?;
-                Ok(AuditEntry {
-                    id: r.try_get(0)?,
-                    at: r.try_get(1)?,
-                    actor: r.try_get(2)?,
-                    action: r.try_get(3)?,
-                    selection: json("selection", &selection)?,
-                    count: r.try_get(5)?,
-                    reason: r.try_get(6)?,
-                    details: json("details", &details)?,
-                })
-            })
-            .collect()
+        rows.iter().map(audit_entry).collect()
     }
 
     /// Apply `action` to the selected dead letters in batches of `batch` rows,
@@ -529,7 +514,24 @@ fn dead_letter(r: &PgRow) -> Result<DeadLetter, DlqError> {
     })
 }
 
-fn json(column: &'static str, text: &str) -> Result<Value, DlqError> {
+/// One `audit_log` row, in the column order every audit query selects.
+pub(crate) fn audit_entry(r: &PgRow) -> Result<AuditEntry, DlqError> {
+    let selection: String = r.try_get(4)?;
+    let details: String = r.try_get(7)?;
+    Ok(AuditEntry {
+        id: r.try_get(0)?,
+        at: r.try_get(1)?,
+        actor: r.try_get(2)?,
+        action: r.try_get(3)?,
+        selection: json("selection", &selection)?,
+        count: r.try_get(5)?,
+        reason: r.try_get(6)?,
+        details: json("details", &details)?,
+    })
+}
+
+/// A JSON column read as text.
+pub(crate) fn json(column: &'static str, text: &str) -> Result<Value, DlqError> {
     serde_json::from_str(text).map_err(|source| DlqError::Decode { column, source })
 }
 
