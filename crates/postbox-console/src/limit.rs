@@ -39,9 +39,13 @@ impl Limiter {
 
     /// Take one token for `key`: `Ok` if there was one, else how long until there is.
     pub fn check(&self, key: &str) -> Result<(), Duration> {
+        self.check_at(key, Instant::now())
+    }
+
+    /// [`Limiter::check`] at the instant `now`.
+    fn check_at(&self, key: &str, now: Instant) -> Result<(), Duration> {
         let burst = f64::from(self.limit.burst.max(1));
         let rate = burst / self.limit.per.as_secs_f64().max(0.001); // tokens per second
-        let now = Instant::now();
         let mut buckets = match self.buckets.lock() {
             Ok(b) => b,
             Err(poisoned) => poisoned.into_inner(),
@@ -84,12 +88,13 @@ mod tests {
 
     #[test]
     fn tokens_come_back_over_time() {
-        let l = Limiter::new(RateLimit {
-            burst: 1,
-            per: Duration::from_millis(1),
-        });
-        assert!(l.check("a").is_ok());
-        std::thread::sleep(Duration::from_millis(5));
-        assert!(l.check("a").is_ok());
+        let l = Limiter::new(RateLimit::per_minute(2));
+        let start = Instant::now();
+        assert!(l.check_at("a", start).is_ok());
+        assert!(l.check_at("a", start).is_ok());
+        let wait = l.check_at("a", start).unwrap_err();
+        assert_eq!(wait, Duration::from_secs(30));
+        assert!(l.check_at("a", start + Duration::from_secs(29)).is_err());
+        assert!(l.check_at("a", start + Duration::from_secs(31)).is_ok());
     }
 }
