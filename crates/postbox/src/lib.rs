@@ -33,6 +33,7 @@ mod migrations;
 pub mod received;
 mod schema;
 mod sql;
+pub mod statements;
 pub mod typed;
 
 #[cfg(feature = "axum")]
