@@ -6,10 +6,10 @@ use clap::Args;
 use postbox::{NewEvent, Outbox, Schema};
 use postbox_relay::retention::{self, Progress, Table};
 use postbox_relay::sinks::{self, SinkOptions};
-use postbox_relay::store::{AttemptsCount, DestinationCounts, Roles, StatusCounts};
 use postbox_relay::{
     Destination, PoisonPolicy, Relay, RelayConfig, RetentionConfig, Router, RunMode, Store,
 };
+use postbox_store::{AttemptsCount, DestinationCounts, Roles, StatusCounts};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;

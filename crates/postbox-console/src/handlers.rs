@@ -15,8 +15,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use maud::Markup;
-use postbox_relay::store::console::EventQuery;
-use postbox_relay::store::dlq::{Action, Filter, Selection, MAX_REASON_BYTES};
+use postbox_store::{Action, EventQuery, Filter, Selection, StatusFilter, MAX_REASON_BYTES};
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -123,7 +122,7 @@ impl IntoResponse for Fail {
 /// Log a failure without its secrets and answer 500.
 pub(crate) fn internal(e: &dyn std::fmt::Display) -> Fail {
     tracing::error!(
-        error = %postbox_relay::redact::sanitize_error(&e.to_string()),
+        error = %postbox::redact::sanitize_error(&e.to_string()),
         "console request failed"
     );
     Fail::Internal
@@ -485,7 +484,6 @@ async fn events(
         aggregate_type: q.get("aggregate_type").map(str::to_owned),
         aggregate_id: q.get("aggregate_id").map(str::to_owned),
         event_type: q.get("type").map(str::to_owned),
-        status: q.get("status").map(str::to_owned),
         before_row: q.get("before").and_then(|b| b.parse().ok()),
         limit: page_size + 1,
         ..EventQuery::default()
@@ -494,6 +492,12 @@ async fn events(
         match id.parse() {
             Ok(id) => query.event_id = Some(id),
             Err(_) => error = Some(format!("“{id}” is not an event id (a UUID).")),
+        }
+    }
+    if let Some(status) = q.get("status") {
+        match status.parse() {
+            Ok(status) => query.status = Some(status),
+            Err(_) => error = Some(format!("“{status}” is not a status.")),
         }
     }
     for (key, slot) in [
@@ -685,7 +689,7 @@ async fn dead_letters(
                 .console
                 .events(&EventQuery {
                     event_type: f.event_type.clone(),
-                    status: Some("dead".to_owned()),
+                    status: Some(StatusFilter::Dead),
                     created_from: f.since,
                     before_row: q.get("before").and_then(|b| b.parse().ok()),
                     limit: page_size + 1,

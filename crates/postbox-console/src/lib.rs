@@ -12,7 +12,7 @@
 //!   configured [`PayloadRedactor`]), dead letters with single and bulk
 //!   replay/discard (bulk actions run in the background, batch by batch, and
 //!   can be cancelled), and the audit log, read-only.
-//! - **Storage.** Everything goes through `postbox_relay::store`: the
+//! - **Storage.** Everything goes through the `postbox-store` crate: the
 //!   dead-letter operations and their audit entries (`store::dlq`) and the
 //!   console's own queries and tables (`store::console`, migration 6).
 //!
@@ -30,12 +30,10 @@ mod views;
 
 pub use auth::{hash_password, verify_password, Role};
 pub use limit::RateLimit;
-pub use postbox_relay::redact::PayloadRedactor;
+pub use postbox::redact::PayloadRedactor;
 
 use postbox::Schema;
-use postbox_relay::store::console::ConsoleStore;
-use postbox_relay::store::dlq::DeadLetters;
-use postbox_relay::Store;
+use postbox_store::{ConsoleStore, DeadLetters, Store};
 use sqlx::PgPool;
 use std::net::SocketAddr;
 use std::sync::Arc;

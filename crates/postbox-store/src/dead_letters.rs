@@ -12,12 +12,12 @@
 //! rows are locked, changed and audited together, so the audit log never claims
 //! more or less than what was committed.
 
-use super::Store;
+use crate::catalog;
+use crate::events::{EventRecord, Events};
 use chrono::{DateTime, Utc};
 use postbox::Schema;
 use serde::Serialize;
 use serde_json::Value;
-use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -38,29 +38,49 @@ struct Queries {
     list: String,
     count: String,
     pick: String,
-    show: String,
     replay: String,
     replay_new_id: String,
     discard: String,
     notify: String,
-    audit_insert: String,
-    audit_list: String,
+    audit: AuditQueries,
 }
 
 impl Queries {
     fn new(schema: &Schema) -> Self {
-        Self {
-            list: schema.render(include_str!("sql/dlq_list.sql")),
-            count: schema.render(include_str!("sql/dlq_count.sql")),
-            pick: schema.render(include_str!("sql/dlq_pick.sql")),
-            show: schema.render(include_str!("sql/dlq_show.sql")),
-            replay: schema.render(include_str!("sql/dlq_replay.sql")),
-            replay_new_id: schema.render(include_str!("sql/dlq_replay_new_id.sql")),
-            discard: schema.render(include_str!("sql/dlq_discard.sql")),
-            notify: schema.render(include_str!("sql/dlq_notify.sql")),
-            audit_insert: schema.render(include_str!("sql/dlq_audit_insert.sql")),
-            audit_list: schema.render(include_str!("sql/dlq_audit_list.sql")),
-        }
+        let mut file = catalog("dead_letters.sql", include_str!("../sql/dead_letters.sql"));
+        let queries = Self {
+            list: file.render("list", schema),
+            count: file.render("count", schema),
+            pick: file.render("pick", schema),
+            replay: file.render("replay", schema),
+            replay_new_id: file.render("replay_new_id", schema),
+            discard: file.render("discard", schema),
+            notify: file.render("notify", schema),
+            audit: AuditQueries::new(schema),
+        };
+        file.finish();
+        queries
+    }
+}
+
+/// The audit log's statements (written by the dead letters' actions and the
+/// console, read by `postbox dlq audit` and the console's audit pages).
+pub(crate) struct AuditQueries {
+    pub insert: String,
+    pub list: String,
+    pub page: String,
+}
+
+impl AuditQueries {
+    pub fn new(schema: &Schema) -> Self {
+        let mut file = catalog("audit.sql", include_str!("../sql/audit.sql"));
+        let queries = Self {
+            insert: file.render("insert", schema),
+            list: file.render("list", schema),
+            page: file.render("page", schema),
+        };
+        file.finish();
+        queries
     }
 }
 
@@ -77,13 +97,6 @@ pub enum DlqError {
     /// The batch size is out of range.
     #[error("invalid batch size {0}: must be between 1 and {MAX_BATCH}")]
     InvalidBatch(i64),
-    /// A stored JSON column could not be read back.
-    #[error("cannot decode column {column}")]
-    Decode {
-        column: &'static str,
-        #[source]
-        source: serde_json::Error,
-    },
     /// The database refused or failed a statement.
     #[error("database error")]
     Database(#[from] sqlx::Error),
@@ -164,7 +177,7 @@ impl Action {
 }
 
 /// One dead letter, as listed.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, sqlx::FromRow)]
 pub struct DeadLetter {
     pub event_id: Uuid,
     pub event_type: String,
@@ -176,39 +189,18 @@ pub struct DeadLetter {
     pub last_error: Option<String>,
 }
 
-/// One event in full, whatever its status, with its dead-letter resolution.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct EventDetail {
-    #[serde(flatten)]
-    pub summary: DeadLetter,
-    pub status: String,
-    pub available_at: DateTime<Utc>,
-    pub payload: Value,
-    pub headers: Value,
-    pub resolved_at: Option<DateTime<Utc>>,
-    pub resolution: Option<String>,
-    pub resolution_note: Option<String>,
-    pub replaced_by: Option<Uuid>,
-    pub replay_of: Option<Uuid>,
-}
-
-impl EventDetail {
-    /// A dead letter nobody has resolved yet.
-    pub fn is_dead_letter(&self) -> bool {
-        self.status == "failed" && self.resolved_at.is_none()
-    }
-}
-
 /// One audit log entry.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, sqlx::FromRow)]
 pub struct AuditEntry {
     pub id: i64,
     pub at: DateTime<Utc>,
     pub actor: String,
     pub action: String,
+    #[sqlx(json)]
     pub selection: Value,
     pub count: i64,
     pub reason: Option<String>,
+    #[sqlx(json)]
     pub details: Value,
 }
 
@@ -234,23 +226,18 @@ pub struct Applied {
     pub skipped: Vec<Uuid>,
 }
 
-/// Dead-letter operations on one schema. Get one with [`Store::dead_letters`].
+/// Dead-letter operations on one schema. Get one with [`crate::Store::dead_letters`].
 #[derive(Clone)]
 pub struct DeadLetters {
     pool: PgPool,
     sql: Arc<Queries>,
-}
-
-impl Store {
-    /// The dead-letter operations for this store's schema.
-    pub fn dead_letters(&self) -> DeadLetters {
-        DeadLetters::new(self.pool.clone(), &self.schema)
-    }
+    events: Events,
 }
 
 impl DeadLetters {
     pub fn new(pool: PgPool, schema: &Schema) -> Self {
         Self {
+            events: Events::new(pool.clone(), schema),
             pool,
             sql: Arc::new(Queries::new(schema)),
         }
@@ -258,15 +245,14 @@ impl DeadLetters {
 
     /// Unresolved dead letters matching `filter`, oldest first, at most `limit`.
     pub async fn list(&self, filter: &Filter, limit: i64) -> Result<Vec<DeadLetter>, DlqError> {
-        let rows = sqlx::query(&self.sql.list)
+        Ok(sqlx::query_as(&self.sql.list)
             .bind(filter.event_type.as_deref())
             .bind(filter.since)
             .bind(None::<Vec<Uuid>>)
             .bind(0_i64)
             .bind(limit.max(0))
             .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(dead_letter).collect()
+            .await?)
     }
 
     /// How many unresolved dead letters match `filter`.
@@ -280,29 +266,10 @@ impl DeadLetters {
         Ok(u64::try_from(n).unwrap_or_default())
     }
 
-    /// One event by id (any status), or `None` if there is no such event.
-    pub async fn show(&self, event_id: Uuid) -> Result<Option<EventDetail>, DlqError> {
-        let Some(row) = sqlx::query(&self.sql.show)
-            .bind(event_id)
-            .fetch_optional(&self.pool)
-            .await?
-        else {
-            return Ok(None);
-        };
-        let payload: String = row.try_get(11)?;
-        let headers: String = row.try_get(12)?;
-        Ok(Some(EventDetail {
-            summary: dead_letter(&row)?,
-            status: row.try_get(9)?,
-            available_at: row.try_get(10)?,
-            payload: json("payload", &payload)?,
-            headers: json("headers", &headers)?,
-            resolved_at: row.try_get(13)?,
-            resolution: row.try_get(14)?,
-            resolution_note: row.try_get(15)?,
-            replaced_by: row.try_get(16)?,
-            replay_of: row.try_get(17)?,
-        }))
+    /// One event by id (any status), or `None` if there is no such event
+    /// (see [`Events::show`]).
+    pub async fn show(&self, event_id: Uuid) -> Result<Option<EventRecord>, DlqError> {
+        Ok(self.events.show(event_id).await?)
     }
 
     /// The newest audit entries, at most `limit`; only those touching `event_id` when given.
@@ -311,12 +278,11 @@ impl DeadLetters {
         limit: i64,
         event_id: Option<Uuid>,
     ) -> Result<Vec<AuditEntry>, DlqError> {
-        let rows = sqlx::query(&self.sql.audit_list)
+        Ok(sqlx::query_as(&self.sql.audit.list)
             .bind(limit.max(0))
             .bind(event_id)
             .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(audit_entry).collect()
+            .await?)
     }
 
     /// Apply `action` to the selected dead letters in batches of `batch` rows,
@@ -390,13 +356,13 @@ impl DeadLetters {
                 tx.rollback().await?;
                 break;
             };
-            after = last.try_get(0)?;
+            after = last.try_get("id")?;
             let mut ids = Vec::with_capacity(rows.len());
             let mut picked = Vec::with_capacity(rows.len());
             for r in &rows {
-                ids.push(r.try_get::<i64, _>(0)?);
-                let event_id: Uuid = r.try_get(1)?;
-                let last_error: Option<String> = r.try_get(2)?;
+                ids.push(r.try_get::<i64, _>("id")?);
+                let event_id: Uuid = r.try_get("event_id")?;
+                let last_error: Option<String> = r.try_get("last_error")?;
                 found.insert(event_id);
                 picked.push((event_id, last_error));
             }
@@ -415,8 +381,8 @@ impl DeadLetters {
                         .fetch_all(&mut *tx)
                         .await?;
                     for p in &pairs {
-                        let original: Uuid = p.try_get(0)?;
-                        let copy: Uuid = p.try_get(1)?;
+                        let original: Uuid = p.try_get("original")?;
+                        let copy: Uuid = p.try_get("copy")?;
                         applied.new_ids.push((original, copy));
                         copies.insert(original, copy);
                     }
@@ -443,7 +409,7 @@ impl DeadLetters {
                 })
                 .collect();
             let count_i64 = i64::try_from(count).unwrap_or(i64::MAX);
-            sqlx::query(&self.sql.audit_insert)
+            sqlx::query(&self.sql.audit.insert)
                 .bind(actor)
                 .bind(action.name())
                 .bind(&selection_json)
@@ -499,40 +465,6 @@ fn check_reason(reason: &str) -> Result<(), DlqError> {
         return Err(DlqError::InvalidReason("must not contain NUL characters"));
     }
     Ok(())
-}
-
-fn dead_letter(r: &PgRow) -> Result<DeadLetter, DlqError> {
-    Ok(DeadLetter {
-        event_id: r.try_get(1)?,
-        event_type: r.try_get(2)?,
-        aggregate_type: r.try_get(3)?,
-        aggregate_id: r.try_get(4)?,
-        schema_version: r.try_get(5)?,
-        attempts: r.try_get(6)?,
-        created_at: r.try_get(7)?,
-        last_error: r.try_get(8)?,
-    })
-}
-
-/// One `audit_log` row, in the column order every audit query selects.
-pub(crate) fn audit_entry(r: &PgRow) -> Result<AuditEntry, DlqError> {
-    let selection: String = r.try_get(4)?;
-    let details: String = r.try_get(7)?;
-    Ok(AuditEntry {
-        id: r.try_get(0)?,
-        at: r.try_get(1)?,
-        actor: r.try_get(2)?,
-        action: r.try_get(3)?,
-        selection: json("selection", &selection)?,
-        count: r.try_get(5)?,
-        reason: r.try_get(6)?,
-        details: json("details", &details)?,
-    })
-}
-
-/// A JSON column read as text.
-pub(crate) fn json(column: &'static str, text: &str) -> Result<Value, DlqError> {
-    serde_json::from_str(text).map_err(|source| DlqError::Decode { column, source })
 }
 
 #[cfg(test)]

@@ -1,3 +1,7 @@
+-- The least-privilege roles of `postbox migrate --create-roles`: one
+-- idempotent script; {producer}, {relay} and {monitor} are the role names.
+
+-- name: create_roles
 -- Least-privilege roles for postbox's schema {schema}. They are NOLOGIN
 -- groups: a DBA grants them to login users (GRANT {relay} TO relay_login).
 -- Idempotent: run it again after an upgrade to cover new tables.
