@@ -18,11 +18,13 @@
 //! - [`DeadLetters`] — operator actions on dead letters, each audited;
 //! - [`Events`] — events as operators look them up ([`EventRecord`], the one
 //!   read model of an outbox row);
-//! - [`ConsoleStore`] — the console's users, sessions and overview.
+//! - [`ConsoleStore`] — the console's users, sessions and overview;
+//! - [`Log`] — log mode's snapshot cursors over the append-only log.
 
 mod console;
 mod dead_letters;
 mod events;
+mod log;
 mod relay;
 mod roles;
 
@@ -33,6 +35,7 @@ pub use dead_letters::{
     MAX_REASON_BYTES,
 };
 pub use events::{DeliveryRecord, EventQuery, EventRecord, EventRow, Events, Status, StatusFilter};
+pub use log::{Log, LogEvent, LogWindow, ProducerTarget};
 pub use relay::{
     AttemptsCount, Claim, ClaimOrder, ClaimedEvent, DbHealth, DeliveryState, DeliveryUpdate,
     DestinationCounts, Failure, Gauges, NextDue, RelayCommit, Rescued, Settled, StatusCounts,

@@ -6,6 +6,7 @@ use crate::catalog;
 use crate::console::ConsoleStore;
 use crate::dead_letters::DeadLetters;
 use crate::events::{Events, Status};
+use crate::log::Log;
 use crate::roles::{CreateRolesError, Roles};
 use chrono::{DateTime, Utc};
 use postbox::Schema;
@@ -267,6 +268,11 @@ impl Store {
     /// Event look-ups for this store's schema.
     pub fn events(&self) -> Events {
         Events::new(self.pool.clone(), &self.schema)
+    }
+
+    /// The log and its cursors (log mode) for this store's schema.
+    pub fn log(&self) -> Log {
+        Log::new(self.pool.clone(), &self.schema)
     }
 
     /// The console's operations for this store's schema.
@@ -652,7 +658,7 @@ struct DeliveryStateRow {
     due_in_secs: f64,
 }
 
-fn decode_error(column: &str, e: serde_json::Error) -> sqlx::Error {
+pub(crate) fn decode_error(column: &str, e: serde_json::Error) -> sqlx::Error {
     sqlx::Error::ColumnDecode {
         index: column.to_owned(),
         source: Box::new(e),
@@ -664,7 +670,7 @@ fn decode_error(column: &str, e: serde_json::Error) -> sqlx::Error {
 /// Values are read raw first: serde_json reads a raw value of any depth, while
 /// a `Value` stops at 128 levels, and a row that fails to decode fails the
 /// claim of its whole batch. A value too deep for `Value` travels verbatim.
-fn header_map(json: &str) -> Result<BTreeMap<String, String>, serde_json::Error> {
+pub(crate) fn header_map(json: &str) -> Result<BTreeMap<String, String>, serde_json::Error> {
     let map: BTreeMap<String, Box<RawValue>> = serde_json::from_str(json)?;
     map.into_iter()
         .map(|(k, raw)| {
