@@ -5,6 +5,7 @@ mod support;
 mod engine;
 mod health;
 mod hostile;
+mod log_mode;
 mod metrics;
 mod ordering;
 mod quarantine;
