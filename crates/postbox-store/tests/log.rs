@@ -41,7 +41,7 @@ impl Reader {
             )
             .await
             .unwrap();
-        assert_eq!(held, [destination.clone()]);
+        assert_eq!(held, std::slice::from_ref(&destination));
         Reader {
             log,
             owner,
