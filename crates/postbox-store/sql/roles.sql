@@ -39,8 +39,12 @@ GRANT SELECT, INSERT ON {schema}.outbox_archive TO {relay};
 GRANT SELECT, DELETE ON {schema}.inbox TO {relay};
 -- Per-destination state of fan-out events.
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.deliveries TO {relay};
--- Retention purges expired request idempotency keys.
+-- Retention purges expired request idempotency keys. The purge locks them
+-- (FOR UPDATE SKIP LOCKED: it skips a key whose request is restarting it
+-- right now rather than wait for that request), and a row lock needs UPDATE
+-- on at least one column: created_at, which no decision reads.
 GRANT SELECT, DELETE ON {schema}.idempotency_keys TO {relay};
+GRANT UPDATE (created_at) ON {schema}.idempotency_keys TO {relay};
 
 -- Monitor: read-only, for `postbox status` and dashboards (every table of
 -- the schema as of this run: run it again after an upgrade).
