@@ -641,3 +641,285 @@ async fn a_missing_grant_fails_the_operation_that_needs_it() {
     relay.pool().close().await;
     r.finish().await;
 }
+
+/// Run `sql` (rendered for the test's schema) on `pool`.
+async fn try_exec(r: &RoleDb, pool: &PgPool, sql: &str) -> Result<u64, sqlx::Error> {
+    sqlx::raw_sql(&r.db.sql(sql))
+        .execute(pool)
+        .await
+        .map(|done| done.rows_affected())
+}
+
+/// (event id, status, attempts, due now, last error, no lease/resolution/sent_at, sequence)
+type EventState = (Uuid, String, i32, bool, Option<String>, bool, Option<i64>);
+
+/// The producer can only enqueue: no direct write to the outbox or the
+/// sequence counters, so no event already sent or failed, due in year 9999,
+/// carrying an error, or renumbered. What it enqueues is always a fresh
+/// pending event.
+#[tokio::test]
+async fn the_producer_cannot_forge_state() {
+    let r = RoleDb::new().await;
+    let producer = r.producer().await;
+    let outbox = r.outbox();
+    produce(&producer, &outbox, 2).await;
+
+    let forgeries = [
+        (
+            "a plain insert",
+            "INSERT INTO {schema}.outbox (event_id, event_type, aggregate_type, aggregate_id, payload) \
+             VALUES (gen_random_uuid(), 't', 'a', '1', '{}')",
+        ),
+        (
+            "an event already sent",
+            "INSERT INTO {schema}.outbox (event_id, event_type, aggregate_type, aggregate_id, payload, status, sent_at) \
+             VALUES (gen_random_uuid(), 't', 'a', '1', '{}', 'sent', now())",
+        ),
+        (
+            "a forged dead letter",
+            "INSERT INTO {schema}.outbox (event_id, event_type, aggregate_type, aggregate_id, payload, status, last_error) \
+             VALUES (gen_random_uuid(), 't', 'a', '1', '{}', 'failed', 'forged')",
+        ),
+        (
+            "an event due in year 9999",
+            "INSERT INTO {schema}.outbox (event_id, event_type, aggregate_type, aggregate_id, payload, available_at) \
+             VALUES (gen_random_uuid(), 't', 'a', '1', '{}', '9999-01-01')",
+        ),
+        (
+            "a change to an event",
+            "UPDATE {schema}.outbox SET status = 'sent', available_at = '9999-01-01', last_error = 'x'",
+        ),
+        ("a deleted event", "DELETE FROM {schema}.outbox"),
+        (
+            "a rewound sequence counter",
+            "UPDATE {schema}.aggregate_sequences SET last_sequence = 0",
+        ),
+        (
+            "a new sequence counter",
+            "INSERT INTO {schema}.aggregate_sequences VALUES ('order', 'new', 100)",
+        ),
+        (
+            "a deleted sequence counter",
+            "DELETE FROM {schema}.aggregate_sequences",
+        ),
+    ];
+    for (what, sql) in forgeries {
+        assert_denied(
+            &format!("the producer writes {what}"),
+            try_exec(&r, &producer, sql).await,
+        );
+    }
+
+    // The functions decide everything but the content; a caller's own objects
+    // (a temporary `outbox` first on its search_path) do not stand in for
+    // postbox's.
+    let mut conn = producer.acquire().await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TEMP TABLE outbox (LIKE pg_catalog.pg_class); \
+         CREATE TEMP TABLE aggregate_sequences (x int); \
+         SET search_path = pg_temp, pg_catalog",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let id: Uuid = sqlx::query_scalar(
+        &r.db
+            .sql("SELECT {schema}.enqueue('order.created', 'order', 'o-0', '{}')"),
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    let one = events(1, "o-1").remove(0);
+    postbox::sqlx::enqueue(&outbox, &mut conn, &one)
+        .await
+        .unwrap();
+    sqlx::raw_sql("RESET search_path; DISCARD TEMP")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    drop(conn);
+
+    let rows: Vec<EventState> = sqlx::query_as(&r.db.sql(
+        "SELECT event_id, status::text, attempts, available_at <= now(), last_error, \
+                    lease_token IS NULL AND resolved_at IS NULL AND sent_at IS NULL, sequence \
+             FROM {schema}.outbox ORDER BY id",
+    ))
+    .fetch_all(&r.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    for (event_id, status, attempts, due, error, clean, _) in &rows {
+        assert_eq!(
+            (status.as_str(), *attempts, *due, error, *clean),
+            ("pending", 0, true, &None, true),
+            "{event_id}"
+        );
+    }
+    assert_eq!(rows[2].0, id);
+    assert_eq!(rows[3].0, one.event_id());
+    assert_eq!(
+        (rows[2].6, rows[3].6),
+        (Some(2), Some(2)),
+        "numbered after the first events of o-0 and o-1, by the real counters"
+    );
+
+    producer.close().await;
+    r.finish().await;
+}
+
+/// The relay changes only delivery state: never what an event says, nor an
+/// operator's resolution; it cannot enqueue, and cannot rewrite idempotency
+/// responses or inbox records.
+#[tokio::test]
+async fn the_relay_changes_only_delivery_state() {
+    let r = RoleDb::new().await;
+    let producer = r.producer().await;
+    produce(&producer, &r.outbox(), 2).await;
+    let relay = r.relay().await;
+    let pool = relay.pool().clone();
+
+    let refused = [
+        ("a payload", "UPDATE {schema}.outbox SET payload = '{\"forged\": true}'"),
+        ("headers", "UPDATE {schema}.outbox SET headers = '{}'"),
+        ("an event type", "UPDATE {schema}.outbox SET event_type = 'x'"),
+        (
+            "an aggregate",
+            "UPDATE {schema}.outbox SET aggregate_type = 'x', aggregate_id = 'y'",
+        ),
+        ("a sequence", "UPDATE {schema}.outbox SET sequence = 1"),
+        ("an event id", "UPDATE {schema}.outbox SET event_id = gen_random_uuid()"),
+        ("a schema version", "UPDATE {schema}.outbox SET schema_version = 2"),
+        (
+            "a resolution",
+            "UPDATE {schema}.outbox SET resolved_at = now(), resolution = 'discarded'",
+        ),
+        (
+            "a new event",
+            "INSERT INTO {schema}.outbox (event_id, event_type, aggregate_type, aggregate_id, payload) \
+             VALUES (gen_random_uuid(), 't', 'a', '1', '{}')",
+        ),
+        (
+            "a sequence counter",
+            "UPDATE {schema}.aggregate_sequences SET last_sequence = 0",
+        ),
+        (
+            "an idempotent response",
+            "UPDATE {schema}.idempotency_keys SET response_body = 'forged'",
+        ),
+        ("an inbox record", "UPDATE {schema}.inbox SET processed_at = now()"),
+    ];
+    for (what, sql) in refused {
+        assert_denied(
+            &format!("the relay rewrites {what}"),
+            try_exec(&r, &pool, sql).await,
+        );
+    }
+    assert_denied(
+        "the relay enqueues",
+        try_exec(&r, &pool, "SELECT {schema}.enqueue('t', 'a', '1', '{}')").await,
+    );
+    // Its own columns it may change.
+    assert_eq!(
+        try_exec(
+            &r,
+            &pool,
+            "UPDATE {schema}.outbox SET available_at = now(), last_error = NULL"
+        )
+        .await
+        .expect("the relay changes delivery state"),
+        2
+    );
+
+    producer.close().await;
+    pool.close().await;
+    r.finish().await;
+}
+
+/// The monitor writes nothing and cannot enqueue.
+#[tokio::test]
+async fn the_monitor_changes_nothing() {
+    let r = RoleDb::new().await;
+    let monitor = r.monitor().await;
+    let pool = monitor.pool().clone();
+    for sql in [
+        "SELECT {schema}.enqueue('t', 'a', '1', '{}')",
+        "UPDATE {schema}.outbox SET status = 'sent'",
+        "DELETE FROM {schema}.outbox",
+        "DELETE FROM {schema}.idempotency_keys",
+        "INSERT INTO {schema}.inbox (consumer, event_id) VALUES ('c', gen_random_uuid())",
+    ] {
+        assert_denied(sql, try_exec(&r, &pool, sql).await);
+    }
+    let outbox = r.outbox();
+    let mut conn = pool.acquire().await.unwrap();
+    assert_denied(
+        "the monitor runs the library's enqueue",
+        postbox::sqlx::enqueue(&outbox, &mut conn, &events(1, "m").remove(0)).await,
+    );
+    drop(conn);
+    pool.close().await;
+    r.finish().await;
+}
+
+/// Running the script again (after an upgrade) takes back what earlier
+/// versions granted more broadly: a table-wide INSERT for the producer, a
+/// table-wide UPDATE for the relay.
+#[tokio::test]
+async fn running_the_script_again_takes_back_broader_grants() {
+    let r = RoleDb::new().await;
+    r.db.exec(&format!(
+        "GRANT INSERT ON {{schema}}.outbox TO {p}; \
+             GRANT SELECT, INSERT, UPDATE ON {{schema}}.aggregate_sequences TO {p}; \
+             GRANT UPDATE ON {{schema}}.outbox TO {relay}",
+        p = r.roles.producer,
+        relay = r.roles.relay,
+    ))
+    .await;
+    let again = store(&r.db)
+        .create_roles()
+        .await
+        .expect("run the script again");
+    assert_eq!(again, r.roles);
+
+    let producer = r.producer().await;
+    assert_denied(
+        "the producer inserts directly after the re-run",
+        try_exec(
+            &r,
+            &producer,
+            "INSERT INTO {schema}.outbox (event_id, event_type, aggregate_type, aggregate_id, payload, status) \
+             VALUES (gen_random_uuid(), 't', 'a', '1', '{}', 'sent')",
+        )
+        .await,
+    );
+    assert_denied(
+        "the producer rewrites counters after the re-run",
+        try_exec(
+            &r,
+            &producer,
+            "UPDATE {schema}.aggregate_sequences SET last_sequence = 0",
+        )
+        .await,
+    );
+    produce(&producer, &r.outbox(), 1).await;
+    let relay = r.relay().await;
+    assert_denied(
+        "the relay rewrites payloads after the re-run",
+        try_exec(
+            &r,
+            relay.pool(),
+            "UPDATE {schema}.outbox SET payload = 'null'",
+        )
+        .await,
+    );
+    drain_with(Relay::new(relay.clone(), ScriptedSink::delivering(), fast_config()).unwrap()).await;
+    assert_eq!(
+        r.db.count("SELECT count(*) FROM {schema}.outbox WHERE status = 'sent'")
+            .await,
+        1
+    );
+
+    producer.close().await;
+    relay.pool().close().await;
+    r.finish().await;
+}

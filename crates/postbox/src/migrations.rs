@@ -52,6 +52,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "console",
         sql: include_str!("../migrations/0006_console.sql"),
     },
+    Migration {
+        version: 7,
+        name: "least_privilege",
+        sql: include_str!("../migrations/0007_least_privilege.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.
