@@ -11,6 +11,7 @@ mod ordering;
 mod quarantine;
 mod redis_sink;
 mod retention_idempotency;
+mod roles;
 mod routing;
 
 mod amqp;
