@@ -96,7 +96,7 @@ pub(crate) async fn read_loop(shared: Arc<Shared>, d: usize, owner: Uuid, mode: 
             }
         }
     }
-    if let Err(e) = log.release(owner).await {
+    if let Err(e) = log.release(owner, &names).await {
         tracing::debug!(error = %sanitize_error(&e.to_string()), "could not release the log cursors' leases; they expire by themselves");
     }
 }

@@ -224,3 +224,33 @@ async fn an_event_of_a_transaction_held_open_is_delivered_when_it_commits() {
     assert!(times(&sink).values().all(|&n| n == 1));
     db.drop_schema().await;
 }
+
+#[tokio::test]
+async fn producers_write_into_the_log_once_the_schema_is_in_log_mode() {
+    let db = TestDb::new().await;
+    let log = store(&db).log();
+    log.set_producer_target(postbox_store::ProducerTarget::Log)
+        .await
+        .unwrap();
+    assert_eq!(
+        log.producer_target().await.unwrap(),
+        postbox_store::ProducerTarget::Log
+    );
+    // The Rust library (one event and a batch) and the SQL function.
+    let from_rust = enqueue(&db, 30).await;
+    db.exec("SELECT {schema}.enqueue('order.paid', 'order', 'sql-1', '{\"n\": 1}')")
+        .await;
+    assert_eq!(db.count("SELECT count(*) FROM {schema}.outbox").await, 0);
+    assert_eq!(db.count("SELECT count(*) FROM {schema}.log").await, 31);
+    assert_eq!(
+        db.count("SELECT count(*) FROM {schema}.log WHERE aggregate_id = 'sql-1' AND sequence = 1")
+            .await,
+        1,
+        "sequences are numbered as in claim mode"
+    );
+    let sink = ScriptedSink::delivering();
+    let stats = drain_with(&db, Router::single(sink.clone()), log_config()).await;
+    assert_eq!(stats.delivered, 31);
+    assert!(from_rust.iter().all(|id| sink.ids().contains(id)));
+    db.drop_schema().await;
+}

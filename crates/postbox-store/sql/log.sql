@@ -18,10 +18,11 @@ WHERE destination = ANY($2::text[])
 RETURNING destination;
 
 -- name: cursors_release
--- Give up owner $1's leases (on shutdown), so another relay takes over at once.
+-- Give up owner $1's leases on the cursors of destinations $2 (on shutdown),
+-- so another relay takes over at once.
 UPDATE {schema}.log_cursors
 SET owner = NULL, lease_expires_at = NULL
-WHERE owner = $1;
+WHERE owner = $1 AND destination = ANY($2::text[]);
 
 -- name: window
 -- The window cursor $1 reads now, opening one when none is open: the events

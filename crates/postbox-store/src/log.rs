@@ -177,10 +177,11 @@ impl Log {
             .await
     }
 
-    /// Give up `owner`'s leases.
-    pub async fn release(&self, owner: Uuid) -> Result<(), sqlx::Error> {
+    /// Give up `owner`'s leases on the cursors of `destinations`.
+    pub async fn release(&self, owner: Uuid, destinations: &[String]) -> Result<(), sqlx::Error> {
         sqlx::query(&self.sql.cursors_release)
             .bind(owner)
+            .bind(destinations)
             .execute(&self.pool)
             .await?;
         Ok(())
