@@ -55,6 +55,7 @@
 //! `relay.publish_timeout` above that, and `relay.batch_size` near what the
 //! endpoint takes in that time.
 
+use super::rate::RateLimit;
 use super::SinkOptions;
 use crate::cloudevents;
 use crate::redact::sanitize_error;
@@ -98,8 +99,9 @@ pub struct HttpOptions {
     pub timeout: Duration,
     /// Most requests in flight at once, across the whole sink (1–1024, default 16).
     pub concurrency: u32,
-    /// Most requests started per second, across the whole sink (a token bucket
-    /// holding up to one second's worth); unlimited when absent.
+    /// Most requests started per second, across the whole sink, in bursts of
+    /// up to one second's worth (rounded down, at least one) after a quiet
+    /// spell; unlimited when absent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate_per_second: Option<f64>,
     /// Extra headers sent with every request (e.g. an `Authorization` the
@@ -353,45 +355,6 @@ pub(crate) fn display_url(url: &reqwest::Url) -> String {
     sanitize_error(&out)
 }
 
-/// A token bucket shared by all requests of one sink.
-struct TokenBucket {
-    rate: f64,
-    capacity: f64,
-    tokens: f64,
-    last: Instant,
-}
-
-impl TokenBucket {
-    fn new(rate: f64) -> Self {
-        let capacity = rate.max(1.0);
-        Self {
-            rate,
-            capacity,
-            tokens: capacity,
-            last: Instant::now(),
-        }
-    }
-
-    /// Reserve one token: how long to wait before using it, or — when that
-    /// wait would end after `deadline` — `Err(wait)` without reserving.
-    fn reserve(&mut self, now: Instant, deadline: Instant) -> Result<Duration, Duration> {
-        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * self.rate).min(self.capacity);
-        self.last = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            return Ok(Duration::ZERO);
-        }
-        let wait =
-            Duration::try_from_secs_f64((1.0 - self.tokens) / self.rate).unwrap_or(MAX_RETRY_AFTER);
-        if now + wait > deadline {
-            return Err(wait);
-        }
-        self.tokens -= 1.0;
-        Ok(wait)
-    }
-}
-
 /// The HTTP webhook sink; see the module docs.
 pub struct HttpSink {
     client: reqwest::Client,
@@ -402,7 +365,7 @@ pub struct HttpSink {
     timeout: Duration,
     concurrency: usize,
     permits: Semaphore,
-    bucket: Option<std::sync::Mutex<TokenBucket>>,
+    rate: Option<RateLimit>,
     headers: HeaderMap,
     signer: Option<Signer>,
     source: String,
@@ -493,9 +456,7 @@ impl HttpSink {
             timeout: http.timeout,
             concurrency,
             permits: Semaphore::new(concurrency),
-            bucket: http
-                .rate_per_second
-                .map(|r| std::sync::Mutex::new(TokenBucket::new(r))),
+            rate: http.rate_per_second.map(RateLimit::per_second),
             headers,
             signer,
             source: options.source,
@@ -580,20 +541,12 @@ impl HttpSink {
                 after: None,
             };
         }
-        if let Some(bucket) = &self.bucket {
-            let reserved = match bucket.lock() {
-                Ok(mut b) => b.reserve(Instant::now(), start_by),
-                Err(poisoned) => poisoned.into_inner().reserve(Instant::now(), start_by),
-            };
-            match reserved {
-                Ok(wait) if wait.is_zero() => {}
-                Ok(wait) => tokio::time::sleep(wait).await,
-                Err(wait) => {
-                    return Outcome::Deferred {
-                        reason: "http: not sent: rate_per_second reached for this batch".into(),
-                        after: Some(wait),
-                    }
-                }
+        if let Some(rate) = &self.rate {
+            if let Err(wait) = rate.start_by(start_by).await {
+                return Outcome::Deferred {
+                    reason: "http: not sent: rate_per_second reached for this batch".into(),
+                    after: Some(wait),
+                };
             }
         }
         let Ok(Ok(_permit)) = tokio::time::timeout_at(start_by, self.permits.acquire()).await
@@ -1077,17 +1030,5 @@ mod tests {
         assert!(!e.contains("abc"), "{e}");
         assert_eq!(excerpt(b"line one\n\n  line two"), "line one line two");
         assert_eq!(excerpt(&[0xff, b'o', b'k']), "\u{fffd}ok");
-    }
-
-    #[test]
-    fn token_bucket_reserves_within_the_deadline() {
-        let start = Instant::now();
-        let mut b = TokenBucket::new(2.0);
-        let deadline = start + Duration::from_secs(1);
-        assert_eq!(b.reserve(start, deadline), Ok(Duration::ZERO));
-        assert_eq!(b.reserve(start, deadline), Ok(Duration::ZERO));
-        assert_eq!(b.reserve(start, deadline), Ok(Duration::from_millis(500)));
-        assert_eq!(b.reserve(start, deadline), Ok(Duration::from_secs(1)));
-        assert!(b.reserve(start, deadline).is_err());
     }
 }

@@ -7,6 +7,7 @@ pub mod http;
 pub mod kafka;
 pub mod nats;
 pub mod qstash;
+mod rate;
 pub mod redis;
 pub mod stdout;
 mod template;
