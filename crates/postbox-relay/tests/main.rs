@@ -18,3 +18,4 @@ mod http;
 mod kafka;
 mod nats;
 mod qstash;
+mod receiver;
