@@ -5,21 +5,27 @@
 //! Layout: one folder per sink — `mod.rs` the [`Sink`] implementation (the
 //! transport) and its registry entry (`SINK`), `config.rs` its options table,
 //! URL parameters and their validation, `tests.rs` its unit tests — and
-//! `shared/` for what several sinks use. Kafka is behind the cargo feature
-//! `kafka`.
+//! `shared/` for what several sinks use. Every broker is behind the cargo
+//! feature of its name; `stdout` is always built.
 //!
 //! Adding a sink: a folder `sinks/NAME/` whose `mod.rs` defines `pub(crate)
 //! const SINK: BuiltSink`, its `mod` line below, one line in the registry
-//! (its URL prefixes, its cargo feature if it is optional, its options type
-//! if it has an options table: a type implementing [`OptionsTable`]).
+//! (its URL prefixes, its cargo feature, its options type if it has an
+//! options table: a type implementing [`OptionsTable`]), and the feature in
+//! `Cargo.toml`.
 
+#[cfg(feature = "amqp")]
 pub mod amqp;
+#[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+#[cfg(feature = "nats")]
 pub mod nats;
 mod options;
+#[cfg(feature = "qstash")]
 pub mod qstash;
+#[cfg(feature = "redis")]
 pub mod redis;
 pub(crate) mod shared;
 pub mod stdout;
@@ -132,12 +138,12 @@ macro_rules! registry {
 }
 
 registry! {
-    redis: prefixes ["redis://", "rediss://"];
-    nats: prefixes ["nats://"];
-    amqp: prefixes ["amqp://", "amqps://"];
+    redis: feature "redis", prefixes ["redis://", "rediss://"];
+    nats: feature "nats", prefixes ["nats://"];
+    amqp: feature "amqp", prefixes ["amqp://", "amqps://"];
     kafka: feature "kafka", prefixes ["kafka://"];
-    http: prefixes ["http://", "https://"], options http::HttpOptions;
-    qstash: prefixes ["qstash:"], options qstash::QstashOptions;
+    http: feature "http", prefixes ["http://", "https://"], options http::HttpOptions;
+    qstash: feature "qstash", prefixes ["qstash:"], options qstash::QstashOptions;
     stdout: prefixes ["stdout"];
 }
 
@@ -215,7 +221,12 @@ mod tests {
     /// Whether the cargo feature `name` is on in this build.
     fn cfg_feature(name: &str) -> bool {
         match name {
+            "redis" => cfg!(feature = "redis"),
+            "nats" => cfg!(feature = "nats"),
+            "amqp" => cfg!(feature = "amqp"),
             "kafka" => cfg!(feature = "kafka"),
+            "http" => cfg!(feature = "http"),
+            "qstash" => cfg!(feature = "qstash"),
             other => panic!("no cargo feature {other}"),
         }
     }

@@ -80,6 +80,7 @@ impl KeyTemplate {
 /// `template` with every placeholder replaced by one token (`x`), so its
 /// literal text can be checked as a rendered name would be (an unclosed
 /// placeholder drops the rest).
+#[cfg(any(feature = "nats", feature = "kafka"))]
 pub(crate) fn with_placeholders_filled(template: &str) -> String {
     let mut out = String::new();
     let mut rest = template;
@@ -110,6 +111,7 @@ mod tests {
         assert!(KeyTemplate::parse("key", "").is_err());
     }
 
+    #[cfg(any(feature = "nats", feature = "kafka"))]
     #[test]
     fn fills_placeholders_for_checking() {
         assert_eq!(with_placeholders_filled("a.{event_type}.b"), "a.x.b");
