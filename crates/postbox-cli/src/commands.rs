@@ -5,7 +5,7 @@ use crate::{db, Cli, Command, Global};
 use clap::Args;
 use postbox::{NewEvent, Outbox, Schema};
 use postbox_relay::retention::{self, Progress, Table};
-use postbox_relay::sinks::{self, SinkOptions};
+use postbox_relay::sinks;
 use postbox_relay::{
     Destination, PoisonPolicy, Relay, RelayConfig, RetentionConfig, Router, RunMode, Store,
 };
@@ -247,17 +247,7 @@ pub fn relay_config(
     }
     config.validate()?;
     let source = args.source.clone();
-    let sink_options = |section: &crate::config::SinkSection| {
-        let mut options = SinkOptions {
-            http: section.http.clone(),
-            qstash: section.qstash.clone(),
-            ..SinkOptions::default()
-        };
-        if let Some(s) = source.clone().or_else(|| section.source.clone()) {
-            options.source = s;
-        }
-        options
-    };
+    let sink_options = |section: &crate::config::SinkSection| section.sink_options(source.clone());
     let router = if file.destinations.is_empty() {
         if !file.routes.is_empty() {
             return Err("routes: [[routes]] need [destinations.NAME] sections to send to".into());

@@ -443,6 +443,12 @@ where
 /// Publish `total` small events (~100-byte payloads) in batches of `batch`
 /// straight through [`Sink::publish`]; returns events per second. Every
 /// outcome must be delivered.
+#[cfg(any(
+    feature = "redis",
+    feature = "nats",
+    feature = "amqp",
+    feature = "kafka"
+))]
 pub async fn throughput(sink: &dyn Sink, total: usize, batch: usize) -> f64 {
     let events: Vec<Message> = (0..total)
         .map(|i| {
@@ -466,226 +472,232 @@ pub async fn throughput(sink: &dyn Sink, total: usize, batch: usize) -> f64 {
     total as f64 / started.elapsed().as_secs_f64()
 }
 
-// ---------------------------------------------------------------------------
-// Redis: the model sink passes the suite too (stream mode, whose entries carry
-// the event id in their `id` field).
+/// The suite against the Redis sink, and against broken wrappers of it.
+#[cfg(feature = "redis")]
+mod with_redis {
+    use super::*;
 
-struct RedisStreamReader {
-    key: String,
-}
+    // ---------------------------------------------------------------------------
+    // Redis: the model sink passes the suite too (stream mode, whose entries carry
+    // the event id in their `id` field).
 
-#[async_trait]
-impl Reader for RedisStreamReader {
-    async fn received(&self) -> Vec<Received> {
-        let mut conn = postbox_testkit::redis().await;
-        let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-            .arg(&self.key)
-            .arg("-")
-            .arg("+")
-            .query_async(&mut conn)
-            .await
-            .expect("XRANGE");
-        entries
-            .ids
-            .into_iter()
-            .map(|entry| {
-                let field = |name: &str| -> Option<Vec<u8>> {
-                    entry
-                        .map
-                        .get(name)
-                        .and_then(|v| redis::from_redis_value::<Vec<u8>>(v).ok())
-                };
-                Received {
-                    message_id: field("id").and_then(|v| String::from_utf8(v).ok()),
-                    key: None,
-                    body: field("body").unwrap_or_default(),
-                }
-            })
-            .collect()
+    struct RedisStreamReader {
+        key: String,
     }
 
-    async fn cleanup(&self) {
-        let mut conn = postbox_testkit::redis().await;
-        let _: Result<(), _> = redis::cmd("DEL")
-            .arg(&self.key)
-            .query_async(&mut conn)
-            .await;
-    }
-}
-
-fn redis_broker() -> String {
-    let url = postbox_testkit::redis_url();
-    let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
-    let authority = rest.split(['/', '?']).next().unwrap_or(rest);
-    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    if host_port.contains(':') {
-        host_port.to_owned()
-    } else {
-        format!("{host_port}:6379")
-    }
-}
-
-#[tokio::test]
-async fn redis_stream_passes_conformance() {
-    let key = postbox_testkit::unique("conformance:");
-    let spec = Spec {
-        name: "redis",
-        broker: redis_broker(),
-        max_payload: MAX_PAYLOAD,
-        oversize: None,
-        keyed: false,
-        poison: None,
-        outage: true,
-        hang_deadline: Some(Duration::from_secs(60)),
-    };
-    run(spec, |proxy| async move {
-        let url = format!("redis://{proxy}/0?mode=stream&key={key}");
-        let sink = postbox_relay::sinks::from_url(&url, &Default::default())
-            .expect("a valid Redis sink URL");
-        Fixture {
-            sink,
-            reader: Box::new(RedisStreamReader { key }),
-            secret: None,
-            switch: None,
+    #[async_trait]
+    impl Reader for RedisStreamReader {
+        async fn received(&self) -> Vec<Received> {
+            let mut conn = postbox_testkit::redis().await;
+            let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+                .arg(&self.key)
+                .arg("-")
+                .arg("+")
+                .query_async(&mut conn)
+                .await
+                .expect("XRANGE");
+            entries
+                .ids
+                .into_iter()
+                .map(|entry| {
+                    let field = |name: &str| -> Option<Vec<u8>> {
+                        entry
+                            .map
+                            .get(name)
+                            .and_then(|v| redis::from_redis_value::<Vec<u8>>(v).ok())
+                    };
+                    Received {
+                        message_id: field("id").and_then(|v| String::from_utf8(v).ok()),
+                        key: None,
+                        body: field("body").unwrap_or_default(),
+                    }
+                })
+                .collect()
         }
-    })
-    .await;
-}
 
-/// Throughput: `cargo test -p postbox-relay --test main --release -- --ignored --nocapture throughput`
-#[tokio::test]
-#[ignore = "a measurement, not a check"]
-async fn redis_throughput() {
-    for mode in ["list", "stream"] {
-        let key = postbox_testkit::unique("throughput:");
-        let url = format!(
-            "{}/0?mode={mode}&key={key}",
-            postbox_testkit::redis_url().trim_end_matches('/')
-        );
-        let sink = postbox_relay::sinks::from_url(&url, &Default::default())
-            .expect("a valid Redis sink URL");
-        let rate = throughput(&*sink, 100_000, MAX_BATCH).await;
-        println!("redis ({mode}): {rate:.0} events/s");
-        RedisStreamReader { key }.cleanup().await;
+        async fn cleanup(&self) {
+            let mut conn = postbox_testkit::redis().await;
+            let _: Result<(), _> = redis::cmd("DEL")
+                .arg(&self.key)
+                .query_async(&mut conn)
+                .await;
+        }
     }
-}
 
-// ---------------------------------------------------------------------------
-// The suite checks itself: a sink that breaks one rule must fail it.
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Flaw {
-    /// None: the control, which must pass.
-    None,
-    /// Reports a failed publish as delivered.
-    DeliveredWhenDown,
-    /// Dead-letters a failed publish instead of retrying it.
-    RejectedWhenDown,
-    /// Returns the outcomes in reverse order.
-    Reversed,
-    /// Returns one outcome too few.
-    OneShort,
-    /// Reports delivered without sending anything.
-    SendsNothing,
-}
-
-/// The Redis sink behind a wrapper that rejects `conformance.poison` events
-/// itself (so the order check has a reject to find) and then breaks one rule.
-struct Flawed {
-    inner: Arc<dyn Sink>,
-    flaw: Flaw,
-}
-
-#[async_trait]
-impl Sink for Flawed {
-    async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
-        let poisoned = |m: &Message| m.event_type == "conformance.poison";
-        let sendable: Vec<Message> = batch.iter().filter(|m| !poisoned(m)).cloned().collect();
-        let mut sent = if self.flaw == Flaw::SendsNothing {
-            vec![Outcome::Delivered; sendable.len()]
+    fn redis_broker() -> String {
+        let url = postbox_testkit::redis_url();
+        let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
+        let authority = rest.split(['/', '?']).next().unwrap_or(rest);
+        let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        if host_port.contains(':') {
+            host_port.to_owned()
         } else {
-            self.inner.publish(&sendable).await
+            format!("{host_port}:6379")
         }
-        .into_iter();
-        let mut outcomes: Vec<Outcome> = batch
-            .iter()
-            .map(|m| match poisoned(m) {
-                true => Outcome::reject("poison"),
-                false => sent.next().unwrap_or_else(|| Outcome::retry("missing")),
-            })
-            .collect();
-        match self.flaw {
-            Flaw::DeliveredWhenDown | Flaw::RejectedWhenDown => {
-                for o in &mut outcomes {
-                    if matches!(o, Outcome::Retry { .. }) {
-                        *o = match self.flaw {
-                            Flaw::DeliveredWhenDown => Outcome::Delivered,
-                            _ => Outcome::reject("gave up"),
-                        };
+    }
+
+    #[tokio::test]
+    async fn redis_stream_passes_conformance() {
+        let key = postbox_testkit::unique("conformance:");
+        let spec = Spec {
+            name: "redis",
+            broker: redis_broker(),
+            max_payload: MAX_PAYLOAD,
+            oversize: None,
+            keyed: false,
+            poison: None,
+            outage: true,
+            hang_deadline: Some(Duration::from_secs(60)),
+        };
+        run(spec, |proxy| async move {
+            let url = format!("redis://{proxy}/0?mode=stream&key={key}");
+            let sink = postbox_relay::sinks::from_url(&url, &Default::default())
+                .expect("a valid Redis sink URL");
+            Fixture {
+                sink,
+                reader: Box::new(RedisStreamReader { key }),
+                secret: None,
+                switch: None,
+            }
+        })
+        .await;
+    }
+
+    /// Throughput: `cargo test -p postbox-relay --test main --release -- --ignored --nocapture throughput`
+    #[tokio::test]
+    #[ignore = "a measurement, not a check"]
+    async fn redis_throughput() {
+        for mode in ["list", "stream"] {
+            let key = postbox_testkit::unique("throughput:");
+            let url = format!(
+                "{}/0?mode={mode}&key={key}",
+                postbox_testkit::redis_url().trim_end_matches('/')
+            );
+            let sink = postbox_relay::sinks::from_url(&url, &Default::default())
+                .expect("a valid Redis sink URL");
+            let rate = throughput(&*sink, 100_000, MAX_BATCH).await;
+            println!("redis ({mode}): {rate:.0} events/s");
+            RedisStreamReader { key }.cleanup().await;
+        }
+    }
+
+    // ---------------------------------------------------------------------------
+    // The suite checks itself: a sink that breaks one rule must fail it.
+
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Flaw {
+        /// None: the control, which must pass.
+        None,
+        /// Reports a failed publish as delivered.
+        DeliveredWhenDown,
+        /// Dead-letters a failed publish instead of retrying it.
+        RejectedWhenDown,
+        /// Returns the outcomes in reverse order.
+        Reversed,
+        /// Returns one outcome too few.
+        OneShort,
+        /// Reports delivered without sending anything.
+        SendsNothing,
+    }
+
+    /// The Redis sink behind a wrapper that rejects `conformance.poison` events
+    /// itself (so the order check has a reject to find) and then breaks one rule.
+    struct Flawed {
+        inner: Arc<dyn Sink>,
+        flaw: Flaw,
+    }
+
+    #[async_trait]
+    impl Sink for Flawed {
+        async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
+            let poisoned = |m: &Message| m.event_type == "conformance.poison";
+            let sendable: Vec<Message> = batch.iter().filter(|m| !poisoned(m)).cloned().collect();
+            let mut sent = if self.flaw == Flaw::SendsNothing {
+                vec![Outcome::Delivered; sendable.len()]
+            } else {
+                self.inner.publish(&sendable).await
+            }
+            .into_iter();
+            let mut outcomes: Vec<Outcome> = batch
+                .iter()
+                .map(|m| match poisoned(m) {
+                    true => Outcome::reject("poison"),
+                    false => sent.next().unwrap_or_else(|| Outcome::retry("missing")),
+                })
+                .collect();
+            match self.flaw {
+                Flaw::DeliveredWhenDown | Flaw::RejectedWhenDown => {
+                    for o in &mut outcomes {
+                        if matches!(o, Outcome::Retry { .. }) {
+                            *o = match self.flaw {
+                                Flaw::DeliveredWhenDown => Outcome::Delivered,
+                                _ => Outcome::reject("gave up"),
+                            };
+                        }
                     }
                 }
+                Flaw::Reversed => outcomes.reverse(),
+                Flaw::OneShort => {
+                    outcomes.pop();
+                }
+                Flaw::None | Flaw::SendsNothing => {}
             }
-            Flaw::Reversed => outcomes.reverse(),
-            Flaw::OneShort => {
-                outcomes.pop();
+            outcomes
+        }
+
+        async fn check(&self) -> Result<(), postbox_relay::SinkError> {
+            self.inner.check().await
+        }
+
+        fn describe(&self) -> String {
+            self.inner.describe()
+        }
+    }
+
+    async fn run_flawed(flaw: Flaw) {
+        let key = postbox_testkit::unique("selftest:");
+        let spec = Spec {
+            name: "redis (flawed)",
+            broker: redis_broker(),
+            max_payload: 64 * 1024,
+            oversize: None,
+            keyed: false,
+            poison: Some(|m| m.event_type = "conformance.poison".into()),
+            outage: true,
+            hang_deadline: None,
+        };
+        run(spec, |proxy| async move {
+            let url = format!("redis://{proxy}/0?mode=stream&key={key}");
+            let inner = postbox_relay::sinks::from_url(&url, &Default::default())
+                .expect("a valid Redis sink URL");
+            Fixture {
+                sink: Arc::new(Flawed { inner, flaw }),
+                reader: Box::new(RedisStreamReader { key }),
+                secret: None,
+                switch: None,
             }
-            Flaw::None | Flaw::SendsNothing => {}
-        }
-        outcomes
+        })
+        .await;
     }
 
-    async fn check(&self) -> Result<(), postbox_relay::SinkError> {
-        self.inner.check().await
-    }
-
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-}
-
-async fn run_flawed(flaw: Flaw) {
-    let key = postbox_testkit::unique("selftest:");
-    let spec = Spec {
-        name: "redis (flawed)",
-        broker: redis_broker(),
-        max_payload: 64 * 1024,
-        oversize: None,
-        keyed: false,
-        poison: Some(|m| m.event_type = "conformance.poison".into()),
-        outage: true,
-        hang_deadline: None,
-    };
-    run(spec, |proxy| async move {
-        let url = format!("redis://{proxy}/0?mode=stream&key={key}");
-        let inner = postbox_relay::sinks::from_url(&url, &Default::default())
-            .expect("a valid Redis sink URL");
-        Fixture {
-            sink: Arc::new(Flawed { inner, flaw }),
-            reader: Box::new(RedisStreamReader { key }),
-            secret: None,
-            switch: None,
-        }
-    })
-    .await;
-}
-
-#[tokio::test]
-async fn conformance_suite_catches_flawed_sinks() {
-    let flaws = [
-        Flaw::None,
-        Flaw::DeliveredWhenDown,
-        Flaw::RejectedWhenDown,
-        Flaw::Reversed,
-        Flaw::OneShort,
-        Flaw::SendsNothing,
-    ];
-    let runs = flaws.map(|flaw| tokio::spawn(run_flawed(flaw)));
-    for (flaw, result) in flaws.iter().zip(futures::future::join_all(runs).await) {
-        match (flaw, result) {
-            (Flaw::None, Ok(())) => {}
-            (Flaw::None, Err(e)) => panic!("the control run failed: {e}"),
-            (flaw, Ok(())) => panic!("the suite passed a sink with the flaw {flaw:?}"),
-            (_, Err(e)) => assert!(e.is_panic(), "{e}"),
+    #[tokio::test]
+    async fn conformance_suite_catches_flawed_sinks() {
+        let flaws = [
+            Flaw::None,
+            Flaw::DeliveredWhenDown,
+            Flaw::RejectedWhenDown,
+            Flaw::Reversed,
+            Flaw::OneShort,
+            Flaw::SendsNothing,
+        ];
+        let runs = flaws.map(|flaw| tokio::spawn(run_flawed(flaw)));
+        for (flaw, result) in flaws.iter().zip(futures::future::join_all(runs).await) {
+            match (flaw, result) {
+                (Flaw::None, Ok(())) => {}
+                (Flaw::None, Err(e)) => panic!("the control run failed: {e}"),
+                (flaw, Ok(())) => panic!("the suite passed a sink with the flaw {flaw:?}"),
+                (_, Err(e)) => assert!(e.is_panic(), "{e}"),
+            }
         }
     }
 }

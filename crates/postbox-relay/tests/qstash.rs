@@ -3,7 +3,7 @@
 //! receiver started by the test, driven by the real relay.
 
 use crate::conformance::{self, Fixture, Reader, Received, Spec};
-use crate::http::{Receiver, Reply, Request};
+use crate::receiver::{Receiver, Reply, Request};
 use crate::support::*;
 use async_trait::async_trait;
 use postbox::verify::qstash::Verifier;
@@ -20,9 +20,9 @@ use std::time::Duration;
 fn qstash_sink(server: &QstashServer, destination: &str, qstash: QstashOptions) -> Arc<QstashSink> {
     let options = SinkOptions {
         source: "shop".into(),
-        qstash,
         ..SinkOptions::default()
-    };
+    }
+    .with(qstash);
     let credentials = QstashCredentials::new(server.token(), server.url());
     Arc::new(
         QstashSink::new(&format!("qstash:{destination}"), options, credentials)
@@ -404,15 +404,12 @@ async fn qstash_passes_conformance() {
     let token = server.token().to_owned();
     let reader = QstashReader(server.clone());
     conformance::run(spec, |proxy| async move {
-        let options = SinkOptions {
-            qstash: QstashOptions {
-                // Requests must start within half of it (5 batch requests
-                // for the suite's 500 events).
-                request_timeout: Duration::from_secs(4),
-                ..QstashOptions::default()
-            },
-            ..SinkOptions::default()
-        };
+        let options = SinkOptions::default().with(QstashOptions {
+            // Requests must start within half of it (5 batch requests
+            // for the suite's 500 events).
+            request_timeout: Duration::from_secs(4),
+            ..QstashOptions::default()
+        });
         let credentials = QstashCredentials::new(token.clone(), format!("http://{proxy}"));
         let sink: Arc<dyn Sink> = Arc::new(
             QstashSink::new(&format!("qstash:{destination}"), options, credentials).unwrap(),

@@ -11,23 +11,29 @@
 //! error makes the whole batch a retry (a retry may duplicate entries; consumers
 //! deduplicate on the event id).
 
-use super::{KeyTemplate, SinkOptions};
+mod config;
+#[cfg(test)]
+mod tests;
+
+pub use config::Mode;
+
+use super::{BuiltSink, KeyTemplate, SinkOptions};
 use crate::cloudevents;
 use crate::sink::{Message, Outcome, Sink, SinkError};
 use async_trait::async_trait;
+use config::RedisConfig;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Mutex;
 
-/// How messages are written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// `LPUSH key body`: consumers `BRPOP` (oldest first).
-    List,
-    /// `XADD key * id … type … body …`: consumer groups, replay, acknowledgements.
-    Stream,
-}
+/// The registry's entry for this sink.
+pub(crate) const SINK: BuiltSink = BuiltSink {
+    usage: "redis://[USER:PASSWORD@]HOST:PORT[/DB][?mode=list|stream&key=TEMPLATE&maxlen=N]  Redis list or stream (rediss:// for TLS)",
+    build: |url, options| Ok(Arc::new(RedisSink::from_url(url, options.clone())?)),
+};
 
+/// The Redis sink; see the module docs for the URL.
 pub struct RedisSink {
     client: redis::Client,
     connection: Mutex<Option<ConnectionManager>>,
@@ -44,69 +50,14 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 impl RedisSink {
     /// Parse the sink URL; connects lazily.
     pub fn from_url(raw: &str, options: SinkOptions) -> Result<Self, SinkError> {
-        let mut url = url::Url::parse(raw)
-            .map_err(|e| SinkError::Config(format!("sink URL is not a valid redis:// URL: {e}")))?;
-        let mut mode = Mode::List;
-        let mut key = "postbox:{event_type}".to_owned();
-        let mut maxlen = None;
-        let mut passthrough = Vec::new();
-        for (name, value) in url.query_pairs() {
-            match name.as_ref() {
-                "mode" => {
-                    mode = match value.as_ref() {
-                        "list" => Mode::List,
-                        "stream" => Mode::Stream,
-                        other => {
-                            return Err(SinkError::Config(format!(
-                                "sink URL parameter mode: expected list or stream, got {other:?}"
-                            )))
-                        }
-                    }
-                }
-                "key" => key = value.into_owned(),
-                "maxlen" => {
-                    maxlen = Some(value.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(
-                        || {
-                            SinkError::Config(format!(
-                            "sink URL parameter maxlen: expected a positive integer, got {value:?}"
-                        ))
-                        },
-                    )?)
-                }
-                // Connection parameters the redis client understands.
-                "protocol" | "insecure" => {
-                    passthrough.push((name.into_owned(), value.into_owned()))
-                }
-                other => {
-                    return Err(SinkError::Config(format!(
-                        "sink URL parameter {other:?} is unknown; expected mode, key or maxlen"
-                    )))
-                }
-            }
-        }
-        if maxlen.is_some() && mode == Mode::List {
-            return Err(SinkError::Config(
-                "sink URL parameter maxlen: only applies to mode=stream".into(),
-            ));
-        }
-        let key = KeyTemplate::parse("sink URL parameter key", &key)?;
-        url.set_query(None);
-        if !passthrough.is_empty() {
-            url.query_pairs_mut().extend_pairs(passthrough);
-        }
-        let described = format!(
-            "{}://{}:{}{} {} {}",
-            url.scheme(),
-            url.host_str().unwrap_or("localhost"),
-            url.port().unwrap_or(6379),
-            url.path(),
-            match mode {
-                Mode::List => "list",
-                Mode::Stream => "stream",
-            },
-            key.as_str()
-        );
-        let client = redis::Client::open(url.as_str()).map_err(|e| {
+        let RedisConfig {
+            client_url,
+            mode,
+            key,
+            maxlen,
+            described,
+        } = RedisConfig::from_url(raw)?;
+        let client = redis::Client::open(client_url.as_str()).map_err(|e| {
             SinkError::Config(format!(
                 "sink URL is not a valid Redis URL: {}",
                 crate::redact::sanitize_error(&e.to_string())
@@ -203,47 +154,5 @@ impl Sink for RedisSink {
 
     fn describe(&self) -> String {
         self.described.clone()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_urls() {
-        let s = RedisSink::from_url(
-            "redis://:pw@127.0.0.1:6380/2?mode=stream&key=ev:{aggregate_type}&maxlen=1000",
-            SinkOptions::default(),
-        )
-        .unwrap();
-        assert_eq!(s.mode, Mode::Stream);
-        assert_eq!(s.maxlen, Some(1000));
-        assert_eq!(
-            s.describe(),
-            "redis://127.0.0.1:6380/2 stream ev:{aggregate_type}"
-        );
-        assert!(!s.describe().contains("pw"));
-    }
-
-    #[test]
-    fn rejects_bad_parameters() {
-        let cases = [
-            ("redis://h?mode=queue", "mode: expected list or stream"),
-            ("redis://h?colour=red", "\"colour\" is unknown"),
-            ("redis://h?key={oops}", "unknown placeholder {oops}"),
-            ("redis://h?maxlen=10", "only applies to mode=stream"),
-            (
-                "redis://h?mode=stream&maxlen=-1",
-                "maxlen: expected a positive integer",
-            ),
-        ];
-        for (url, want) in cases {
-            let err = match RedisSink::from_url(url, SinkOptions::default()) {
-                Ok(_) => panic!("{url} was accepted"),
-                Err(e) => e.to_string(),
-            };
-            assert!(err.contains(want), "{url}: {err}");
-        }
     }
 }

@@ -1,11 +1,21 @@
 //! `stdout`: one CloudEvents JSON line per event, for development and piping.
+//! Always built; it takes no URL parameters and has no options table, so it
+//! has no `config.rs`.
 
-use super::SinkOptions;
+use super::{BuiltSink, SinkOptions};
 use crate::cloudevents;
 use crate::sink::{Message, Outcome, Sink, SinkError};
 use async_trait::async_trait;
 use std::io::Write;
+use std::sync::Arc;
 
+/// The registry's entry for this sink.
+pub(crate) const SINK: BuiltSink = BuiltSink {
+    usage: "stdout  one CloudEvents JSON line per event (development, piping)",
+    build: |_, options| Ok(Arc::new(StdoutSink::new(options.clone()))),
+};
+
+/// The stdout sink; see the module docs.
 pub struct StdoutSink {
     options: SinkOptions,
 }

@@ -49,7 +49,11 @@
 //! Credentials from the URL are sent only to the server, never logged or put
 //! into an outcome.
 
-use super::{KeyTemplate, SinkOptions};
+mod config;
+#[cfg(test)]
+mod tests;
+
+use super::{BuiltSink, KeyTemplate, SinkOptions};
 use crate::cloudevents;
 use crate::redact::sanitize_error;
 use crate::sink::{Message, Outcome, Sink, SinkError};
@@ -57,23 +61,19 @@ use async_nats::header::{HeaderMap, HeaderName, HeaderValue};
 use async_nats::jetstream::{self, context::PublishErrorKind, stream};
 use async_trait::async_trait;
 use chrono::SecondsFormat;
+use config::{check_subject, Auth, NatsConfig};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Mutex;
 
-const DEFAULT_SUBJECT: &str = "postbox.{event_type}";
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
-const CONTENT_TYPE: &str = "application/cloudevents+json";
-/// The longest subject published (the server's control line is 4 KiB by default).
-const MAX_SUBJECT_BYTES: usize = 1024;
+/// The registry's entry for this sink.
+pub(crate) const SINK: BuiltSink = BuiltSink {
+    usage: "nats://[USER:PASSWORD@|TOKEN@]HOST:PORT[?subject=TEMPLATE&stream=NAME&timeout=DURATION&tls=true]  NATS JetStream",
+    build: |url, options| Ok(Arc::new(NatsSink::from_url(url, options.clone())?)),
+};
 
-/// How the sink authenticates (never printed).
-#[derive(Clone)]
-enum Auth {
-    None,
-    UserPassword(String, String),
-    Token(String),
-}
+const CONTENT_TYPE: &str = "application/cloudevents+json";
 
 /// The NATS JetStream sink; see the module docs for the URL.
 pub struct NatsSink {
@@ -119,75 +119,21 @@ enum NatsError {
 impl NatsSink {
     /// Parse the sink URL; connects lazily (on [`Sink::check`] or the first publish).
     pub fn from_url(raw: &str, options: SinkOptions) -> Result<Self, SinkError> {
-        let url = url::Url::parse(raw).map_err(|e| {
-            SinkError::Config(format!(
-                "sink URL is not a valid nats:// URL: {}",
-                sanitize_error(&e.to_string())
-            ))
-        })?;
-        if url.scheme() != "nats" {
-            return Err(SinkError::Config(format!(
-                "sink URL scheme {:?} is not nats",
-                url.scheme()
-            )));
-        }
-        let host = url
-            .host_str()
-            .filter(|h| !h.is_empty())
-            .ok_or_else(|| SinkError::Config("sink URL: the NATS host is missing".into()))?
-            .to_owned();
-        let port = url.port().unwrap_or(4222);
-        if !matches!(url.path(), "" | "/") {
-            return Err(SinkError::Config(
-                "sink URL: a nats:// URL has no path; put the subject in ?subject=".into(),
-            ));
-        }
-        let auth = parse_auth(&url)?;
-
-        let mut subject = DEFAULT_SUBJECT.to_owned();
-        let mut stream = None;
-        let mut timeout = DEFAULT_TIMEOUT;
-        let mut tls = false;
-        for (name, value) in url.query_pairs() {
-            match name.as_ref() {
-                "subject" => subject = value.into_owned(),
-                "stream" => stream = Some(value.into_owned()),
-                "timeout" => timeout = super::parse_timeout(&value)?,
-                "tls" => tls = parse_bool("tls", &value)?,
-                other => {
-                    return Err(SinkError::Config(format!(
-                        "sink URL parameter {:?} is unknown; \
-                         expected subject, stream, timeout or tls",
-                        sanitize_error(other)
-                    )))
-                }
-            }
-        }
-        check_subject_template(&subject)?;
-        let template = KeyTemplate::parse("sink URL parameter subject", &subject)?;
-        let capture = capture_subject(&subject);
-        if let Some(name) = &stream {
-            check_stream_name(name)?;
-            if capture == ">" {
-                return Err(SinkError::Config(format!(
-                    "sink URL parameter subject: {subject:?} must start with a literal token \
-                     (like events.{{event_type}}) when stream= is given, so the stream can capture \
-                     its subjects without capturing every subject"
-                )));
-            }
-        }
-        let mut described = format!("nats://{host}:{port} subject {subject}");
-        if let Some(name) = &stream {
-            described.push_str(&format!(" stream {name}"));
-        }
-        if tls {
-            described.push_str(" tls");
-        }
-        Ok(Self {
-            server: format!("nats://{host}:{port}"),
+        let NatsConfig {
+            server,
             auth,
             tls,
-            subject: template,
+            subject,
+            capture,
+            stream,
+            timeout,
+            described,
+        } = NatsConfig::from_url(raw)?;
+        Ok(Self {
+            server,
+            auth,
+            tls,
+            subject,
             capture,
             stream,
             timeout,
@@ -432,178 +378,4 @@ fn is_stream_not_found(e: &jetstream::context::GetStreamError) -> bool {
         jetstream::context::GetStreamErrorKind::JetStream(inner)
             if inner.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
     )
-}
-
-fn parse_auth(url: &url::Url) -> Result<Auth, SinkError> {
-    let decode = |s: &str, what: &str| {
-        percent_decode(s).ok_or_else(|| {
-            SinkError::Config(format!(
-                "sink URL: the {what} is not valid percent-encoded UTF-8"
-            ))
-        })
-    };
-    let user = decode(url.username(), "user name")?;
-    Ok(match url.password() {
-        Some(password) => Auth::UserPassword(user, decode(password, "password")?),
-        None if !user.is_empty() => Auth::Token(user),
-        None => Auth::None,
-    })
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    percent_encoding::percent_decode_str(s)
-        .decode_utf8()
-        .ok()
-        .map(|c| c.into_owned())
-}
-
-fn parse_bool(name: &str, value: &str) -> Result<bool, SinkError> {
-    match value {
-        "true" | "1" | "yes" => Ok(true),
-        "false" | "0" | "no" => Ok(false),
-        other => Err(SinkError::Config(format!(
-            "sink URL parameter {name}: expected true or false, got {other:?}"
-        ))),
-    }
-}
-
-/// The literal parts of the template must form a valid subject by themselves.
-fn check_subject_template(template: &str) -> Result<(), SinkError> {
-    let literal: String = {
-        // Replace each placeholder by one token so the literal text can be checked.
-        let mut out = String::new();
-        let mut rest = template;
-        while let Some(open) = rest.find('{') {
-            out.push_str(&rest[..open]);
-            out.push('x');
-            match rest[open..].find('}') {
-                Some(close) => rest = &rest[open + close + 1..],
-                None => {
-                    rest = "";
-                }
-            }
-        }
-        out.push_str(rest);
-        out
-    };
-    check_subject(&literal)
-        .map_err(|why| SinkError::Config(format!("sink URL parameter subject: {template:?} {why}")))
-}
-
-/// Why `subject` is not a subject a message can be published to.
-fn check_subject(subject: &str) -> Result<(), &'static str> {
-    if subject.is_empty() {
-        return Err("is empty");
-    }
-    if subject.len() > MAX_SUBJECT_BYTES {
-        // The server closes a connection whose control line is too long, which
-        // would fail every message of the batch on every attempt.
-        return Err("is longer than 1024 bytes");
-    }
-    if subject.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err("contains whitespace or control characters, which NATS subjects cannot");
-    }
-    for token in subject.split('.') {
-        if token.is_empty() {
-            return Err("has an empty token (a leading, trailing or doubled '.')");
-        }
-        if token == "*" || token == ">" {
-            return Err("contains a wildcard token ('*' or '>'); messages need a literal subject");
-        }
-    }
-    Ok(())
-}
-
-/// The subject filter capturing every subject `template` can render: the
-/// literal tokens before the first placeholder, then `>`.
-fn capture_subject(template: &str) -> String {
-    match template.find('{') {
-        None => template.to_owned(),
-        Some(open) => match template[..open].rfind('.') {
-            Some(dot) => format!("{}.>", &template[..dot]),
-            None => ">".to_owned(),
-        },
-    }
-}
-
-fn check_stream_name(name: &str) -> Result<(), SinkError> {
-    let bad = name.is_empty()
-        || name.chars().any(|c| {
-            c.is_whitespace() || c.is_control() || matches!(c, '.' | '*' | '>' | '/' | '\\')
-        });
-    if bad {
-        return Err(SinkError::Config(format!(
-            "sink URL parameter stream: {name:?} is not a valid stream name \
-             (no spaces, '.', '*', '>', '/' or '\\')"
-        )));
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_urls_without_leaking_credentials() {
-        let s = NatsSink::from_url(
-            "nats://app:s3cret@127.0.0.1:4223?subject=shop.{aggregate_type}.{event_type}&stream=SHOP&timeout=2s",
-            SinkOptions::default(),
-        )
-        .unwrap();
-        assert_eq!(
-            s.describe(),
-            "nats://127.0.0.1:4223 subject shop.{aggregate_type}.{event_type} stream SHOP"
-        );
-        assert_eq!(s.capture_subject(), "shop.>");
-        assert_eq!(s.timeout, Duration::from_secs(2));
-        assert!(matches!(&s.auth, Auth::UserPassword(u, p) if u == "app" && p == "s3cret"));
-        let t = NatsSink::from_url("nats://tok%40en@h", SinkOptions::default()).unwrap();
-        assert!(matches!(&t.auth, Auth::Token(tok) if tok == "tok@en"));
-        assert_eq!(t.describe(), "nats://h:4222 subject postbox.{event_type}");
-    }
-
-    #[test]
-    fn capture_covers_multi_token_placeholders() {
-        assert_eq!(capture_subject("events.{event_type}"), "events.>");
-        assert_eq!(capture_subject("a.b.{aggregate_id}.c"), "a.b.>");
-        assert_eq!(capture_subject("a.b{event_type}"), "a.>");
-        assert_eq!(capture_subject("{event_type}"), ">");
-        assert_eq!(capture_subject("fixed.subject"), "fixed.subject");
-    }
-
-    #[test]
-    fn rejects_bad_parameters() {
-        let cases = [
-            ("nats://h?colour=red", "\"colour\" is unknown"),
-            ("nats://h?subject={oops}", "unknown placeholder {oops}"),
-            ("nats://h?subject=a..{event_type}", "empty token"),
-            ("nats://h?subject=a.*.{event_type}", "wildcard"),
-            (
-                "nats://h?subject={event_type}&stream=S",
-                "must start with a literal token",
-            ),
-            ("nats://h?stream=a.b", "not a valid stream name"),
-            ("nats://h?timeout=soon", "timeout: expected a duration"),
-            ("nats://h?tls=maybe", "tls: expected true or false"),
-            ("nats://h/path", "has no path"),
-            ("nats://:4222", "empty host"),
-        ];
-        for (url, want) in cases {
-            let err = match NatsSink::from_url(url, SinkOptions::default()) {
-                Ok(_) => panic!("{url} was accepted"),
-                Err(e) => e.to_string(),
-            };
-            assert!(err.contains(want), "{url}: {err}");
-        }
-    }
-
-    #[test]
-    fn checks_rendered_subjects() {
-        assert!(check_subject("orders.order.created").is_ok());
-        assert!(check_subject("orders.a b").is_err());
-        assert!(check_subject("orders.>").is_err());
-        assert!(check_subject("orders.").is_err());
-        assert!(check_subject(&format!("orders.{}", "x".repeat(1100))).is_err());
-    }
 }

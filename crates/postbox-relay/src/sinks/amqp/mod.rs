@@ -48,27 +48,39 @@
 //! Credentials from the URL are sent only to the broker, never logged, shown
 //! by `describe()` or put into an outcome.
 
-use super::{KeyTemplate, SinkOptions};
+mod config;
+#[cfg(test)]
+mod tests;
+
+pub use config::Unroutable;
+
+use super::{BuiltSink, KeyTemplate, SinkOptions};
 use crate::cloudevents;
 use crate::redact::sanitize_error;
 use crate::sink::{Message, Outcome, Sink, SinkError};
 use async_trait::async_trait;
 use chrono::SecondsFormat;
+use config::AmqpConfig;
 use futures::future;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::uri::{AMQPAuthority, AMQPQueryString, AMQPScheme, AMQPUri, AMQPUserInfo};
+use lapin::uri::AMQPUri;
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 use tokio::sync::Mutex;
 
-const DEFAULT_ROUTING_KEY: &str = "{event_type}";
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The registry's entry for this sink.
+pub(crate) const SINK: BuiltSink = BuiltSink {
+    usage: "amqp://USER:PASSWORD@HOST:PORT/VHOST?exchange=NAME[&routing_key=TEMPLATE&unroutable=reject|retry&timeout=DURATION&heartbeat=SECONDS]  RabbitMQ (amqps:// for TLS)",
+    build: |url, options| Ok(Arc::new(AmqpSink::from_url(url, options.clone())?)),
+};
+
 const CONTENT_TYPE: &str = "application/cloudevents+json";
 const PERSISTENT: u8 = 2;
 /// The most producer header bytes a message may carry (properties travel in
@@ -76,15 +88,6 @@ const PERSISTENT: u8 = 2;
 const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// The prefix of the CloudEvents AMQP binding for attributes in headers.
 const CE_PREFIX: &str = "cloudEvents_";
-
-/// What an unroutable (returned) message becomes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unroutable {
-    /// Dead-letter it: the topology has no queue for it.
-    Reject,
-    /// Retry it with backoff: a queue may be bound later.
-    Retry,
-}
 
 /// The RabbitMQ sink; see the module docs for the URL.
 pub struct AmqpSink {
@@ -131,115 +134,16 @@ enum AmqpError {
 impl AmqpSink {
     /// Parse the sink URL; connects lazily (on [`Sink::check`] or the first publish).
     pub fn from_url(raw: &str, options: SinkOptions) -> Result<Self, SinkError> {
-        let url = url::Url::parse(raw).map_err(|e| {
-            SinkError::Config(format!(
-                "sink URL is not a valid amqp:// URL: {}",
-                sanitize_error(&e.to_string())
-            ))
-        })?;
-        let scheme = match url.scheme() {
-            "amqp" => AMQPScheme::AMQP,
-            "amqps" => AMQPScheme::AMQPS,
-            other => {
-                return Err(SinkError::Config(format!(
-                    "sink URL scheme {other:?} is not amqp or amqps"
-                )))
-            }
-        };
-        let host = url
-            .host_str()
-            .filter(|h| !h.is_empty())
-            .ok_or_else(|| SinkError::Config("sink URL: the AMQP host is missing".into()))?
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_owned();
-        let port = url.port().unwrap_or_else(|| scheme.default_port());
-        let defaults = AMQPUserInfo::default();
-        let username = match url.username() {
-            "" => defaults.username,
-            u => decode(u, "user name")?,
-        };
-        let password = match url.password() {
-            None => defaults.password,
-            Some(p) => decode(p, "password")?,
-        };
-        let vhost = match url.path() {
-            "" | "/" => "/".to_owned(),
-            path => decode(&path[1..], "vhost")?,
-        };
-
-        let mut exchange = None;
-        let mut routing_key = DEFAULT_ROUTING_KEY.to_owned();
-        let mut unroutable = Unroutable::Reject;
-        let mut timeout = DEFAULT_TIMEOUT;
-        let mut query = AMQPQueryString::default();
-        for (name, value) in url.query_pairs() {
-            match name.as_ref() {
-                "exchange" => exchange = Some(value.into_owned()),
-                "routing_key" => routing_key = value.into_owned(),
-                "unroutable" => {
-                    unroutable = match value.as_ref() {
-                        "reject" => Unroutable::Reject,
-                        "retry" => Unroutable::Retry,
-                        other => {
-                            return Err(SinkError::Config(format!(
-                                "sink URL parameter unroutable: expected reject or retry, got {other:?}"
-                            )))
-                        }
-                    }
-                }
-                "timeout" => timeout = super::parse_timeout(&value)?,
-                "heartbeat" => {
-                    query.heartbeat = Some(value.parse::<u16>().map_err(|_| {
-                        SinkError::Config(format!(
-                            "sink URL parameter heartbeat: expected seconds (0-65535), got {value:?}"
-                        ))
-                    })?)
-                }
-                other => {
-                    return Err(SinkError::Config(format!(
-                        "sink URL parameter {:?} is unknown; expected exchange, routing_key, unroutable, timeout or heartbeat",
-                        sanitize_error(other)
-                    )))
-                }
-            }
-        }
-        let exchange = exchange.ok_or_else(|| {
-            SinkError::Config(
-                "sink URL parameter exchange is required (exchange= selects the default exchange)"
-                    .into(),
-            )
-        })?;
-        let exchange = ShortString::try_new(exchange).map_err(|_| {
-            SinkError::Config("sink URL parameter exchange: longer than 255 bytes".into())
-        })?;
-        let routing_key = KeyTemplate::parse("sink URL parameter routing_key", &routing_key)?;
-        query.connection_timeout = Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
-
-        let described = format!(
-            "{}://{}:{}/{} exchange {:?} routing_key {}{}",
-            url.scheme(),
-            url.host_str().unwrap_or_default(),
-            port,
-            url.path().trim_start_matches('/'),
-            exchange.as_str(),
-            routing_key.as_str(),
-            match unroutable {
-                Unroutable::Reject => "",
-                Unroutable::Retry => " unroutable=retry",
-            }
-        );
+        let AmqpConfig {
+            uri,
+            exchange,
+            routing_key,
+            unroutable,
+            timeout,
+            described,
+        } = AmqpConfig::from_url(raw)?;
         Ok(Self {
-            uri: AMQPUri {
-                scheme,
-                authority: AMQPAuthority {
-                    userinfo: AMQPUserInfo { username, password },
-                    host,
-                    port,
-                },
-                vhost,
-                query,
-            },
+            uri,
             exchange,
             routing_key,
             unroutable,
@@ -419,13 +323,6 @@ fn close_in_background(session: Session) {
     });
 }
 
-fn decode(s: &str, what: &str) -> Result<String, SinkError> {
-    percent_encoding::percent_decode_str(s)
-        .decode_utf8()
-        .map(|c| c.into_owned())
-        .map_err(|_| SinkError::Config(format!("sink URL: the {what} is not valid UTF-8")))
-}
-
 #[async_trait]
 impl Sink for AmqpSink {
     async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
@@ -589,65 +486,5 @@ impl Sink for AmqpSink {
 
     fn describe(&self) -> String {
         self.described.clone()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_urls_without_leaking_credentials() {
-        let s = AmqpSink::from_url(
-            "amqp://app:s%40cret@rabbit:5673/shop?exchange=events&routing_key={aggregate_type}.{event_type}&unroutable=retry&timeout=3s",
-            SinkOptions::default(),
-        )
-        .unwrap();
-        assert_eq!(
-            s.describe(),
-            "amqp://rabbit:5673/shop exchange \"events\" routing_key {aggregate_type}.{event_type} unroutable=retry"
-        );
-        assert_eq!(s.uri.authority.userinfo.password, "s@cret");
-        assert_eq!(s.uri.vhost, "shop");
-        assert_eq!(s.unroutable(), Unroutable::Retry);
-        assert_eq!(s.timeout, Duration::from_secs(3));
-        let d = AmqpSink::from_url("amqp://127.0.0.1?exchange=", SinkOptions::default()).unwrap();
-        assert_eq!((d.uri.vhost.as_str(), d.uri.authority.port), ("/", 5672));
-        assert_eq!(d.uri.authority.host, "127.0.0.1");
-        let v = AmqpSink::from_url("amqps://h/%2f?exchange=x", SinkOptions::default()).unwrap();
-        assert_eq!((v.uri.vhost.as_str(), v.uri.authority.port), ("/", 5671));
-    }
-
-    #[test]
-    fn rejects_bad_parameters() {
-        let cases = [
-            ("amqp://h", "exchange is required"),
-            ("amqp://h?exchange=x&colour=red", "\"colour\" is unknown"),
-            (
-                "amqp://h?exchange=x&routing_key={nope}",
-                "unknown placeholder {nope}",
-            ),
-            (
-                "amqp://h?exchange=x&unroutable=drop",
-                "unroutable: expected reject or retry",
-            ),
-            (
-                "amqp://h?exchange=x&timeout=0s",
-                "timeout: expected a duration",
-            ),
-            (
-                "amqp://h?exchange=x&heartbeat=-1",
-                "heartbeat: expected seconds",
-            ),
-            ("amqp://u:%ff@h?exchange=x", "password is not valid UTF-8"),
-        ];
-        for (url, want) in cases {
-            let err = match AmqpSink::from_url(url, SinkOptions::default()) {
-                Ok(_) => panic!("{url} was accepted"),
-                Err(e) => e.to_string(),
-            };
-            assert!(err.contains(want), "{url}: {err}");
-            assert!(!err.contains("%ff"), "{err}");
-        }
     }
 }

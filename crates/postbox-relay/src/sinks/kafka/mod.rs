@@ -38,29 +38,32 @@
 //! reject. After a fatal idempotence error the producer is rebuilt on the next
 //! publish.
 
-use super::{KeyTemplate, SinkOptions};
+mod config;
+#[cfg(test)]
+mod tests;
+
+use super::{BuiltSink, KeyTemplate, SinkOptions};
 use crate::cloudevents;
 use crate::redact::sanitize_error;
 use crate::sink::{Message, Outcome, Sink, SinkError};
 use async_trait::async_trait;
 use chrono::SecondsFormat;
+use config::{check_topic, KafkaConfig};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::ClientConfig;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Mutex;
 
-const DEFAULT_TOPIC: &str = "postbox.{event_type}";
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(20);
+/// The registry's entry for this sink.
+pub(crate) const SINK: BuiltSink = BuiltSink {
+    usage: "kafka://BROKER:PORT[,BROKER:PORT…][?topic=TEMPLATE&timeout=DURATION&rdkafka.NAME=VALUE…]  Kafka (idempotent producer, acks=all)",
+    build: |url, options| Ok(Arc::new(KafkaSink::from_url(url, options.clone())?)),
+};
+
 const CONTENT_TYPE: &str = "application/cloudevents+json";
-/// Properties the sink sets itself.
-const FIXED: [&str; 4] = [
-    "bootstrap.servers",
-    "enable.idempotence",
-    "acks",
-    "message.timeout.ms",
-];
 
 /// The Kafka sink; see the module docs for the URL.
 pub struct KafkaSink {
@@ -75,70 +78,18 @@ pub struct KafkaSink {
 impl KafkaSink {
     /// Parse the sink URL; the producer is created on the first use.
     pub fn from_url(raw: &str, options: SinkOptions) -> Result<Self, SinkError> {
-        let rest = raw.strip_prefix("kafka://").ok_or_else(|| {
-            SinkError::Config(
-                "sink URL: expected kafka://BROKER:PORT[,BROKER:PORT]?topic=TEMPLATE".into(),
-            )
-        })?;
-        let (brokers, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let brokers = brokers.trim_end_matches('/');
-        if brokers.contains('@') {
-            return Err(SinkError::Config(
-                "sink URL: credentials in a kafka:// URL are not supported (this build has no SASL)".into(),
-            ));
-        }
-        if brokers.is_empty()
-            || brokers
-                .split(',')
-                .any(|b| b.is_empty() || b.contains(|c: char| c.is_whitespace() || c == '/'))
-        {
-            return Err(SinkError::Config(format!(
-                "sink URL: expected a comma-separated list of BROKER:PORT, got {:?}",
-                sanitize_error(brokers)
-            )));
-        }
-        let mut topic = DEFAULT_TOPIC.to_owned();
-        let mut timeout = DEFAULT_TIMEOUT;
-        let mut config = ClientConfig::new();
-        for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
-            match name.as_ref() {
-                "topic" => topic = value.into_owned(),
-                "timeout" => timeout = super::parse_timeout(&value)?,
-                other => match other.strip_prefix("rdkafka.") {
-                    Some(property) if FIXED.contains(&property) => {
-                        return Err(SinkError::Config(format!(
-                            "sink URL parameter {other}: {property} is set by postbox and cannot be overridden"
-                        )))
-                    }
-                    Some(property) if !property.is_empty() => {
-                        config.set(property, value.as_ref());
-                    }
-                    _ => {
-                        return Err(SinkError::Config(format!(
-                            "sink URL parameter {:?} is unknown; expected topic, timeout or rdkafka.PROPERTY",
-                            sanitize_error(other)
-                        )))
-                    }
-                },
-            }
-        }
-        check_topic_template(&topic)?;
-        let template = KeyTemplate::parse("sink URL parameter topic", &topic)?;
-        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-        config
-            .set("bootstrap.servers", brokers)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("message.timeout.ms", timeout_ms.to_string());
-        if config.get("client.id").is_none() {
-            config.set("client.id", "postbox-relay");
-        }
+        let KafkaConfig {
+            client,
+            topic,
+            timeout,
+            described,
+        } = KafkaConfig::from_url(raw)?;
         Ok(Self {
-            config,
-            described: format!("kafka://{brokers} topic {topic}"),
-            topic: template,
+            config: client,
+            topic,
             timeout,
             options,
+            described,
             producer: Mutex::new(None),
         })
     }
@@ -287,87 +238,5 @@ impl Sink for KafkaSink {
 
     fn describe(&self) -> String {
         self.described.clone()
-    }
-}
-
-fn check_topic_template(template: &str) -> Result<(), SinkError> {
-    let mut literal = String::new();
-    let mut rest = template;
-    while let Some(open) = rest.find('{') {
-        literal.push_str(&rest[..open]);
-        literal.push('x');
-        rest = rest[open..]
-            .find('}')
-            .map_or("", |close| &rest[open + close + 1..]);
-    }
-    literal.push_str(rest);
-    check_topic(&literal)
-        .map_err(|why| SinkError::Config(format!("sink URL parameter topic: {template:?} {why}")))
-}
-
-/// Why `topic` is not a valid Kafka topic name.
-fn check_topic(topic: &str) -> Result<(), &'static str> {
-    if topic.is_empty() || topic.len() > 249 {
-        return Err("must be 1 to 249 characters long");
-    }
-    if topic == "." || topic == ".." {
-        return Err("cannot be '.' or '..'");
-    }
-    if !topic
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-    {
-        return Err("may only contain A-Z, a-z, 0-9, '.', '_' and '-'");
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_urls() {
-        let s = KafkaSink::from_url(
-            "kafka://k1:9092,k2:9092?topic=shop.{aggregate_type}&timeout=5s&rdkafka.compression.type=zstd",
-            SinkOptions::default(),
-        )
-        .unwrap();
-        assert_eq!(
-            s.describe(),
-            "kafka://k1:9092,k2:9092 topic shop.{aggregate_type}"
-        );
-        assert_eq!(s.config.get("enable.idempotence"), Some("true"));
-        assert_eq!(s.config.get("acks"), Some("all"));
-        assert_eq!(s.config.get("message.timeout.ms"), Some("5000"));
-        assert_eq!(s.config.get("compression.type"), Some("zstd"));
-        assert_eq!(s.config.get("bootstrap.servers"), Some("k1:9092,k2:9092"));
-    }
-
-    #[test]
-    fn rejects_bad_parameters() {
-        let cases = [
-            ("kafka://k?colour=red", "\"colour\" is unknown"),
-            ("kafka://k?topic={nope}", "unknown placeholder {nope}"),
-            ("kafka://k?topic=a/{event_type}", "may only contain"),
-            ("kafka://k?rdkafka.acks=1", "cannot be overridden"),
-            ("kafka://u:p@k", "credentials"),
-            ("kafka://?topic=x", "comma-separated list"),
-            ("kafka://k?timeout=never", "timeout: expected a duration"),
-        ];
-        for (url, want) in cases {
-            let err = match KafkaSink::from_url(url, SinkOptions::default()) {
-                Ok(_) => panic!("{url} was accepted"),
-                Err(e) => e.to_string(),
-            };
-            assert!(err.contains(want), "{url}: {err}");
-        }
-    }
-
-    #[test]
-    fn checks_topics() {
-        assert!(check_topic("orders.order-created_v1").is_ok());
-        assert!(check_topic("has space").is_err());
-        assert!(check_topic(&"x".repeat(250)).is_err());
     }
 }

@@ -1,3 +1,6 @@
+//! Destination names with placeholders (`postbox:{event_type}`): Redis keys,
+//! NATS subjects, AMQP routing keys, Kafka topics.
+
 use crate::sink::{Message, SinkError};
 
 /// A destination name with placeholders, parsed once at start-up:
@@ -74,6 +77,24 @@ impl KeyTemplate {
     }
 }
 
+/// `template` with every placeholder replaced by one token (`x`), so its
+/// literal text can be checked as a rendered name would be (an unclosed
+/// placeholder drops the rest).
+#[cfg(any(feature = "nats", feature = "kafka"))]
+pub(crate) fn with_placeholders_filled(template: &str) -> String {
+    let mut out = String::new();
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        out.push('x');
+        rest = rest[open..]
+            .find('}')
+            .map_or("", |close| &rest[open + close + 1..]);
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,5 +109,14 @@ mod tests {
         assert!(err.contains("key: unknown placeholder {nope}"), "{err}");
         assert!(KeyTemplate::parse("key", "x:{event_type").is_err());
         assert!(KeyTemplate::parse("key", "").is_err());
+    }
+
+    #[cfg(any(feature = "nats", feature = "kafka"))]
+    #[test]
+    fn fills_placeholders_for_checking() {
+        assert_eq!(with_placeholders_filled("a.{event_type}.b"), "a.x.b");
+        assert_eq!(with_placeholders_filled("{event_type}{aggregate_id}"), "xx");
+        assert_eq!(with_placeholders_filled("a.{event_type"), "a.x");
+        assert_eq!(with_placeholders_filled("plain"), "plain");
     }
 }

@@ -1,0 +1,23 @@
+//! What more than one sink uses, in one place: destination-name templates
+//! ([`KeyTemplate`]), sink-URL parameters (`params`), the HTTP plumbing of the
+//! HTTP and QStash sinks (`http`: the client, URL checks, answers to
+//! outcomes, `Retry-After`) and the request rate limit (`rate`, on
+//! `governor`). Each part is built only with the sinks that use it.
+
+#[cfg(any(feature = "http", feature = "qstash"))]
+pub(crate) mod http;
+#[cfg(any(
+    feature = "redis",
+    feature = "nats",
+    feature = "amqp",
+    feature = "kafka",
+    feature = "http"
+))]
+pub(crate) mod params;
+#[cfg(feature = "http")]
+pub(crate) mod rate;
+mod template;
+
+#[cfg(any(feature = "nats", feature = "kafka"))]
+pub(crate) use template::with_placeholders_filled;
+pub use template::KeyTemplate;
