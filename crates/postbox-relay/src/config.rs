@@ -54,6 +54,13 @@ pub struct RelayConfig {
     pub mode: ReadMode,
     /// Events claimed under one lease and handed to the sink at once (1–10000).
     pub batch_size: u32,
+    /// Log mode: how long producers write into one segment of the log's ring
+    /// of four before moving to the next; a segment every cursor has read
+    /// past is emptied (truncated, or archived with `retention.archive`), so
+    /// delivered events leave no dead tuples. Events stay in the log for
+    /// about three times this after they are delivered.
+    #[serde(with = "humantime_serde")]
+    pub log_segment_age: Duration,
     /// Longest wait between two claims when no notification arrives.
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
@@ -94,6 +101,7 @@ impl Default for RelayConfig {
         Self {
             mode: ReadMode::Claim,
             batch_size: 500,
+            log_segment_age: Duration::from_secs(60),
             poll_interval: Duration::from_secs(1),
             lease: Duration::from_secs(60),
             publish_timeout: Duration::from_secs(20),
@@ -124,6 +132,7 @@ impl RelayConfig {
             ("publish_timeout", self.publish_timeout),
             ("backoff_max", self.backoff_max),
             ("rescue_interval", self.rescue_interval),
+            ("log_segment_age", self.log_segment_age),
         ];
         for (name, d) in positive {
             if d.is_zero() {

@@ -234,3 +234,30 @@ fn count(shared: &Shared, delivered: usize, handoffs: &[Handoff<'_>]) {
         metrics::counter!(m::DEAD_LETTERED).increment(dead as u64);
     }
 }
+
+/// Retention without vacuum: rotate the ring of segments and empty the ones
+/// every cursor has read past, until shutdown.
+pub(crate) async fn maintain_loop(shared: Arc<Shared>, archive: bool) {
+    let log = shared.store.log();
+    let age = shared.config.log_segment_age;
+    let every = (age / 4).max(Duration::from_millis(50));
+    while !shared.shutdown.is_cancelled() {
+        match log.maintain(age, archive).await {
+            Ok((rotated, removed)) => {
+                if removed > 0 {
+                    metrics::counter!(m::RETENTION_PURGED, "table" => "log").increment(removed);
+                }
+                if rotated || removed > 0 {
+                    tracing::debug!(rotated, removed, "log segments maintained");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %sanitize_error(&e.to_string()), "log maintenance failed; trying again later");
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = shared.shutdown.cancelled() => {}
+        }
+    }
+}

@@ -328,9 +328,20 @@ impl Relay {
             }
         }
         let owner = uuid::Uuid::new_v4();
-        (0..names.len())
+        let mut tasks: Vec<_> = (0..names.len())
             .map(|d| spawn(crate::log_mode::read_loop(shared.clone(), d, owner, mode)))
-            .collect()
+            .collect();
+        let archive = self
+            .retention
+            .as_ref()
+            .is_some_and(|r| r.enabled && r.archive);
+        if mode == RunMode::Forever {
+            tasks.push(spawn(crate::log_mode::maintain_loop(
+                shared.clone(),
+                archive,
+            )));
+        }
+        tasks
     }
 }
 

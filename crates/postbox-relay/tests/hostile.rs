@@ -569,6 +569,7 @@ fn relay_config() -> impl Strategy<Value = RelayConfig> {
                 (backoff_base, backoff_max, rescue_interval, listen, shutdown_timeout),
             )| RelayConfig {
                 mode: postbox_relay::ReadMode::Claim,
+                log_segment_age: Duration::from_secs(60),
                 batch_size,
                 poll_interval,
                 lease,

@@ -254,3 +254,68 @@ async fn producers_write_into_the_log_once_the_schema_is_in_log_mode() {
     assert!(from_rust.iter().all(|id| sink.ids().contains(id)));
     db.drop_schema().await;
 }
+
+#[tokio::test]
+async fn delivered_segments_are_emptied_without_vacuum() {
+    let db = TestDb::new().await;
+    let sink = ScriptedSink::delivering();
+    let config = RelayConfig {
+        log_segment_age: Duration::from_millis(200),
+        ..log_config()
+    };
+    let relay = Relay::new(store(&db), sink.clone(), config).unwrap();
+    let stop = CancellationToken::new();
+    let running = {
+        let stop = stop.clone();
+        tokio::spawn(async move { relay.run(RunMode::Forever, stop).await })
+    };
+    let mut all = Vec::new();
+    for round in 0..3 {
+        all.extend(append(&db, 50, "order.created").await);
+        wait_for(
+            &format!("round {round} delivered and its segment emptied"),
+            Duration::from_secs(30),
+            || {
+                let (db, sink, all) = (&db, sink.clone(), all.clone());
+                async move {
+                    all.iter().all(|id| sink.ids().contains(id))
+                        && db.count("SELECT count(*) FROM {schema}.log").await == 0
+                }
+            },
+        )
+        .await;
+    }
+    // Emptied by TRUNCATE: no dead tuples, no pages left behind.
+    let pages = db
+        .count(
+            "SELECT sum(pg_relation_size(c.oid))::bigint FROM pg_inherits i \
+             JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = '{schema}.log'::regclass",
+        )
+        .await;
+    assert!(pages <= 8192, "segments keep {pages} bytes");
+    stop.cancel();
+    let stats = running.await.unwrap();
+    assert_eq!(stats.delivered, 150);
+    assert!(times(&sink).values().all(|&n| n == 1));
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn a_segment_a_cursor_has_not_read_is_kept() {
+    let db = TestDb::new().await;
+    let log = store(&db).log();
+    log.ensure_cursors(&["slow".to_owned()]).await.unwrap();
+    append(&db, 10, "order.created").await;
+    db.exec("UPDATE {schema}.log_settings SET rotated_at = now() - interval '1 hour'")
+        .await;
+    let (rotated, removed) = log.maintain(Duration::from_secs(1), false).await.unwrap();
+    assert!(rotated, "producers move to the next segment");
+    assert_eq!(removed, 0);
+    let (_, removed) = log
+        .maintain(Duration::from_secs(3600), false)
+        .await
+        .unwrap();
+    assert_eq!(removed, 0, "the cursor has not read segment 0");
+    assert_eq!(db.count("SELECT count(*) FROM {schema}.log").await, 10);
+    db.drop_schema().await;
+}

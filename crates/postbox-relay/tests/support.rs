@@ -17,6 +17,7 @@ use uuid::Uuid;
 pub fn fast_config() -> RelayConfig {
     RelayConfig {
         mode: postbox_relay::ReadMode::Claim,
+        log_segment_age: Duration::from_secs(60),
         batch_size: 100,
         poll_interval: Duration::from_millis(50),
         lease: Duration::from_secs(30),

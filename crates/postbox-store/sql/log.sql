@@ -143,3 +143,13 @@ SET status = 'pending', available_at = LEAST(o.available_at, now()),
 FROM rows r
 WHERE o.id = r.id AND r.existed AND o.status <> 'pending'
   AND o.id IN (SELECT outbox_id FROM mine);
+
+-- name: rotate
+-- Move producers to the next segment when the current one is older than $1
+-- seconds and the next one is empty.
+SELECT {schema}.log_rotate(make_interval(secs => $1)) AS rotated;
+
+-- name: truncate
+-- Empty segment $1 if every cursor has read past it (archiving first with $2);
+-- NULL when it is still needed.
+SELECT {schema}.log_truncate($1, $2) AS removed;

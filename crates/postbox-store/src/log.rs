@@ -99,6 +99,8 @@ struct Queries {
     producer_target: String,
     set_producer_target: String,
     handoff: String,
+    rotate: String,
+    truncate: String,
 }
 
 impl Queries {
@@ -114,6 +116,8 @@ impl Queries {
             producer_target: file.render("producer_target", schema),
             set_producer_target: file.render("set_producer_target", schema),
             handoff: file.render("handoff", schema),
+            rotate: file.render("rotate", schema),
+            truncate: file.render("truncate", schema),
         };
         file.finish();
         queries
@@ -334,6 +338,32 @@ impl Log {
             .await?;
         tx.commit().await?;
         Ok(true)
+    }
+
+    /// Retention without vacuum: move producers to the next segment of the
+    /// ring once the current one is older than `segment_age`, and empty
+    /// every other segment all cursors have read past (into the archive
+    /// first with `archive`). Returns whether it rotated and how many events
+    /// it removed.
+    pub async fn maintain(
+        &self,
+        segment_age: Duration,
+        archive: bool,
+    ) -> Result<(bool, u64), sqlx::Error> {
+        let mut removed = 0;
+        for segment in 0..4_i32 {
+            let n: Option<i64> = sqlx::query_scalar(&self.sql.truncate)
+                .bind(segment)
+                .bind(archive)
+                .fetch_one(&self.pool)
+                .await?;
+            removed += n.unwrap_or(0).max(0) as u64;
+        }
+        let rotated: bool = sqlx::query_scalar(&self.sql.rotate)
+            .bind(segment_age.as_secs_f64())
+            .fetch_one(&self.pool)
+            .await?;
+        Ok((rotated, removed))
     }
 
     /// Which table producers write to.

@@ -36,7 +36,9 @@ $fn$;
 -- per-aggregate order.
 CREATE TABLE {schema}.log (
     txid           xid8 NOT NULL DEFAULT pg_current_xact_id(),
-    id             bigint GENERATED ALWAYS AS IDENTITY,
+    -- From the outbox's own sequence: an id names one event in the outbox,
+    -- the log and the archive alike.
+    id             bigint NOT NULL DEFAULT nextval('{schema}.outbox_id_seq'),
     segment        integer NOT NULL DEFAULT {schema}.log_segment(),
     event_id       uuid NOT NULL,
     aggregate_type text NOT NULL,
@@ -78,6 +80,81 @@ CREATE TABLE {schema}.log_cursors (
     updated_at       timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT log_cursors_destination_length CHECK (octet_length(destination) BETWEEN 1 AND 255)
 );
+
+-- Move producers to the next segment of the ring once the current one is
+-- older than `min_age` and the next one is empty (truncated). True when it
+-- moved.
+CREATE FUNCTION {schema}.log_rotate(min_age interval) RETURNS boolean
+LANGUAGE plpgsql AS $fn$
+DECLARE
+  cur integer;
+  since timestamptz;
+  busy boolean;
+BEGIN
+  SELECT segment, rotated_at INTO cur, since FROM {schema}.log_settings FOR UPDATE;
+  IF since > now() - min_age THEN
+    RETURN false;
+  END IF;
+  EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s)',
+                 ('{schema}.log_' || ((cur + 1) % 4))::regclass) INTO busy;
+  IF busy THEN
+    RETURN false;
+  END IF;
+  UPDATE {schema}.log_settings SET segment = (cur + 1) % 4, rotated_at = now();
+  RETURN true;
+END
+$fn$;
+
+-- Empty segment `seg` once every cursor has read past all of its events
+-- (keeping them in outbox_archive first with `archive`, except those handed
+-- to the outbox, which its own retention archives). Returns how many
+-- events it removed, or NULL when the segment is still needed: it is the
+-- one producers write into, a cursor has not read it all, no cursor exists
+-- yet, or producers hold it (the lock is not waited for beyond 50 ms, so
+-- producers never queue behind it for long). Run it in its own transaction.
+CREATE FUNCTION {schema}.log_truncate(seg integer, archive boolean) RETURNS bigint
+LANGUAGE plpgsql AS $fn$
+DECLARE
+  part regclass := ('{schema}.log_' || seg)::regclass;
+  unread boolean;
+  n bigint;
+BEGIN
+  IF seg = (SELECT segment FROM {schema}.log_settings)
+     OR NOT EXISTS (SELECT 1 FROM {schema}.log_cursors) THEN
+    RETURN NULL;
+  END IF;
+  SET LOCAL lock_timeout = '50ms';
+  BEGIN
+    EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', part);
+  EXCEPTION WHEN lock_not_available THEN
+    RETURN NULL;
+  END;
+  -- Holding the lock, no producer is writing into the segment: every row in
+  -- it is committed, and each must be visible in every cursor's `lo`.
+  EXECUTE format(
+    'SELECT EXISTS (SELECT 1 FROM %s p JOIN {schema}.log_cursors c
+                    ON NOT pg_visible_in_snapshot(p.txid, c.lo))', part)
+    INTO unread;
+  IF unread THEN
+    RETURN NULL;
+  END IF;
+  IF archive THEN
+    EXECUTE format(
+      'INSERT INTO {schema}.outbox_archive
+         (id, event_id, aggregate_type, aggregate_id, event_type, schema_version,
+          payload, headers, attempts, created_at, sent_at, sequence)
+       SELECT id, event_id, aggregate_type, aggregate_id, event_type, schema_version,
+              payload, headers, 1, created_at, NULL, sequence
+       FROM %s p
+       WHERE NOT EXISTS (SELECT 1 FROM {schema}.outbox o WHERE o.event_id = p.event_id)
+         AND NOT EXISTS (SELECT 1 FROM {schema}.outbox_archive a WHERE a.event_id = p.event_id)
+       ON CONFLICT (id) DO NOTHING', part);
+  END IF;
+  EXECUTE format('SELECT count(*) FROM %s', part) INTO n;
+  EXECUTE format('TRUNCATE %s', part);
+  RETURN n;
+END
+$fn$;
 
 -- Wake relays in log mode as the outbox trigger does in claim mode.
 CREATE TRIGGER log_notify AFTER INSERT ON {schema}.log
