@@ -149,6 +149,12 @@ impl Relay {
         config: RelayConfig,
     ) -> Result<Self, ConfigError> {
         config.validate()?;
+        if config.mode == ReadMode::Log && router.claim_order().is_some() {
+            return Err(ConfigError::new(
+                "relay.mode",
+                "log mode does not keep per-aggregate order yet: run ordered routes in claim mode",
+            ));
+        }
         let store = store.with_relay_commit(if config.synchronous_commit {
             RelayCommit::Synchronous
         } else {

@@ -319,3 +319,14 @@ async fn a_segment_a_cursor_has_not_read_is_kept() {
     assert_eq!(db.count("SELECT count(*) FROM {schema}.log").await, 10);
     db.drop_schema().await;
 }
+
+#[tokio::test]
+async fn ordered_routes_are_refused_in_log_mode() {
+    let db = TestDb::new().await;
+    let router = Router::single(ScriptedSink::delivering()).all_ordered(Default::default());
+    let err = Relay::with_router(store(&db), router, log_config())
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("relay.mode"), "{err}");
+    db.drop_schema().await;
+}
