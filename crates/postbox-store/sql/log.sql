@@ -153,3 +153,18 @@ SELECT {schema}.log_rotate(make_interval(secs => $1)) AS rotated;
 -- Empty segment $1 if every cursor has read past it (archiving first with $2);
 -- NULL when it is still needed.
 SELECT {schema}.log_truncate($1, $2) AS removed;
+
+-- name: cursor_lag
+-- Each cursor's lag: committed events it has not read (not visible in its
+-- `lo`), the age of the oldest of them, and how many it delivered so far.
+SELECT c.destination,
+       c.delivered,
+       c.owner IS NOT NULL AND c.lease_expires_at > now() AS held,
+       (SELECT count(*) FROM {schema}.log l
+        WHERE l.txid >= pg_snapshot_xmin(c.lo)
+          AND NOT pg_visible_in_snapshot(l.txid, c.lo)) AS lag_events,
+       (SELECT extract(epoch FROM now() - min(l.created_at))::float8 FROM {schema}.log l
+        WHERE l.txid >= pg_snapshot_xmin(c.lo)
+          AND NOT pg_visible_in_snapshot(l.txid, c.lo)) AS lag_seconds
+FROM {schema}.log_cursors c
+ORDER BY c.destination;

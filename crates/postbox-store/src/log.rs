@@ -46,6 +46,20 @@ pub struct LogWindow {
     pub after_id: i64,
 }
 
+/// How far one cursor is behind (for `postbox status` and the metrics).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, sqlx::FromRow)]
+pub struct CursorLag {
+    pub destination: String,
+    /// Events delivered (or handed to the outbox) through this cursor.
+    pub delivered: i64,
+    /// A relay holds the cursor's lease now.
+    pub held: bool,
+    /// Committed events the cursor has not read.
+    pub lag_events: i64,
+    /// Age of the oldest of them; `None` when it is caught up.
+    pub lag_seconds: Option<f64>,
+}
+
 /// One event read from the log.
 #[derive(Debug)]
 pub struct LogEvent {
@@ -101,6 +115,7 @@ struct Queries {
     handoff: String,
     rotate: String,
     truncate: String,
+    cursor_lag: String,
 }
 
 impl Queries {
@@ -118,6 +133,7 @@ impl Queries {
             handoff: file.render("handoff", schema),
             rotate: file.render("rotate", schema),
             truncate: file.render("truncate", schema),
+            cursor_lag: file.render("cursor_lag", schema),
         };
         file.finish();
         queries
@@ -364,6 +380,13 @@ impl Log {
             .fetch_one(&self.pool)
             .await?;
         Ok((rotated, removed))
+    }
+
+    /// Every cursor's lag.
+    pub async fn cursor_lag(&self) -> Result<Vec<CursorLag>, sqlx::Error> {
+        sqlx::query_as(&self.sql.cursor_lag)
+            .fetch_all(&self.pool)
+            .await
     }
 
     /// Which table producers write to.

@@ -245,3 +245,29 @@ async fn a_second_owner_cannot_read_a_held_cursor_until_its_lease_ends() {
 fn ids(read: &[(Uuid, String, i64)]) -> Vec<Uuid> {
     read.iter().map(|(id, _, _)| *id).collect()
 }
+
+#[tokio::test]
+async fn a_cursor_lags_by_the_committed_events_it_has_not_read() {
+    let db = TestDb::new().await;
+    let append = db.sql(APPEND);
+    let reader = Reader::new(&db).await;
+    for i in 0..5 {
+        sqlx::query(&append)
+            .bind(Uuid::now_v7())
+            .bind(format!("a{i}"))
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+    let lag = reader.log.cursor_lag().await.unwrap();
+    assert_eq!(lag.len(), 1);
+    assert_eq!(lag[0].lag_events, 5);
+    assert!(lag[0].lag_seconds.is_some() && lag[0].held);
+    assert_eq!(reader.read_window(100).await.len(), 5);
+    let lag = reader.log.cursor_lag().await.unwrap();
+    assert_eq!(
+        (lag[0].lag_events, lag[0].lag_seconds, lag[0].delivered),
+        (0, None, 5)
+    );
+    db.drop_schema().await;
+}
