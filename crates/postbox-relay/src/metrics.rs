@@ -35,6 +35,10 @@ pub const DEAD_LETTERED: &str = "postbox_dead_lettered_total";
 pub const RETENTION_PURGED: &str = "postbox_retention_purged_total";
 /// Counter: duplicate deliveries absorbed by an inbox (`postbox receive`); label `consumer`.
 pub const INBOX_DUPLICATES: &str = "postbox_inbox_duplicates_total";
+/// Log mode: committed events a destination's cursor has not read (label `destination`).
+pub const LOG_LAG_EVENTS: &str = "postbox_log_lag_events";
+/// Log mode: age of the oldest event a destination's cursor has not read (0 when caught up).
+pub const LOG_LAG_SECONDS: &str = "postbox_log_lag_seconds";
 
 /// The values of the `outcome` label of [`PUBLISH_OUTCOMES`].
 pub const OUTCOME_LABELS: [&str; 4] = ["delivered", "retry", "reject", "deferred"];
@@ -69,6 +73,15 @@ pub fn describe() {
         "Age of the oldest pending event"
     );
     describe_gauge!(PROCESSING_EVENTS, "Events claimed and not yet settled");
+    describe_gauge!(
+        LOG_LAG_EVENTS,
+        "Log mode: committed events a destination's cursor has not read"
+    );
+    describe_gauge!(
+        LOG_LAG_SECONDS,
+        Unit::Seconds,
+        "Log mode: age of the oldest event a destination's cursor has not read"
+    );
     describe_gauge!(DEAD_LETTERS, "Dead letters (status failed)");
     describe_counter!(
         PUBLISH_OUTCOMES,
@@ -118,6 +131,15 @@ pub async fn refresh_gauges(store: &Store) -> Result<Gauges, sqlx::Error> {
     let g = store.gauges().await?;
     set_gauges(&g);
     Ok(g)
+}
+
+/// Refresh log mode's lag gauges, one pair per cursor.
+pub async fn refresh_log_lag(store: &Store) -> Result<(), sqlx::Error> {
+    for c in store.log().cursor_lag().await? {
+        gauge!(LOG_LAG_EVENTS, "destination" => c.destination.clone()).set(c.lag_events as f64);
+        gauge!(LOG_LAG_SECONDS, "destination" => c.destination).set(c.lag_seconds.unwrap_or(0.0));
+    }
+    Ok(())
 }
 
 /// Start the per-destination outcome counters at zero, so rates exist before

@@ -939,8 +939,12 @@ async fn rescue_loop(shared: Arc<Shared>, stop: CancellationToken) {
 async fn gauge_loop(shared: Arc<Shared>, every: Duration, stop: CancellationToken) {
     let mut failing = false;
     loop {
-        match m::refresh_gauges(&shared.store).await {
-            Ok(_) => failing = false,
+        let refreshed = match m::refresh_gauges(&shared.store).await {
+            Ok(_) if shared.config.mode == ReadMode::Log => m::refresh_log_lag(&shared.store).await,
+            other => other.map(|_| ()),
+        };
+        match refreshed {
+            Ok(()) => failing = false,
             Err(e) if !failing => {
                 failing = true;
                 tracing::warn!(error = %sanitize_error(&e.to_string()), "reading the backlog gauges failed; they keep their last value");
