@@ -1,8 +1,8 @@
 //! The fault schedule: relays killed and stalled, the broker and the
 //! database taken away, on a seeded random schedule.
 
-use super::proxy::FaultProxy;
 use super::relays::Relays;
+use postbox_harness::proxy::FaultProxy;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -5,7 +5,7 @@
 //! transactions over many aggregates, each event with a business row in the
 //! same transaction), N `postbox relay` child processes, and a consumer that
 //! applies every delivery through the inbox. The relays reach PostgreSQL and
-//! the broker through [`proxy::FaultProxy`]s, and on a seeded schedule
+//! the broker through [`FaultProxy`]s, and on a seeded schedule
 //! ([`faults`]) relays are SIGKILLed and restarted, stalled past their lease,
 //! and the broker and the database are reset, refused, hung or stalled;
 //! failpoints (cargo feature `failpoints`) add crashes inside the relay. After
@@ -15,7 +15,6 @@
 
 mod consumer;
 mod faults;
-mod proxy;
 mod relays;
 mod workload;
 
@@ -25,8 +24,8 @@ use clap::Args;
 use consumer::{lock, Consumer, Seen, Source};
 use faults::{FaultCounters, FaultKind};
 use postbox::{Outbox, Schema};
+use postbox_harness::proxy::FaultProxy;
 use postbox_relay::{failpoint, Store};
-use proxy::FaultProxy;
 use rand::Rng;
 use relays::{RelaySpec, Relays};
 use sqlx::PgPool;
