@@ -15,9 +15,11 @@
 //!   sampled throughout, and the relay's peak RSS. (Not in the default set.)
 
 use crate::commands::{AnyError, Settings};
-use crate::pgcluster::TempCluster;
 use clap::{Args, ValueEnum};
 use postbox::{NewEvent, Outbox, Schema};
+use postbox_harness::os::Signal;
+use postbox_harness::pgcluster::TempCluster;
+use postbox_harness::supervisor::{run_together, RelayCommand, TogetherRun};
 use postbox_relay::store::bench::{BenchStore, TableSize};
 use redis::AsyncCommands;
 use serde::Serialize;
@@ -89,6 +91,8 @@ pub enum Part {
 
 const REDIS_DEFAULT: &str = "redis://127.0.0.1:6379";
 const KEY: &str = "postbox-bench:events";
+/// How long a relay stopped after a latency run may take to exit.
+const RELAY_GRACE: Duration = Duration::from_secs(35);
 
 #[derive(Debug, Default, Serialize)]
 struct Report {
@@ -366,22 +370,10 @@ impl Bench<'_> {
                 args.batch_size
             ),
         )?;
-        let relay = std::process::Command::new(std::env::current_exe()?)
-            .args([
-                "--config",
-                config.to_str().unwrap_or_default(),
-                "relay",
-                "--sink",
-                &self.sink,
-            ])
-            .env("DATABASE_URL", self.url)
-            .env("POSTBOX_SCHEMA", self.schema.name())
-            .env("POSTBOX_LOG", "warn")
-            .env_remove("POSTBOX_CONFIG")
-            .stdout(std::process::Stdio::null())
-            .spawn()?;
-        let relay_pid = relay.id() as libc::pid_t;
-        let waited = tokio::task::spawn_blocking(move || wait_with_rusage(relay));
+        let relay = RelayCommand::new(self.url, &self.schema)?
+            .config(&config)
+            .args(["--sink", &self.sink])
+            .spawn(None)?;
 
         // Keep the Redis list from growing without bound: a consumer would.
         let trimmer = redis_target(&self.sink).map(|(url, key)| {
@@ -452,11 +444,9 @@ impl Bench<'_> {
         for t in tasks {
             t.await??;
         }
-        // SAFETY: SIGTERM to our own child; the relay drains and exits.
-        unsafe {
-            libc::kill(relay_pid, libc::SIGTERM);
-        }
-        let (_, rss) = waited.await??;
+        // The relay finishes its batches and exits.
+        relay.signal(Signal::Terminate);
+        let rss = relay.wait().await?.peak_rss_mb;
         if let Some(t) = trimmer {
             t.abort();
         }
@@ -547,35 +537,12 @@ impl Bench<'_> {
     }
 
     /// Run `n` `postbox relay --drain` processes at once; wall time and the largest peak RSS.
-    async fn relays(&self, n: usize, extra: &[&str]) -> Result<ChildRun, AnyError> {
-        let exe = std::env::current_exe()?;
-        let started = Instant::now();
-        let mut waits = Vec::new();
-        for _ in 0..n {
-            let mut cmd = std::process::Command::new(&exe);
-            cmd.args(["relay", "--drain", "--sink", &self.sink])
-                .args(["--batch-size", &self.args.batch_size.to_string()])
-                .args(extra)
-                .env("DATABASE_URL", self.url)
-                .env("POSTBOX_SCHEMA", self.schema.name())
-                .env("POSTBOX_LOG", "warn")
-                .env_remove("POSTBOX_CONFIG")
-                .stdout(std::process::Stdio::null());
-            let child = cmd.spawn()?;
-            waits.push(tokio::task::spawn_blocking(move || wait_with_rusage(child)));
-        }
-        let mut peak = 0.0_f64;
-        for w in waits {
-            let (ok, rss) = w.await??;
-            if !ok {
-                return Err("a relay process failed; run it by hand to see why".into());
-            }
-            peak = peak.max(rss);
-        }
-        Ok(ChildRun {
-            elapsed: started.elapsed(),
-            peak_rss_mb: peak,
-        })
+    async fn relays(&self, n: usize, extra: &[&str]) -> Result<TogetherRun, AnyError> {
+        let command = RelayCommand::new(self.url, &self.schema)?
+            .args(["--drain", "--sink", &self.sink])
+            .args(["--batch-size".to_owned(), self.args.batch_size.to_string()])
+            .args(extra.iter().copied());
+        run_together(&command, n).await
     }
 
     async fn latency(&self, listen: bool, synchronous: bool) -> Result<Latency, AnyError> {
@@ -610,19 +577,10 @@ impl Bench<'_> {
                 args.batch_size
             ),
         )?;
-        let mut relay = tokio::process::Command::new(std::env::current_exe()?)
-            .args([
-                "--config",
-                config.to_str().unwrap_or_default(),
-                "relay",
-                "--sink",
-                &self.sink,
-            ])
-            .env("DATABASE_URL", self.url)
-            .env("POSTBOX_SCHEMA", self.schema.name())
-            .env("POSTBOX_LOG", "warn")
-            .kill_on_drop(true)
-            .spawn()?;
+        let relay = RelayCommand::new(self.url, &self.schema)?
+            .config(&config)
+            .args(["--sink", &self.sink])
+            .spawn(None)?;
 
         // The consumer: pop everything that has arrived (up to 1,000 at a
         // time, blocking while the list is empty), note when each id arrived.
@@ -683,7 +641,7 @@ impl Bench<'_> {
                 break;
             }
             if Instant::now() > ready_by {
-                stop(&mut relay).await;
+                let _ = relay.stop(RELAY_GRACE).await;
                 return Err("latency: the relay delivered nothing within 60 s of starting".into());
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -743,7 +701,7 @@ impl Bench<'_> {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         consumer.abort();
-        stop(&mut relay).await;
+        let _ = relay.stop(RELAY_GRACE).await;
         let _ = std::fs::remove_file(&config);
 
         let committed = committed.lock().unwrap_or_else(|e| e.into_inner());
@@ -775,40 +733,6 @@ impl Bench<'_> {
             p99_ms: round2(percentile(&ms, 0.99)),
             max_ms: round2(ms.last().copied().unwrap_or_default()),
         })
-    }
-}
-
-struct ChildRun {
-    elapsed: Duration,
-    peak_rss_mb: f64,
-}
-
-/// Wait for a child and read its peak RSS (ru_maxrss) from the kernel.
-fn wait_with_rusage(child: std::process::Child) -> std::io::Result<(bool, f64)> {
-    let pid = child.id() as libc::pid_t;
-    let mut status = 0;
-    // SAFETY: rusage is plain data; wait4 fills it for our own child.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
-    Ok((ok, usage.ru_maxrss as f64 / 1024.0))
-}
-
-async fn stop(child: &mut tokio::process::Child) {
-    if let Some(pid) = child.id() {
-        // SAFETY: sending SIGTERM to our own child process.
-        unsafe {
-            libc::kill(pid as libc::pid_t, libc::SIGTERM);
-        }
-    }
-    if tokio::time::timeout(Duration::from_secs(35), child.wait())
-        .await
-        .is_err()
-    {
-        let _ = child.kill().await;
     }
 }
 

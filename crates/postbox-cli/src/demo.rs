@@ -7,10 +7,10 @@
 //! applies each event exactly once through the inbox. The report proves it.
 
 use crate::commands::{AnyError, Settings};
-use crate::pgcluster::TempCluster;
 use async_trait::async_trait;
 use clap::Args;
 use postbox::{InboxOutcome, NewEvent, Outbox, Schema};
+use postbox_harness::pgcluster::TempCluster;
 use postbox_relay::sink::{Message, Outcome, Sink, SinkError};
 use postbox_relay::{Relay, RelayConfig, RunMode, Store};
 use rand::Rng;

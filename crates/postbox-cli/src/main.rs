@@ -8,7 +8,6 @@ mod db;
 mod demo;
 mod dlq;
 mod observe;
-mod pgcluster;
 mod receive;
 mod verify;
 

@@ -1,8 +1,8 @@
 //! The fault schedule: relays killed and stalled, the broker and the
 //! database taken away, on a seeded random schedule.
 
-use super::relays::Relays;
 use postbox_harness::proxy::FaultProxy;
+use postbox_harness::supervisor::Supervisor;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -56,7 +56,7 @@ fn jitter(rng: &mut StdRng, mean: Duration) -> Duration {
 
 /// Kill a random relay every `every` (on average) until `stop`.
 pub async fn kill_relays(
-    relays: &Relays,
+    relays: &Supervisor,
     every: Duration,
     seed: u64,
     counters: &FaultCounters,
@@ -76,7 +76,7 @@ pub async fn kill_relays(
 #[allow(clippy::too_many_arguments)]
 pub async fn disturb(
     kinds: &[FaultKind],
-    relays: &Relays,
+    relays: &Supervisor,
     db: &FaultProxy,
     broker: &FaultProxy,
     lease: Duration,

@@ -15,19 +15,18 @@
 
 mod consumer;
 mod faults;
-mod relays;
 mod workload;
 
 use crate::commands::{AnyError, Settings};
-use crate::pgcluster::TempCluster;
 use clap::Args;
 use consumer::{lock, Consumer, Seen, Source};
 use faults::{FaultCounters, FaultKind};
 use postbox::{Outbox, Schema};
+use postbox_harness::pgcluster::TempCluster;
 use postbox_harness::proxy::FaultProxy;
+use postbox_harness::supervisor::{RelayCommand, Supervisor};
 use postbox_relay::{failpoint, Store};
 use rand::Rng;
-use relays::{RelaySpec, Relays};
 use sqlx::PgPool;
 use std::collections::HashSet;
 use std::process::ExitCode;
@@ -410,27 +409,14 @@ async fn verify(url: &str, spec: &str, args: &VerifyArgs) -> Result<ExitCode, An
     // The relays.
     let config_path = logs.join("relay.toml");
     std::fs::write(&config_path, relay_config(&broker.relay_url, args.lease))?;
-    let mut relay_args = vec![
-        "relay".to_owned(),
-        "--config".to_owned(),
-        config_path.display().to_string(),
-    ];
+    let mut command = RelayCommand::new(&proxied_db, &schema)?
+        .config(&config_path)
+        .env(failpoint::ENV, spec)
+        .env("NO_COLOR", "1");
     if args.ordered {
-        relay_args.push("--ordered".to_owned());
+        command = command.args(["--ordered"]);
     }
-    let relay_spec = RelaySpec {
-        exe: std::env::current_exe()?,
-        args: relay_args,
-        env: vec![
-            ("DATABASE_URL".into(), proxied_db.clone()),
-            ("POSTBOX_SCHEMA".into(), schema.name().to_owned()),
-            ("POSTBOX_LOG".into(), "warn".into()),
-            (failpoint::ENV.into(), spec.to_owned()),
-            ("NO_COLOR".into(), "1".into()),
-        ],
-        log_dir: logs.clone(),
-    };
-    let relays = Relays::start(args.relays, relay_spec, seed ^ 0x5e1a);
+    let relays = Supervisor::start(args.relays, command, &logs, seed ^ 0x5e1a);
 
     // The consumer.
     let seen = Arc::new(Seen::default());
@@ -668,7 +654,7 @@ async fn prepare(pool: &PgPool, schema: &Schema) -> Result<(), AnyError> {
 async fn progress(
     ledger: &Ledger,
     seen: &Seen,
-    relays: &Relays,
+    relays: &Supervisor,
     counters: &FaultCounters,
     started: Instant,
     quiet: bool,

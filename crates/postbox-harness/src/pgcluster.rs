@@ -1,4 +1,5 @@
-//! Throwaway PostgreSQL cluster for `postbox demo`.
+//! Throwaway PostgreSQL cluster for `postbox demo`, `bench` and `verify` when
+//! no `DATABASE_URL` is given.
 //!
 //! [`TempCluster::start`] runs the system's own `initdb` and `postgres` binaries
 //! against a fresh temporary directory, waits until the server accepts
@@ -10,19 +11,20 @@
 //! binaries are started as an unprivileged system user (`postgres` if it
 //! exists, else `nobody`) by setting the child's uid/gid before `exec`; the
 //! temporary directory is chowned to that user.
-#![allow(dead_code)]
 
-use std::ffi::{CString, OsStr};
+use crate::os::{self, Signal, User};
+use crate::process::{ChildProcess, Exit};
+use std::ffi::OsStr;
 use std::fs::{self, DirBuilder, File};
 use std::io::{self, Read, Seek, SeekFrom};
 use std::net::{Ipv4Addr, TcpListener};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ExitStatus, Stdio};
+use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use sqlx::{Connection, PgConnection};
+use sqlx::{Connection, PgConnection, Row};
 
 /// Role created by `initdb` (superuser, trust authentication).
 const SUPERUSER: &str = "postbox";
@@ -161,7 +163,7 @@ pub struct TempCluster {
     port: u16,
     url: String,
     /// The postmaster; `None` once it has been reaped.
-    child: Option<Child>,
+    child: Option<ChildProcess>,
     /// Set once `root` has been deleted.
     removed: bool,
 }
@@ -170,7 +172,7 @@ impl TempCluster {
     /// Start a new cluster in a fresh temporary directory; resolves when it accepts connections.
     pub async fn start() -> Result<TempCluster, ClusterError> {
         let bins = find_binaries().await?;
-        let run_as = RunAs::detect()?;
+        let run_as = run_as()?;
         let root = create_temp_root(run_as.as_ref())?;
         // From here on, dropping `cluster` (including via `?`) kills the
         // server, if any, and deletes the directory.
@@ -194,7 +196,7 @@ impl TempCluster {
                     tracing::info!(
                         data_dir = %cluster.data_dir.display(),
                         port,
-                        pid = cluster.child.as_ref().map(Child::id),
+                        pid = cluster.child.as_ref().map(ChildProcess::id),
                         user = run_as.as_ref().map(|u| u.name.as_str()),
                         "started temporary PostgreSQL cluster"
                     );
@@ -229,7 +231,7 @@ impl TempCluster {
 
     /// Stop the server (fast shutdown) and delete the directory.
     pub async fn stop(mut self) -> Result<(), ClusterError> {
-        if let Some(child) = self.child.as_mut() {
+        if let Some(child) = self.child.as_ref() {
             let pid = child.id();
             shutdown(child)
                 .await
@@ -332,8 +334,7 @@ impl TempCluster {
         if let Some(user) = run_as {
             cmd.uid(user.uid).gid(user.gid).env("HOME", &self.root);
         }
-        let child = cmd
-            .spawn()
+        let child = ChildProcess::spawn(&mut cmd)
             .map_err(|source| spawn_error(&bins.postgres, run_as, &self.root, source))?;
         self.port = port;
         self.url = format!("postgres://{SUPERUSER}@127.0.0.1:{port}/postgres");
@@ -346,16 +347,19 @@ impl TempCluster {
         let expected_dir = self.data_dir.to_string_lossy().into_owned();
         let mut last_error = None;
         loop {
-            let Some(child) = self.child.as_mut() else {
+            let Some(child) = self.child.as_ref() else {
                 // Not reachable: spawn_server always sets the child.
                 return Ok(Readiness::PortInUse(String::new()));
             };
-            let exited = child.try_wait().map_err(|source| ClusterError::Process {
-                action: "check on",
-                pid: child.id(),
-                source,
-            })?;
-            if let Some(status) = exited {
+            let exited = child
+                .try_exit()
+                .transpose()
+                .map_err(|source| ClusterError::Process {
+                    action: "check on",
+                    pid: child.id(),
+                    source,
+                })?;
+            if let Some(Exit { status, .. }) = exited {
                 self.child = None;
                 let log = read_log_from(&self.log_path, log_offset);
                 let log_tail = tail(&log, TAIL_LINES);
@@ -392,8 +396,8 @@ impl TempCluster {
 
 impl Drop for TempCluster {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            kill_blocking(&mut child);
+        if let Some(child) = self.child.take() {
+            kill_blocking(&child);
         }
         if !self.removed {
             if fs::remove_dir_all(&self.root).is_err() {
@@ -420,11 +424,23 @@ enum Readiness {
 /// answering on the port is ours.
 async fn probe(url: &str) -> Result<String, sqlx::Error> {
     let mut conn = PgConnection::connect(url).await?;
-    let dir: String = sqlx::query_scalar("SHOW data_directory")
-        .fetch_one(&mut conn)
-        .await?;
+    let dir = data_directory(&mut conn).await?;
     let _ = conn.close().await;
     Ok(dir)
+}
+
+/// The data directory of the server `conn` is connected to.
+async fn data_directory(conn: &mut PgConnection) -> Result<String, sqlx::Error> {
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        let mut sql = crate::catalog("cluster.sql", include_str!("../sql/cluster.sql"));
+        let data_directory = sql.take("data_directory").to_owned();
+        sql.finish();
+        data_directory
+    });
+    sqlx::query(&SQL)
+        .fetch_one(conn)
+        .await?
+        .try_get("data_directory")
 }
 
 fn is_port_collision(log: &str) -> bool {
@@ -437,89 +453,41 @@ fn free_port() -> io::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-fn pid_t(child: &Child) -> Option<libc::pid_t> {
-    libc::pid_t::try_from(child.id())
-        .ok()
-        .filter(|pid| *pid > 0)
-}
-
-/// Sends `signal` to `target` (a pid, or a negated process-group id).
-/// A target that no longer exists is not an error.
-fn send_signal(target: libc::pid_t, signal: libc::c_int) -> io::Result<()> {
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    if unsafe { libc::kill(target, signal) } == 0 {
-        return Ok(());
-    }
-    let err = io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::ESRCH) {
-        Ok(())
-    } else {
-        Err(err)
-    }
-}
-
-/// Polls until the child exits or `timeout` passes; `Ok(true)` if it exited.
-async fn wait_exit(child: &mut Child, timeout: Duration) -> io::Result<bool> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if child.try_wait()?.is_some() {
-            return Ok(true);
-        }
-        if Instant::now() >= deadline {
-            return Ok(false);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Fast shutdown (SIGINT); SIGKILL to the whole process group on timeout.
-async fn shutdown(child: &mut Child) -> Result<(), (&'static str, io::Error)> {
-    if child.try_wait().map_err(|e| ("check on", e))?.is_some() {
-        return Ok(());
+async fn shutdown(child: &ChildProcess) -> Result<(), (&'static str, io::Error)> {
+    if let Some(ended) = child.try_exit() {
+        return ended.map(drop).map_err(|e| ("check on", e));
     }
-    let Some(pid) = pid_t(child) else {
-        return Err(("signal", io::Error::other("pid out of range")));
-    };
-    send_signal(pid, libc::SIGINT).map_err(|e| ("send SIGINT to", e))?;
-    if wait_exit(child, SHUTDOWN_TIMEOUT)
-        .await
-        .map_err(|e| ("wait for", e))?
-    {
-        return Ok(());
+    child.signal(Signal::Interrupt);
+    if let Some(ended) = child.wait_for(SHUTDOWN_TIMEOUT).await {
+        return ended.map(drop).map_err(|e| ("wait for", e));
     }
     tracing::warn!(
-        pid,
+        pid = child.id(),
         "PostgreSQL did not shut down within {SHUTDOWN_TIMEOUT:?}; killing it"
     );
     // The postmaster is not reaped yet, so its process-group id cannot have
     // been reused.
-    send_signal(-pid, libc::SIGKILL).map_err(|e| ("send SIGKILL to", e))?;
-    if wait_exit(child, KILL_TIMEOUT)
-        .await
-        .map_err(|e| ("wait for", e))?
-    {
-        return Ok(());
+    child.signal_group(Signal::Kill);
+    match child.wait_for(KILL_TIMEOUT).await {
+        Some(ended) => ended.map(drop).map_err(|e| ("wait for", e)),
+        None => Err((
+            "stop",
+            io::Error::new(io::ErrorKind::TimedOut, "still running after SIGKILL"),
+        )),
     }
-    Err((
-        "stop",
-        io::Error::new(io::ErrorKind::TimedOut, "still running after SIGKILL"),
-    ))
 }
 
-/// Synchronous best effort for `Drop`: SIGKILL the whole process group and reap.
-fn kill_blocking(child: &mut Child) {
-    if !matches!(child.try_wait(), Ok(None)) {
+/// Synchronous best effort for `Drop`: SIGKILL the whole process group and
+/// wait for the postmaster to be reaped.
+fn kill_blocking(child: &ChildProcess) {
+    if child.try_exit().is_some() {
         return;
     }
-    if let Some(pid) = pid_t(child) {
-        if send_signal(-pid, libc::SIGKILL).is_err() {
-            let _ = send_signal(pid, libc::SIGKILL);
-        }
+    if !child.signal_group(Signal::Kill) {
+        child.signal(Signal::Kill);
     }
-    let deadline = Instant::now() + KILL_TIMEOUT;
-    while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let _ = child.wait_blocking(KILL_TIMEOUT);
 }
 
 /// Reads the log from `offset` on; errors yield a placeholder (this is only
@@ -553,61 +521,19 @@ fn tail(text: &str, n: usize) -> String {
 // ---------------------------------------------------------------------------
 
 /// The unprivileged user PostgreSQL runs as when we are root.
-#[derive(Debug, Clone)]
-struct RunAs {
-    name: String,
-    uid: libc::uid_t,
-    gid: libc::gid_t,
-}
+type RunAs = User;
 
-impl RunAs {
-    /// `None` when not root (run as the current user).
-    fn detect() -> Result<Option<RunAs>, ClusterError> {
-        // SAFETY: geteuid(2) cannot fail and has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return Ok(None);
-        }
-        ["postgres", "nobody"]
-            .into_iter()
-            .find_map(lookup_user)
-            .filter(|user| user.uid != 0)
-            .map(Some)
-            .ok_or(ClusterError::NoUnprivilegedUser)
+/// `None` when not root (run as the current user).
+fn run_as() -> Result<Option<RunAs>, ClusterError> {
+    if !os::is_root() {
+        return Ok(None);
     }
-}
-
-fn lookup_user(name: &str) -> Option<RunAs> {
-    let cname = CString::new(name).ok()?;
-    let mut buf: Vec<libc::c_char> = vec![0; 1024];
-    loop {
-        // SAFETY: all-zero is a valid `passwd` (null pointers, zero ids); it is
-        // only read after getpwnam_r filled it in.
-        let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
-        let mut result: *mut libc::passwd = std::ptr::null_mut();
-        // SAFETY: every pointer is valid for the duration of the call and
-        // `buf.len()` is the true size of `buf`.
-        let rc = unsafe {
-            libc::getpwnam_r(
-                cname.as_ptr(),
-                &mut pwd,
-                buf.as_mut_ptr(),
-                buf.len(),
-                &mut result,
-            )
-        };
-        if rc == libc::ERANGE && buf.len() < (1 << 20) {
-            buf.resize(buf.len() * 2, 0);
-            continue;
-        }
-        if rc != 0 || result.is_null() {
-            return None;
-        }
-        return Some(RunAs {
-            name: name.to_owned(),
-            uid: pwd.pw_uid,
-            gid: pwd.pw_gid,
-        });
-    }
+    ["postgres", "nobody"]
+        .into_iter()
+        .find_map(os::user)
+        .filter(|user| user.uid != 0)
+        .map(Some)
+        .ok_or(ClusterError::NoUnprivilegedUser)
 }
 
 /// Creates `$TMPDIR/postbox-pg-PID-RANDOM` (mode 0700, owned by `owner` if
@@ -811,7 +737,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn start_query_create_table_stop() {
+    async fn start_query_create_tables_write_and_stop() {
         let Some(cluster) = start_or_skip().await else {
             return;
         };
@@ -821,24 +747,17 @@ mod tests {
         assert!(cluster.url().starts_with("postgres://postbox@127.0.0.1:"));
 
         let mut conn = PgConnection::connect(cluster.url()).await.unwrap();
-        let one: i32 = sqlx::query_scalar("SELECT 1")
-            .fetch_one(&mut conn)
+        let dir = data_directory(&mut conn).await.unwrap();
+        assert_eq!(Path::new(&dir), data_dir);
+        // Tables (postbox's schema) and a row in one of them.
+        let schema = postbox::Schema::new("pgcluster_test").unwrap();
+        let applied = postbox::sqlx::migrate(&mut conn, &schema).await.unwrap();
+        assert!(!applied.is_empty());
+        let event = postbox::NewEvent::from_json("t", "a", "1", r#"{"hello":1}"#).unwrap();
+        let id = postbox::sqlx::enqueue(&postbox::Outbox::new(schema.clone()), &mut conn, &event)
             .await
             .unwrap();
-        assert_eq!(one, 1);
-        sqlx::query("CREATE TABLE demo (id bigint PRIMARY KEY, body text NOT NULL)")
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        sqlx::query("INSERT INTO demo VALUES (1, 'hello')")
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        let body: String = sqlx::query_scalar("SELECT body FROM demo WHERE id = 1")
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
-        assert_eq!(body, "hello");
+        assert_eq!(id, event.event_id());
         conn.close().await.unwrap();
 
         cluster.stop().await.unwrap();
@@ -857,20 +776,14 @@ mod tests {
 
         let mut conn_a = PgConnection::connect(a.url()).await.unwrap();
         let mut conn_b = PgConnection::connect(b.url()).await.unwrap();
-        sqlx::query("CREATE TABLE only_in_a (x int)")
-            .execute(&mut conn_a)
+        let schema = postbox::Schema::new("only_in_a").unwrap();
+        postbox::sqlx::migrate(&mut conn_a, &schema).await.unwrap();
+        let in_b = postbox::sqlx::applied_version(&mut conn_b, &schema)
             .await
             .unwrap();
-        let in_b: bool = sqlx::query_scalar("SELECT to_regclass('only_in_a') IS NOT NULL")
-            .fetch_one(&mut conn_b)
-            .await
-            .unwrap();
-        assert!(!in_b, "clusters must be independent");
+        assert_eq!(in_b, None, "clusters must be independent");
         for (conn, cluster) in [(&mut conn_a, &a), (&mut conn_b, &b)] {
-            let dir: String = sqlx::query_scalar("SHOW data_directory")
-                .fetch_one(conn)
-                .await
-                .unwrap();
+            let dir = data_directory(conn).await.unwrap();
             assert_eq!(Path::new(&dir), cluster.data_dir());
         }
 
@@ -889,12 +802,10 @@ mod tests {
             return;
         };
         let root = cluster.root.clone();
-        let pid = cluster.child.as_ref().and_then(pid_t).unwrap();
+        let pid = cluster.child.as_ref().map(ChildProcess::id).unwrap();
         drop(cluster);
         assert!(!root.exists(), "temporary directory still exists");
-        // SAFETY: signal 0 only checks for existence.
-        let alive = unsafe { libc::kill(pid, 0) } == 0;
-        assert!(!alive, "postmaster {pid} still running");
+        assert!(!os::exists(pid), "postmaster {pid} still running");
     }
 
     #[test]
