@@ -1,9 +1,10 @@
 //! The commands other than `demo`.
 
 use crate::config::FileConfig;
-use crate::{db, Cli, Command, Global};
+use crate::{Cli, Command, Global};
 use clap::Args;
 use postbox::{NewEvent, Outbox, Schema};
+use postbox_harness::db;
 use postbox_relay::retention::{self, Progress, Table};
 use postbox_relay::sinks::{self, SinkOptions};
 use postbox_relay::store::{AttemptsCount, DestinationCounts, Roles, StatusCounts};
@@ -16,8 +17,6 @@ use tokio_util::sync::CancellationToken;
 
 pub type AnyError = Box<dyn std::error::Error + Send + Sync>;
 
-/// How long one-shot commands keep retrying an unreachable database.
-const CONNECT_PATIENCE: Duration = Duration::from_secs(15);
 /// How often the relay refreshes its backlog gauges when metrics are served.
 const GAUGE_INTERVAL: Duration = Duration::from_secs(5);
 /// Least time between two progress lines of a long purge.
@@ -155,7 +154,7 @@ impl Settings {
 
     pub async fn pool(&self, application: &str) -> Result<sqlx::PgPool, AnyError> {
         let options = db::options(self.database_url.as_deref(), application)?;
-        Ok(db::pool(options, 4, CONNECT_PATIENCE).await?)
+        Ok(db::pool(options, 4, db::CONNECT_PATIENCE).await?)
     }
 }
 
@@ -371,7 +370,7 @@ async fn check_schema(pool: &sqlx::PgPool, schema: &Schema) -> Result<(), AnyErr
         .into()),
         Err(e) => {
             tracing::warn!(
-                error = %crate::report(&e),
+                error = %postbox_harness::error_chain(&e),
                 "cannot check the schema version yet; the relay will retry the database"
             );
             Ok(())
@@ -381,6 +380,14 @@ async fn check_schema(pool: &sqlx::PgPool, schema: &Schema) -> Result<(), AnyErr
 
 /// Cancel `token` on SIGINT or SIGTERM.
 pub async fn cancel_on_signal(token: CancellationToken) {
+    shutdown_signal().await;
+    token.cancel();
+}
+
+/// Resolves on SIGINT or SIGTERM (saying so in the log); never, when the
+/// signal handlers cannot be installed. The handlers are installed when it
+/// is first polled.
+pub async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
@@ -389,14 +396,13 @@ pub async fn cancel_on_signal(token: CancellationToken) {
         tracing::warn!(
             "cannot install signal handlers; stop the relay with SIGKILL (leases will expire)"
         );
-        return;
+        return std::future::pending().await;
     };
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
     tracing::info!("shutting down: no new claims; finishing in-flight batches");
-    token.cancel();
 }
 
 /// `postbox status --json`: the original keys first, then the additions.

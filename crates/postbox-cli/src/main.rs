@@ -4,7 +4,6 @@ mod bench;
 mod commands;
 mod config;
 mod console;
-mod db;
 mod demo;
 mod dlq;
 mod observe;
@@ -79,25 +78,10 @@ fn main() -> ExitCode {
     match runtime.block_on(commands::run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {}", report(e.as_ref()));
+            eprintln!("error: {}", postbox_harness::error_chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }
-}
-
-/// An error and its chain of causes on one line, without repeats.
-pub fn report(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let part = s.to_string();
-        if !text.contains(&part) {
-            text.push_str(": ");
-            text.push_str(&part);
-        }
-        source = s.source();
-    }
-    postbox_relay::redact::mask_secrets(&text)
 }
 
 fn init_logging() {

@@ -9,7 +9,6 @@
 //! failures. Error responses carry no detail beyond a fixed phrase.
 
 use crate::commands::{cancel_on_signal, AnyError, Settings};
-use crate::db;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, FromRef, State};
@@ -22,6 +21,7 @@ use postbox::axum::{Rejection, SignatureVerifier, Verified};
 use postbox::received::{self, NewDelivery};
 use postbox::verify::{qstash, webhooks};
 use postbox::{InboxOutcome, Outbox};
+use postbox_harness::db;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use std::net::SocketAddr;
@@ -191,7 +191,7 @@ pub async fn run(settings: &Settings, args: ReceiveArgs) -> Result<ExitCode, Any
 async fn probe(pool: PgPool) {
     if let Err(e) = pool.acquire().await {
         tracing::warn!(
-            error = %crate::report(&e),
+            error = %postbox_harness::error_chain(&e),
             "the database is not reachable yet; deliveries are answered 503 until it is"
         );
     }
@@ -242,9 +242,9 @@ async fn verified(State(state): State<Checked>, delivery: Result<Verified, Rejec
         Ok(Verified { headers, body }) => state.store.accept(&headers, body).await,
         Err(rejection) => {
             if rejection.status() == StatusCode::UNAUTHORIZED {
-                tracing::warn!(reason = %crate::report(&rejection), "refused a delivery");
+                tracing::warn!(reason = %postbox_harness::error_chain(&rejection), "refused a delivery");
             } else {
-                tracing::debug!(reason = %crate::report(&rejection), "refused a delivery");
+                tracing::debug!(reason = %postbox_harness::error_chain(&rejection), "refused a delivery");
             }
             rejection.into_response()
         }
@@ -306,7 +306,7 @@ impl Store {
                 answer(StatusCode::OK, "duplicate")
             }
             Err(e) if unavailable(&e) => {
-                tracing::warn!(error = %crate::report(&e), "database unavailable; answered 503");
+                tracing::warn!(error = %postbox_harness::error_chain(&e), "database unavailable; answered 503");
                 let mut response = answer(StatusCode::SERVICE_UNAVAILABLE, "unavailable");
                 response
                     .headers_mut()
@@ -314,7 +314,7 @@ impl Store {
                 response
             }
             Err(e) => {
-                tracing::error!(error = %crate::report(&e), "cannot store a delivery; answered 500");
+                tracing::error!(error = %postbox_harness::error_chain(&e), "cannot store a delivery; answered 500");
                 answer(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
             }
         }

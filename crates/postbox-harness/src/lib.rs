@@ -4,7 +4,12 @@
 //! - [`proxy`]: the TCP fault proxy (also what `postbox_testkit::proxy`
 //!   wraps for test suites; it is all this crate offers without its default
 //!   `workloads` feature).
-//! - [`pgcluster`]: a throwaway PostgreSQL cluster when no database is given.
+//! - [`contract`] (`postbox verify`), [`bench`] (`postbox bench`) and
+//!   [`demo`] (`postbox demo`): the workloads. Each takes plain options and
+//!   prints what the command prints; the CLI only parses flags.
+//! - [`pgcluster`]: a throwaway PostgreSQL cluster when no database is given;
+//!   [`db`]: connecting to PostgreSQL (the CLI's commands connect through it
+//!   too).
 //! - [`process`]: child processes (waited for, signalled, their peak memory
 //!   read); [`supervisor`]: `postbox relay` children run to their end or kept
 //!   running; [`os`]: the one place that calls libc.
@@ -14,6 +19,14 @@
 
 pub mod proxy;
 
+#[cfg(feature = "workloads")]
+pub mod bench;
+#[cfg(feature = "workloads")]
+pub mod contract;
+#[cfg(feature = "workloads")]
+pub mod db;
+#[cfg(feature = "workloads")]
+pub mod demo;
 #[cfg(feature = "workloads")]
 pub mod os;
 #[cfg(feature = "workloads")]
@@ -26,6 +39,31 @@ pub mod supervisor;
 /// Any error, with its chain of sources.
 #[cfg(feature = "workloads")]
 pub type AnyError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Whether a workload's checks held.
+#[cfg(feature = "workloads")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Pass,
+    Fail,
+}
+
+/// An error and its chain of causes on one line, without repeats, with any
+/// credentials masked.
+#[cfg(feature = "workloads")]
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    postbox_relay::redact::mask_secrets(&text)
+}
 
 /// Lock `m`, taking the data of a poisoned lock as it is.
 #[cfg(feature = "workloads")]

@@ -4,7 +4,6 @@
 //! the configured schema. Relay logic calls these operations; it never builds
 //! SQL of its own.
 
-pub mod bench;
 pub mod console;
 pub mod dlq;
 

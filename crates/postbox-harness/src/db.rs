@@ -1,11 +1,15 @@
 //! Connecting to PostgreSQL: options from the URL, bounded retries with
-//! backoff, and errors that never repeat the URL's password.
+//! backoff, and errors that never repeat the URL's password. The workloads
+//! connect through it, and so do the `postbox` commands.
 
 use postbox_relay::backoff;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
+
+/// How long one-shot commands (and the workloads) keep retrying an unreachable database.
+pub const CONNECT_PATIENCE: Duration = Duration::from_secs(15);
 
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {

@@ -2,6 +2,8 @@
 //! aggregates, each with a business row (`verify_produced`) in the same
 //! transaction, and the ledger of what they know about each event.
 
+use super::tables::Tables;
+use crate::lock;
 use postbox::{NewEvent, Outbox};
 use postbox_relay::failpoint;
 use rand::rngs::StdRng;
@@ -9,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use sqlx::PgPool;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -30,19 +32,15 @@ pub struct Ledger {
 }
 
 fn add(set: &Mutex<HashSet<Uuid>>, ids: &[Uuid]) {
-    let mut set = match set.lock() {
-        Ok(s) => s,
-        Err(poisoned) => poisoned.into_inner(),
-    };
-    set.extend(ids.iter().copied());
+    lock(set).extend(ids.iter().copied());
 }
 
 pub struct Producer {
     pub index: u64,
     pub pool: PgPool,
     pub outbox: Outbox,
-    /// `INSERT INTO <schema>.verify_produced …`
-    pub record: String,
+    /// Where the business row goes.
+    pub tables: Arc<Tables>,
     /// Time between two transactions of this producer.
     pub period: Duration,
     pub aggregates: u32,
@@ -136,12 +134,7 @@ impl Producer {
         {
             return Fate::Aborted;
         }
-        if sqlx::query(&self.record)
-            .bind(ids)
-            .execute(&mut *tx)
-            .await
-            .is_err()
-        {
+        if self.tables.record_produced(&mut tx, ids).await.is_err() {
             return Fate::Aborted;
         }
         if roll_back {

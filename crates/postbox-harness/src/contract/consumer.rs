@@ -3,7 +3,8 @@
 //! recording the inbox row and the effect — then acknowledges to the broker.
 //! It keeps the figures the final checks use.
 
-use crate::commands::AnyError;
+use super::tables::Tables;
+use crate::{error_chain, lock, AnyError};
 use futures::StreamExt;
 use postbox::{InboxOutcome, Outbox, SequenceCheck};
 use rand::rngs::StdRng;
@@ -12,7 +13,7 @@ use redis::AsyncCommands;
 use sqlx::PgPool;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -50,13 +51,6 @@ pub struct Seen {
 impl Seen {
     pub fn quiet_for(&self) -> Duration {
         lock(&self.last_delivery).map_or(Duration::MAX, |t| t.elapsed())
-    }
-}
-
-pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(poisoned) => poisoned.into_inner(),
     }
 }
 
@@ -271,8 +265,8 @@ impl Source {
 pub struct Consumer {
     pub pool: PgPool,
     pub outbox: Outbox,
-    /// `INSERT INTO <schema>.verify_effects … ON CONFLICT … applied + 1`
-    pub effect: String,
+    /// Where the effects go.
+    pub tables: Arc<Tables>,
     pub ordered: bool,
     /// Consumer-side faults: drop acknowledgements, roll back batches.
     pub faults: bool,
@@ -299,7 +293,7 @@ impl Consumer {
             let batch = match batch {
                 Ok(b) => b,
                 Err(e) => {
-                    tracing::warn!(error = %crate::report(e.as_ref()), "reading from the broker failed; trying again");
+                    tracing::warn!(error = %error_chain(e.as_ref()), "reading from the broker failed; trying again");
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 }
@@ -338,7 +332,7 @@ impl Consumer {
                         seen.retried_batches.fetch_add(1, Ordering::Relaxed);
                         if !crash {
                             failures += 1;
-                            tracing::debug!(error = %crate::report(e.as_ref()), "the consumer's transaction failed; trying the batch again");
+                            tracing::debug!(error = %error_chain(e.as_ref()), "the consumer's transaction failed; trying the batch again");
                             let pause = Duration::from_millis(50 * u64::from(failures.min(20)));
                             tokio::select! {
                                 _ = tokio::time::sleep(pause) => {}
@@ -354,7 +348,7 @@ impl Consumer {
                 continue;
             }
             if let Err(e) = source.ack(&batch).await {
-                tracing::debug!(error = %crate::report(e.as_ref()), "acknowledging to the broker failed; the batch comes again");
+                tracing::debug!(error = %error_chain(e.as_ref()), "acknowledging to the broker failed; the batch comes again");
                 source.acks_lost();
             }
         }
@@ -408,10 +402,7 @@ impl Consumer {
                     }
                 }
             }
-            sqlx::query(&self.effect)
-                .bind(d.event_id)
-                .execute(&mut *tx)
-                .await?;
+            self.tables.apply_effect(&mut tx, d.event_id).await?;
             result.applied += 1;
         }
         if crash {

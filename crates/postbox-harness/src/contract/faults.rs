@@ -1,17 +1,16 @@
 //! The fault schedule: relays killed and stalled, the broker and the
 //! database taken away, on a seeded random schedule.
 
-use postbox_harness::proxy::FaultProxy;
-use postbox_harness::supervisor::Supervisor;
+use crate::proxy::FaultProxy;
+use crate::supervisor::Supervisor;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// Kinds of fault `--faults` can choose.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+/// Kinds of fault a run can inject (`--faults`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FaultKind {
     /// SIGKILL a relay (restarted shortly after)
     Kill,
