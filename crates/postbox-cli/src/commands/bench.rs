@@ -1,6 +1,6 @@
 //! `postbox bench`: its flags; the benchmark itself is `postbox_harness::bench`.
 
-use crate::commands::{AnyError, Settings};
+use crate::context::{AnyError, Settings};
 use clap::{Args, ValueEnum};
 use postbox_harness::bench;
 use std::process::ExitCode;

@@ -2,7 +2,7 @@
 //!
 //! Only glue: the console itself is the `postbox-console` crate.
 
-use crate::commands::{cancel_on_signal, AnyError, Settings};
+use crate::context::{cancel_on_signal, AnyError, Settings};
 use clap::{Args, Subcommand};
 use postbox_console::{Console, ConsoleConfig, Role};
 use std::io::{BufRead, Write};

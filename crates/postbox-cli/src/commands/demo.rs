@@ -1,6 +1,6 @@
 //! `postbox demo`: its flags; the demo itself is `postbox_harness::demo`.
 
-use crate::commands::{AnyError, Settings};
+use crate::context::{AnyError, Settings};
 use clap::Args;
 use postbox_harness::{demo, Verdict};
 use std::process::ExitCode;

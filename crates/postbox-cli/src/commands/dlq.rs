@@ -3,7 +3,7 @@
 //! Only glue: the operations, their batching and their audit entries live in
 //! `postbox_relay::store::dlq`.
 
-use crate::commands::{AnyError, Settings};
+use crate::context::{AnyError, Settings};
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use postbox_relay::redact::PayloadRedactor;

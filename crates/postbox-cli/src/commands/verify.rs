@@ -1,7 +1,7 @@
 //! `postbox verify`: its flags and exit statuses; the contract check itself
 //! is `postbox_harness::contract`.
 
-use crate::commands::{shutdown_signal, AnyError, Settings};
+use crate::context::{shutdown_signal, AnyError, Settings};
 use clap::Args;
 use postbox_harness::contract::{self, FaultKind, PlantedBug};
 use postbox_harness::{error_chain, Verdict};

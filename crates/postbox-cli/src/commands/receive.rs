@@ -8,7 +8,7 @@
 //! cannot be reached in time (so the sender retries); 500 for other database
 //! failures. Error responses carry no detail beyond a fixed phrase.
 
-use crate::commands::{cancel_on_signal, AnyError, Settings};
+use crate::context::{cancel_on_signal, AnyError, Settings};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, FromRef, State};
@@ -141,7 +141,7 @@ pub async fn run(settings: &Settings, args: ReceiveArgs) -> Result<ExitCode, Any
         .max_connections(POOL_SIZE)
         .acquire_timeout(args.db_timeout)
         .connect_lazy_with(options.clone());
-    let store = Store {
+    let store = Deliveries {
         pool: pool.clone(),
         outbox: Outbox::new(settings.schema.clone()),
         consumer: Arc::from(args.consumer.as_str()),
@@ -198,7 +198,7 @@ async fn probe(pool: PgPool) {
 }
 
 /// The routes: `GET /healthz`, and `POST` on any other path as a delivery.
-fn router(store: Store, verifier: Option<SignatureVerifier>, max_body_bytes: usize) -> Router {
+fn router(store: Deliveries, verifier: Option<SignatureVerifier>, max_body_bytes: usize) -> Router {
     let deliveries = match verifier {
         Some(verifier) => Router::new()
             .route("/", post(verified))
@@ -214,9 +214,9 @@ fn router(store: Store, verifier: Option<SignatureVerifier>, max_body_bytes: usi
         .layer(DefaultBodyLimit::max(max_body_bytes))
 }
 
-/// Where deliveries go: one consumer's rows in one schema.
+/// Where deliveries go: one consumer's rows in `{schema}.received`.
 #[derive(Clone)]
-struct Store {
+struct Deliveries {
     pool: PgPool,
     outbox: Outbox,
     consumer: Arc<str>,
@@ -227,7 +227,7 @@ struct Store {
 /// State of the verifying routes.
 #[derive(Clone)]
 struct Checked {
-    store: Store,
+    store: Deliveries,
     verifier: SignatureVerifier,
 }
 
@@ -252,7 +252,7 @@ async fn verified(State(state): State<Checked>, delivery: Result<Verified, Rejec
 }
 
 async fn unverified(
-    State(store): State<Store>,
+    State(store): State<Deliveries>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -275,7 +275,7 @@ fn answer(status: StatusCode, text: &'static str) -> Response {
         .into_response()
 }
 
-impl Store {
+impl Deliveries {
     /// Stores a verified delivery once and answers only after the commit.
     async fn accept(&self, headers: &HeaderMap, body: Bytes) -> Response {
         let event_id = match event_id(headers, &body, self.headers_signed) {
