@@ -153,7 +153,7 @@ pub struct User {
 }
 
 /// Look a user up by name in the system's user database.
-pub fn user(name: &str) -> Option<User> {
+pub fn system_user(name: &str) -> Option<User> {
     let cname = CString::new(name).ok()?;
     let mut buf: Vec<libc::c_char> = vec![0; 1024];
     loop {

@@ -530,7 +530,7 @@ fn run_as() -> Result<Option<RunAs>, ClusterError> {
     }
     ["postgres", "nobody"]
         .into_iter()
-        .find_map(os::user)
+        .find_map(os::system_user)
         .filter(|user| user.uid != 0)
         .map(Some)
         .ok_or(ClusterError::NoUnprivilegedUser)

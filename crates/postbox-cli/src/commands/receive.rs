@@ -164,7 +164,7 @@ pub async fn run(settings: &Settings, args: ReceiveArgs) -> Result<ExitCode, Any
         database = %db::target(&options),
         "receiving deliveries"
     );
-    tokio::spawn(probe(pool.clone()));
+    tokio::spawn(warn_if_unreachable(pool.clone()));
 
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
@@ -188,7 +188,7 @@ pub async fn run(settings: &Settings, args: ReceiveArgs) -> Result<ExitCode, Any
 }
 
 /// Warns early when the database is not reachable; deliveries get 503 until it is.
-async fn probe(pool: PgPool) {
+async fn warn_if_unreachable(pool: PgPool) {
     if let Err(e) = pool.acquire().await {
         tracing::warn!(
             error = %postbox_harness::error_chain(&e),

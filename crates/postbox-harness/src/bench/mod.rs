@@ -251,7 +251,7 @@ impl Bench<'_> {
     }
 
     /// Run `n` `postbox relay --drain` processes at once; wall time and the largest peak RSS.
-    async fn relays(&self, n: usize, extra: &[&str]) -> Result<TogetherRun, AnyError> {
+    async fn drain_with_relays(&self, n: usize, extra: &[&str]) -> Result<TogetherRun, AnyError> {
         let command = self
             .relay()?
             .args(["--drain", "--sink", &self.sink])
@@ -267,7 +267,7 @@ impl Bench<'_> {
         let options = self.options;
         eprintln!("drain: {} events through the relay…", options.events);
         self.seeded(options.events).await?;
-        let relay = self.relays(1, &[]).await?;
+        let relay = self.drain_with_relays(1, &[]).await?;
         let table_after = self.store.table_size().await?;
 
         eprintln!("drain: the same events through the pure-SQL ceiling…");
@@ -303,7 +303,7 @@ impl Bench<'_> {
         let events = self.options.events;
         eprintln!("scale: {events} events through {n} relay process(es)…");
         self.seeded(events).await?;
-        let run = self.relays(n, &[]).await?;
+        let run = self.drain_with_relays(n, &[]).await?;
         Ok(Scale {
             relays: n,
             events,
@@ -325,7 +325,7 @@ impl Bench<'_> {
                 }
             );
             self.seeded_over(events, aggregates).await?;
-            let run = self.relays(1, extra).await?;
+            let run = self.drain_with_relays(1, extra).await?;
             *rate = events as f64 / run.elapsed.as_secs_f64();
         }
         Ok(Ordered {

@@ -124,7 +124,8 @@ impl Bench<'_> {
             .collect()
     }
 
-    /// Ten samples of the outbox (at least a second apart) until `deadline`.
+    /// Samples of the outbox every tenth of the run (a second apart at least)
+    /// until `deadline`.
     async fn sample_until(
         &self,
         started: Instant,

@@ -71,7 +71,7 @@ pub fn host_port(url: &url::Url, default_port: u16) -> Result<String, AnyError> 
 /// Put a fault proxy in front of the broker `sink` names, and prepare what
 /// the run's relays publish to (a Redis stream or a JetStream stream of its
 /// own) and its consumer reads.
-pub async fn connect(sink: &str, run_id: &str) -> Result<(Broker, Source, FaultProxy), AnyError> {
+pub async fn set_up(sink: &str, run_id: &str) -> Result<(Broker, Source, FaultProxy), AnyError> {
     let url = url::Url::parse(sink).map_err(|e| format!("--sink: {e}"))?;
     if url.query().is_some() {
         return Err("--sink: give the broker's address only (verify chooses the stream)".into());
@@ -86,7 +86,7 @@ pub async fn connect(sink: &str, run_id: &str) -> Result<(Broker, Source, FaultP
                 .query_pairs_mut()
                 .append_pair("mode", "stream")
                 .append_pair("key", &key);
-            let source = Source::redis(sink, &key).await?;
+            let source = Source::redis_stream(sink, &key).await?;
             Ok((
                 Broker {
                     relay_url: relay.to_string(),
@@ -110,7 +110,7 @@ pub async fn connect(sink: &str, run_id: &str) -> Result<(Broker, Source, FaultP
                 .query_pairs_mut()
                 .append_pair("subject", &format!("{prefix}.{{event_type}}"))
                 .append_pair("stream", &stream);
-            let source = Source::nats(sink, &stream, &format!("{prefix}.>")).await?;
+            let source = Source::jetstream(sink, &stream, &format!("{prefix}.>")).await?;
             Ok((
                 Broker {
                     relay_url: relay.to_string(),

@@ -103,7 +103,7 @@ const GROUP: &str = "verify";
 
 impl Source {
     /// Consume the Redis stream `key` with a consumer group created now, from its start.
-    pub async fn redis(url: &str, key: &str) -> Result<Source, AnyError> {
+    pub async fn redis_stream(url: &str, key: &str) -> Result<Source, AnyError> {
         let client = redis::Client::open(url)?;
         let mut conn = client.get_multiplexed_async_connection().await?;
         let _: () = conn.xgroup_create_mkstream(key, GROUP, "0").await?;
@@ -116,7 +116,7 @@ impl Source {
 
     /// Consume JetStream stream `stream` (created now, capturing `subjects`)
     /// with a durable pull consumer.
-    pub async fn nats(url: &str, stream: &str, subjects: &str) -> Result<Source, AnyError> {
+    pub async fn jetstream(url: &str, stream: &str, subjects: &str) -> Result<Source, AnyError> {
         use async_nats::jetstream;
         let client = async_nats::connect(url).await?;
         let js = jetstream::new(client);
@@ -320,7 +320,7 @@ impl Consumer {
             // same messages before anything newer (that keeps order).
             loop {
                 let crash = self.faults && rng.random_bool(0.01);
-                match self.apply(&batch, crash).await {
+                match self.apply_batch(&batch, crash).await {
                     Ok(r) => {
                         failures = 0;
                         seen.applied.fetch_add(r.applied, Ordering::Relaxed);
@@ -354,7 +354,7 @@ impl Consumer {
         }
     }
 
-    async fn apply(&self, batch: &[Delivery], crash: bool) -> Result<BatchResult, AnyError> {
+    async fn apply_batch(&self, batch: &[Delivery], crash: bool) -> Result<BatchResult, AnyError> {
         let mut result = BatchResult::default();
         let mut tx = self.pool.begin().await?;
         for d in batch {

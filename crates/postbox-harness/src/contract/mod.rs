@@ -170,7 +170,7 @@ async fn run_on(
     std::fs::create_dir_all(&logs)?;
 
     let db = RunDatabase::prepare(url, &schema).await?;
-    let (broker, source, broker_proxy) = broker::connect(&options.sink, &run_id).await?;
+    let (broker, source, broker_proxy) = broker::set_up(&options.sink, &run_id).await?;
     announce(options, &broker, seed, &schema, spec);
     let relays = start_relays(options, &db, &broker, spec, &logs, seed)?;
     let consumer = ConsumerTask::start(options, &db, source, seed)?;
@@ -192,7 +192,7 @@ async fn run_on(
         interrupt,
     )
     .await;
-    producers.finish().await;
+    producers.join().await;
     db.proxy.restore();
     broker_proxy.restore();
     let ran_for = started.elapsed();
@@ -204,7 +204,7 @@ async fn run_on(
     let drained = drain(&db, &consumer.seen, options.drain_timeout).await?;
     let relay_counters = relays.counters.clone();
     relays.shutdown().await;
-    let seen = consumer.finish().await;
+    let seen = consumer.stop_when_quiet().await;
 
     let mut report =
         ContractReport::check(&db.tables, &db.direct, &producers.ledger, &seen).await?;
@@ -226,7 +226,7 @@ async fn run_on(
     if options.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", report.render());
+        print!("{}", report.text());
     }
     clean_up(&report, options.keep, &db, &broker, &logs).await;
     Ok(if report.passed {
@@ -361,7 +361,7 @@ fn toml_string(s: &str) -> String {
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
-/// The consumer, running until [`ConsumerTask::finish`].
+/// The consumer, running until [`ConsumerTask::stop_when_quiet`].
 struct ConsumerTask {
     seen: Arc<Seen>,
     stop: CancellationToken,
@@ -394,7 +394,7 @@ impl ConsumerTask {
 
     /// Consume late copies (a relay that woke up and published again) until
     /// the broker has been quiet for a second (10 s at most), then stop.
-    async fn finish(self) -> Arc<Seen> {
+    async fn stop_when_quiet(self) -> Arc<Seen> {
         let quiet_since = Instant::now();
         while self.seen.quiet_for() < Duration::from_secs(1)
             && quiet_since.elapsed() < Duration::from_secs(10)
@@ -447,7 +447,7 @@ impl Producers {
     }
 
     /// Wait for the producers (stopped by [`inject_faults`]) to end.
-    async fn finish(&mut self) {
+    async fn join(&mut self) {
         for t in self.tasks.drain(..) {
             let _ = t.await;
         }

@@ -146,16 +146,16 @@ impl ContractReport {
     }
 
     /// The report as text.
-    pub fn render(&self) -> String {
+    pub fn text(&self) -> String {
         let mut o = String::new();
         let _ = writeln!(
             o,
             "ran {:.0} s, drained in {:.1} s",
             self.duration_seconds, self.drain_seconds
         );
-        self.render_figures(&mut o);
-        self.render_checks(&mut o);
-        self.render_violations(&mut o);
+        self.write_figures(&mut o);
+        self.write_checks(&mut o);
+        self.write_violations(&mut o);
         let _ = writeln!(
             o,
             "{}",
@@ -168,7 +168,7 @@ impl ContractReport {
         o
     }
 
-    fn render_figures(&self, o: &mut String) {
+    fn write_figures(&self, o: &mut String) {
         let (r, f) = (self, &self.faults);
         line(
             o,
@@ -254,7 +254,7 @@ impl ContractReport {
         line(o, "dead letters", r.dead_letters.to_string());
     }
 
-    fn render_checks(&self, o: &mut String) {
+    fn write_checks(&self, o: &mut String) {
         let r = self;
         let verdict = |ok: bool| if ok { "ok" } else { "FAILED" };
         let _ = writeln!(o, "checks");
@@ -284,7 +284,7 @@ impl ContractReport {
         );
     }
 
-    fn render_violations(&self, o: &mut String) {
+    fn write_violations(&self, o: &mut String) {
         let r = self;
         if r.lost_count > 0 {
             let _ = writeln!(
