@@ -145,12 +145,12 @@ async fn list_show_replay_and_discard_leave_an_audit_trail() {
         .claim(100, Duration::from_secs(30), None)
         .await
         .unwrap();
-    let claimed: Vec<Uuid> = claim.messages.iter().map(|m| m.event_id).collect();
+    let claimed: Vec<Uuid> = claim.events.iter().map(|m| m.event_id).collect();
     assert!(claimed.contains(&ids[0]), "{claimed:?}");
     assert!(claimed.contains(&healthy));
     assert_eq!(claimed.len(), 2, "no other dead letter is claimable");
     let attempt = claim
-        .messages
+        .events
         .iter()
         .find(|m| m.event_id == ids[0])
         .unwrap()
@@ -179,9 +179,9 @@ async fn list_show_replay_and_discard_leave_an_audit_trail() {
         .claim(100, Duration::from_secs(30), None)
         .await
         .unwrap();
-    assert_eq!(claim.messages.len(), 1);
-    assert_eq!(claim.messages[0].event_id, copy);
-    assert_eq!(claim.messages[0].payload.get(), r#"{"n": 1}"#);
+    assert_eq!(claim.events.len(), 1);
+    assert_eq!(claim.events[0].event_id, copy);
+    assert_eq!(claim.events[0].payload.get(), r#"{"n": 1}"#);
 
     // discard: needs a reason; the row stays, resolved as discarded.
     let no_reason = dlq(&db, &["discard", &ids[2].to_string()]);
@@ -323,10 +323,10 @@ async fn bulk_replay_runs_in_bounded_batches_with_progress_and_a_filter() {
             .claim(1000, Duration::from_secs(30), None)
             .await
             .unwrap();
-        if c.messages.is_empty() {
+        if c.events.is_empty() {
             break;
         }
-        claimed.extend(c.messages.into_iter().map(|m| m.event_id));
+        claimed.extend(c.events.into_iter().map(|m| m.event_id));
     }
     claimed.sort();
     let mut want = wanted.clone();

@@ -34,6 +34,14 @@ impl Role {
         }
     }
 
+    /// Whether this role may do what `needed` may (an operator may do what a viewer may).
+    pub(crate) fn includes(self, needed: Role) -> bool {
+        match needed {
+            Role::Viewer => true,
+            Role::Operator => self == Role::Operator,
+        }
+    }
+
     pub fn parse(s: &str) -> Result<Self, ConsoleError> {
         match s {
             "viewer" => Ok(Role::Viewer),
@@ -286,6 +294,10 @@ mod tests {
         assert!(check_password("short").is_err());
         assert!(Role::parse("admin").is_err());
         assert_eq!(Role::parse("operator").unwrap(), Role::Operator);
+        assert!(Role::Operator.includes(Role::Viewer));
+        assert!(Role::Operator.includes(Role::Operator));
+        assert!(Role::Viewer.includes(Role::Viewer));
+        assert!(!Role::Viewer.includes(Role::Operator));
     }
 
     #[test]

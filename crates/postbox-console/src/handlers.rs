@@ -1,22 +1,27 @@
-//! Routes: each handler checks access, reads or acts through the store, and
-//! renders a page. No response carries an error's text: failures are logged
-//! (sanitized) and answered with fixed phrases.
+//! Routes: every route is mounted from [`routes`]; a state-changing one
+//! behind the guard ([`crate::guard`]), which checks the request's session,
+//! CSRF token and role before its handler runs. Pages take the signed-in
+//! [`Session`], state-changing handlers the guard's [`Checked`] session. Each
+//! handler reads or acts through the store and renders a page. No response
+//! carries an error's text: failures are logged (sanitized) and answered with
+//! fixed phrases.
 
 use crate::auth::{self, ClientAddr, Session, SESSION_COOKIE, SIGN_IN_COOKIE};
 use crate::form::FormData;
+use crate::guard::{self, Checked};
 use crate::jobs::JobState;
 use crate::views::{self, EventSearch};
 use crate::{assets, Console};
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::handler::Handler;
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{on, MethodFilter};
 use axum::Router;
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use maud::Markup;
-use postbox_relay::store::console::EventQuery;
-use postbox_relay::store::dlq::{Action, Filter, Selection, MAX_REASON_BYTES};
+use postbox_store::{Action, EventQuery, Filter, Selection, StatusFilter, MAX_REASON_BYTES};
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -31,26 +36,65 @@ const RATE_WINDOW_ROWS: i64 = 200_000;
 /// Event ids one bulk request may name.
 const MAX_SELECTED: usize = 10_000;
 
+/// Every route the console serves. The router mounts these and nothing else;
+/// each state-changing one needs its row in [`guard::STATE_CHANGING`].
+fn routes() -> Routes {
+    Routes::default()
+        .get("/", overview)
+        .get("/sign-in", sign_in_page)
+        .post("/sign-in", sign_in)
+        .post("/sign-out", sign_out)
+        .get("/events", events)
+        .get("/events/{id}", event_page)
+        .post("/events/{id}/replay", replay_one)
+        .post("/events/{id}/discard", discard_one)
+        .get("/dead-letters", dead_letters)
+        .post("/dead-letters/action", bulk_action)
+        .get("/jobs/{id}", job_page)
+        .get("/jobs/{id}/progress", job_progress)
+        .post("/jobs/{id}/cancel", job_cancel)
+        .get("/audit", audit)
+        .get("/static/console.css", assets::css)
+        .get("/static/console.js", assets::js)
+}
+
 pub(crate) fn router(console: Console) -> Router {
-    Router::new()
-        .route("/", get(overview))
-        .route("/sign-in", get(sign_in_page).post(sign_in))
-        .route("/sign-out", post(sign_out))
-        .route("/events", get(events))
-        .route("/events/{id}", get(event_page))
-        .route("/events/{id}/replay", post(replay_one))
-        .route("/events/{id}/discard", post(discard_one))
-        .route("/dead-letters", get(dead_letters))
-        .route("/dead-letters/action", post(bulk_action))
-        .route("/jobs/{id}", get(job_page))
-        .route("/jobs/{id}/progress", get(job_progress))
-        .route("/jobs/{id}/cancel", post(job_cancel))
-        .route("/audit", get(audit))
-        .route("/static/console.css", get(assets::css))
-        .route("/static/console.js", get(assets::js))
+    routes()
+        .router
         .fallback(not_found)
         .layer(axum::middleware::map_response(security_headers))
         .with_state(console)
+}
+
+/// The method and path of every route the router mounts, in order.
+pub(crate) fn mounted() -> Vec<(Method, &'static str)> {
+    routes().mounted
+}
+
+/// The router being built, and the (method, path) of each route it mounts.
+/// Pages are mounted as they are; a state-changing handler only behind the
+/// guard.
+#[derive(Default)]
+struct Routes {
+    router: Router<Console>,
+    mounted: Vec<(Method, &'static str)>,
+}
+
+impl Routes {
+    /// A page (GET, and HEAD with it): the handler takes the [`Session`] if it needs one.
+    fn get<H: Handler<T, Console>, T: 'static>(mut self, path: &'static str, handler: H) -> Self {
+        self.router = self.router.route(path, on(MethodFilter::GET, handler));
+        self.mounted.push((Method::GET, path));
+        self
+    }
+
+    /// A form's target: behind the guard, which needs the route's row.
+    fn post<H: Handler<T, Console>, T: 'static>(mut self, path: &'static str, handler: H) -> Self {
+        let handler = guard::guarded(Method::POST, path, handler);
+        self.router = self.router.route(path, on(MethodFilter::POST, handler));
+        self.mounted.push((Method::POST, path));
+        self
+    }
 }
 
 async fn security_headers(mut res: Response) -> Response {
@@ -123,7 +167,7 @@ impl IntoResponse for Fail {
 /// Log a failure without its secrets and answer 500.
 pub(crate) fn internal(e: &dyn std::fmt::Display) -> Fail {
     tracing::error!(
-        error = %postbox_relay::redact::sanitize_error(&e.to_string()),
+        error = %postbox::redact::sanitize_error(&e.to_string()),
         "console request failed"
     );
     Fail::Internal
@@ -146,26 +190,6 @@ fn page(markup: Markup) -> Response {
 
 async fn not_found() -> Fail {
     Fail::NotFound
-}
-
-fn check_csrf(session: &Session, form: &FormData) -> Result<(), Fail> {
-    if auth::same_secret(form.get("csrf").unwrap_or(""), &session.csrf) {
-        Ok(())
-    } else {
-        Err(Fail::Forbidden(
-            "This form is out of date or did not come from the console (CSRF token missing or wrong). Reload the page and try again.",
-        ))
-    }
-}
-
-fn require_operator(session: &Session) -> Result<(), Fail> {
-    if session.is_operator() {
-        Ok(())
-    } else {
-        Err(Fail::Forbidden(
-            "Your role (viewer) can look but not replay, discard or cancel. Ask for the operator role.",
-        ))
-    }
 }
 
 fn limit_actions(console: &Console, session: &Session) -> Result<(), Fail> {
@@ -392,12 +416,10 @@ async fn sign_in(
 
 async fn sign_out(
     State(console): State<Console>,
-    session: Session,
+    session: Checked,
     ClientAddr(client): ClientAddr,
     headers: HeaderMap,
-    body: Bytes,
 ) -> Result<Response, Fail> {
-    check_csrf(&session, &FormData::parse(&body))?;
     console
         .inner
         .console
@@ -485,7 +507,6 @@ async fn events(
         aggregate_type: q.get("aggregate_type").map(str::to_owned),
         aggregate_id: q.get("aggregate_id").map(str::to_owned),
         event_type: q.get("type").map(str::to_owned),
-        status: q.get("status").map(str::to_owned),
         before_row: q.get("before").and_then(|b| b.parse().ok()),
         limit: page_size + 1,
         ..EventQuery::default()
@@ -494,6 +515,12 @@ async fn events(
         match id.parse() {
             Ok(id) => query.event_id = Some(id),
             Err(_) => error = Some(format!("“{id}” is not an event id (a UUID).")),
+        }
+    }
+    if let Some(status) = q.get("status") {
+        match status.parse() {
+            Ok(status) => query.status = Some(status),
+            Err(_) => error = Some(format!("“{status}” is not a status.")),
         }
     }
     for (key, slot) in [
@@ -620,12 +647,9 @@ async fn act_on_one(
 
 async fn replay_one(
     State(console): State<Console>,
-    session: Session,
+    session: Checked,
     Path(id): Path<String>,
-    body: Bytes,
 ) -> Result<Response, Fail> {
-    check_csrf(&session, &FormData::parse(&body))?;
-    require_operator(&session)?;
     let id = parse_id(&id)?;
     limit_actions(&console, &session)?;
     act_on_one(&console, &session, id, Action::Replay).await
@@ -633,13 +657,11 @@ async fn replay_one(
 
 async fn discard_one(
     State(console): State<Console>,
-    session: Session,
+    session: Checked,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, Fail> {
     let form = FormData::parse(&body);
-    check_csrf(&session, &form)?;
-    require_operator(&session)?;
     let id = parse_id(&id)?;
     let reason = check_reason(form.get("reason"))?;
     limit_actions(&console, &session)?;
@@ -685,7 +707,7 @@ async fn dead_letters(
                 .console
                 .events(&EventQuery {
                     event_type: f.event_type.clone(),
-                    status: Some("dead".to_owned()),
+                    status: Some(StatusFilter::Dead),
                     created_from: f.since,
                     before_row: q.get("before").and_then(|b| b.parse().ok()),
                     limit: page_size + 1,
@@ -727,12 +749,10 @@ async fn dead_letters(
 
 async fn bulk_action(
     State(console): State<Console>,
-    session: Session,
+    session: Checked,
     body: Bytes,
 ) -> Result<Response, Fail> {
     let form = FormData::parse(&body);
-    check_csrf(&session, &form)?;
-    require_operator(&session)?;
     let (event_type, since_text, filter) = dlq_filter(&form).map_err(Fail::BadRequest)?;
     let (verb, all) = match form.get("do") {
         Some("replay-selected") => ("replay", false),
@@ -845,12 +865,9 @@ async fn job_progress(
 
 async fn job_cancel(
     State(console): State<Console>,
-    session: Session,
+    _session: Checked,
     Path(id): Path<String>,
-    body: Bytes,
 ) -> Result<Response, Fail> {
-    check_csrf(&session, &FormData::parse(&body))?;
-    require_operator(&session)?;
     let id = parse_id(&id)?;
     console.inner.jobs.get(id).ok_or(Fail::NotFound)?;
     console.inner.jobs.cancel(id);

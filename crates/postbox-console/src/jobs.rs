@@ -4,7 +4,7 @@
 //! audit entries say.
 
 use chrono::{DateTime, Utc};
-use postbox_relay::store::dlq::{Action, DeadLetters, Progress, Selection};
+use postbox_store::{Action, DeadLetters, Progress, Selection};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
@@ -193,7 +193,7 @@ impl Jobs {
                 Err(e) => {
                     tracing::error!(
                         job = %id,
-                        error = %postbox_relay::redact::sanitize_error(&e.to_string()),
+                        error = %postbox::redact::sanitize_error(&e.to_string()),
                         "bulk dead-letter action failed"
                     );
                     job.state = JobState::Failed;

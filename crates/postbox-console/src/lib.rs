@@ -7,12 +7,15 @@
 //!   `SameSite=Strict` cookie (`Secure` when the console sits behind TLS);
 //!   only the token's SHA-256 is stored. Every state-changing request carries
 //!   the session's CSRF token (the sign-in form its own, double-submitted).
-//!   Sign-in attempts and replays/discards are rate limited in process.
+//!   One guard checks the session, the token and the role in front of every
+//!   state-changing route, from one table ([`state_changing_routes`]); a
+//!   state-changing route without a row is refused. Sign-in attempts and
+//!   replays/discards are rate limited in process.
 //! - **Pages.** Overview, event search and one event (payload redacted by the
 //!   configured [`PayloadRedactor`]), dead letters with single and bulk
 //!   replay/discard (bulk actions run in the background, batch by batch, and
 //!   can be cancelled), and the audit log, read-only.
-//! - **Storage.** Everything goes through `postbox_relay::store`: the
+//! - **Storage.** Everything goes through the `postbox-store` crate: the
 //!   dead-letter operations and their audit entries (`store::dlq`) and the
 //!   console's own queries and tables (`store::console`, migration 6).
 //!
@@ -23,19 +26,19 @@
 mod assets;
 mod auth;
 mod form;
+mod guard;
 mod handlers;
 mod jobs;
 mod limit;
 mod views;
 
 pub use auth::{hash_password, verify_password, Role};
+pub use guard::{Access, StateChangingRoute};
 pub use limit::RateLimit;
-pub use postbox_relay::redact::PayloadRedactor;
+pub use postbox::redact::PayloadRedactor;
 
 use postbox::Schema;
-use postbox_relay::store::console::ConsoleStore;
-use postbox_relay::store::dlq::DeadLetters;
-use postbox_relay::Store;
+use postbox_store::{ConsoleStore, DeadLetters, Store};
 use sqlx::PgPool;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -174,6 +177,18 @@ impl Console {
         jobs.cancel_all();
         served.map_err(ConsoleError::Serve)
     }
+}
+
+/// The method and path of every route the console's router mounts, in the
+/// order mounted (paths in the router's syntax: `{id}` is a parameter).
+pub fn routes() -> Vec<(axum::http::Method, &'static str)> {
+    handlers::mounted()
+}
+
+/// Every state-changing route (any method but GET and HEAD) and who may use
+/// it: the table the router's guard enforces before any handler runs.
+pub fn state_changing_routes() -> &'static [StateChangingRoute] {
+    guard::STATE_CHANGING
 }
 
 /// Create user `name` with `role`, or give an existing user this role and

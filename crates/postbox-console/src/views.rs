@@ -5,9 +5,10 @@ use crate::auth::Session;
 use crate::jobs::{Job, JobState};
 use chrono::{DateTime, Utc};
 use maud::{html, Markup, DOCTYPE};
-use postbox_relay::store::console::{DeliveryRecord, EventRecord, EventRow, RelaySeen};
-use postbox_relay::store::dlq::AuditEntry;
-use postbox_relay::store::{DestinationCounts, StatusCounts};
+use postbox_store::{
+    AuditEntry, DeliveryRecord, DestinationCounts, EventRecord, EventRow, RelaySeen, Status,
+    StatusCounts,
+};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -91,15 +92,14 @@ pub(crate) fn clip(s: &str, max: usize) -> String {
     out
 }
 
-fn status_badge(status: &str, resolution: Option<&str>) -> Markup {
+fn status_badge(status: Status, resolution: Option<&str>) -> Markup {
     let (class, label) = match (status, resolution) {
-        ("failed", Some("discarded")) => ("muted", "discarded"),
-        ("failed", Some("replaced")) => ("muted", "replaced"),
-        ("failed", _) => ("bad", "dead letter"),
-        ("sent", _) => ("good", "sent"),
-        ("processing", _) => ("busy", "processing"),
-        ("pending", _) => ("wait", "pending"),
-        (other, _) => ("muted", other),
+        (Status::Failed, Some("discarded")) => ("muted", "discarded"),
+        (Status::Failed, Some("replaced")) => ("muted", "replaced"),
+        (Status::Failed, _) => ("bad", "dead letter"),
+        (Status::Sent, _) => ("good", "sent"),
+        (Status::Processing, _) => ("busy", "processing"),
+        (Status::Pending, _) => ("wait", "pending"),
     };
     html! { span class={"badge " (class)} { (label) } }
 }
@@ -417,7 +417,7 @@ fn event_table(rows: &[EventRow]) -> Markup {
                         td.nowrap { (time(r.created_at)) }
                         td { a href={"/events/" (r.event_id)} { (r.event_type) } br; span.id { (r.event_id) } }
                         td { (r.aggregate_type) "/" (r.aggregate_id) }
-                        td { (status_badge(&r.status, r.resolution.as_deref())) }
+                        td { (status_badge(r.status, r.resolution.as_deref())) }
                         td.num.attempts { (r.attempts) }
                         td.error-text { (clip(r.last_error.as_deref().unwrap_or(""), 120)) }
                     }
@@ -446,12 +446,12 @@ fn timeline(v: &EventView<'_>) -> Vec<(DateTime<Utc>, String)> {
         },
     )];
     for d in v.deliveries {
-        let what = match (d.status.as_str(), &d.last_error) {
-            ("sent", _) => format!(
+        let what = match (d.status, &d.last_error) {
+            (Status::Sent, _) => format!(
                 "Delivered to {} after {} attempt(s)",
                 d.destination, d.attempts
             ),
-            ("failed", Some(err)) => format!(
+            (Status::Failed, Some(err)) => format!(
                 "Destination {} gave up after {} attempt(s): {}",
                 d.destination, d.attempts, err
             ),
@@ -479,8 +479,8 @@ fn timeline(v: &EventView<'_>) -> Vec<(DateTime<Utc>, String)> {
     if let Some(at) = e.sent_at {
         items.push((at, "Delivered and acknowledged".to_owned()));
     }
-    match e.status.as_str() {
-        "pending" if e.attempts > 0 => items.push((
+    match e.status {
+        Status::Pending if e.attempts > 0 => items.push((
             e.available_at,
             format!(
                 "Attempt {} failed; next attempt due{}",
@@ -491,7 +491,7 @@ fn timeline(v: &EventView<'_>) -> Vec<(DateTime<Utc>, String)> {
                     .unwrap_or_default()
             ),
         )),
-        "failed" => items.push((
+        Status::Failed => items.push((
             e.available_at,
             format!(
                 "Last attempt ({}) due; the relay gave up and made it a dead letter{}",
@@ -502,7 +502,7 @@ fn timeline(v: &EventView<'_>) -> Vec<(DateTime<Utc>, String)> {
                     .unwrap_or_default()
             ),
         )),
-        "processing" => {
+        Status::Processing => {
             if let Some(until) = e.lease_expires_at {
                 items.push((
                     until,
@@ -522,31 +522,30 @@ fn timeline(v: &EventView<'_>) -> Vec<(DateTime<Utc>, String)> {
 /// One sentence on where the event stands and why.
 fn diagnosis(e: &EventRecord) -> String {
     let now = Utc::now();
-    match (e.status.as_str(), e.resolution.as_deref()) {
-        ("sent", _) => "Delivered.".to_owned(),
-        ("failed", Some("discarded")) => format!(
+    match (e.status, e.resolution.as_deref()) {
+        (Status::Sent, _) => "Delivered.".to_owned(),
+        (Status::Failed, Some("discarded")) => format!(
             "Discarded by an operator{}.",
             e.resolution_note
                 .as_deref()
                 .map(|r| format!(": {r}"))
                 .unwrap_or_default()
         ),
-        ("failed", Some("replaced")) => "Replayed as a new event (see “replaced by”).".to_owned(),
-        ("failed", _) => format!(
+        (Status::Failed, Some("replaced")) => "Replayed as a new event (see “replaced by”).".to_owned(),
+        (Status::Failed, _) => format!(
             "Dead letter after {} attempt(s): the relay gave up on it. Fix the cause shown in the last error, then replay it, or discard it with a reason.",
             e.attempts
         ),
-        ("processing", _) => match e.lease_expires_at {
+        (Status::Processing, _) => match e.lease_expires_at {
             Some(t) if t < now => "Claimed, but its lease has expired: the relay that held it stopped or stalled; the rescuer will put it back.".to_owned(),
             _ => "Being delivered by a relay now.".to_owned(),
         },
-        ("pending", _) if e.available_at > now => format!(
+        (Status::Pending, _) if e.available_at > now => format!(
             "Waiting for a retry at {} after {} failed attempt(s).",
             time(e.available_at),
             e.attempts
         ),
-        ("pending", _) => "Due now, waiting for a relay to claim it. If it stays here, check that a relay is connected (Overview) and, for ordered routes, whether an earlier event of its aggregate is stuck.".to_owned(),
-        (other, _) => format!("Status {other}."),
+        (Status::Pending, _) => "Due now, waiting for a relay to claim it. If it stays here, check that a relay is connected (Overview) and, for ordered routes, whether an earlier event of its aggregate is stuck.".to_owned(),
     }
 }
 
@@ -559,7 +558,7 @@ pub(crate) fn event(session: &Session, v: &EventView<'_>) -> Markup {
         Nav::Events,
         html! {
             p.crumbs { a href="/events" { "Events" } " / " span.id { (e.event_id) } }
-            h1 { (e.event_type) " " (status_badge(&e.status, e.resolution.as_deref())) }
+            h1 { (e.event_type) " " (status_badge(e.status, e.resolution.as_deref())) }
             (notice(v.notice))
             p.diagnosis #diagnosis { (diagnosis(e)) }
             @if let Some(err) = &e.last_error {

@@ -386,8 +386,8 @@ async fn screenshots() {
     Store::new(h.db.pool.clone(), h.db.schema.clone())
         .dead_letters()
         .apply(
-            &postbox_relay::store::dlq::Selection::Ids(vec![dead[5]]),
-            &postbox_relay::store::dlq::Action::Discard {
+            &postbox_store::Selection::Ids(vec![dead[5]]),
+            &postbox_store::Action::Discard {
                 reason: "test order from the load test".into(),
             },
             "console:alice",

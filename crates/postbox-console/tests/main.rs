@@ -4,5 +4,6 @@
 
 mod access;
 mod browser;
+mod guard;
 mod pages;
 mod support;

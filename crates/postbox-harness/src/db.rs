@@ -30,7 +30,7 @@ pub enum DbError {
 pub fn options(url: Option<&str>, application: &str) -> Result<PgConnectOptions, DbError> {
     let url = url.ok_or(DbError::Missing)?;
     let options = PgConnectOptions::from_str(url).map_err(|e| DbError::Invalid {
-        reason: postbox_relay::redact::sanitize_error(&e.to_string()),
+        reason: postbox::redact::sanitize_error(&e.to_string()),
     })?;
     // Statements over a second (a VACUUM, a claim behind a lock) are logged at
     // debug: the metrics and the health watch are where slowness is reported.
@@ -83,7 +83,7 @@ pub async fn pool(
                 );
                 tracing::warn!(
                     target = %target(&options),
-                    error = %postbox_relay::redact::sanitize_error(&e.to_string()),
+                    error = %postbox::redact::sanitize_error(&e.to_string()),
                     retry_in = ?delay,
                     "cannot connect to PostgreSQL yet"
                 );

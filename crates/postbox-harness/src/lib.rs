@@ -62,7 +62,7 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         }
         source = s.source();
     }
-    postbox_relay::redact::mask_secrets(&text)
+    postbox::redact::mask_secrets(&text)
 }
 
 /// Lock `m`, taking the data of a poisoned lock as it is.

@@ -58,7 +58,7 @@ pub struct RelayConfig {
     /// Whether the relay's claims and acknowledgements wait for the WAL flush
     /// (the default). `false` saves a flush per statement; losing one in a
     /// PostgreSQL crash only redelivers the event (see
-    /// [`crate::store::RelayCommit`]).
+    /// [`postbox_store::RelayCommit`]).
     pub synchronous_commit: bool,
 }
 

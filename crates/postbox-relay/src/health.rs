@@ -18,8 +18,8 @@
 //! notifications) it says so once and the relay relies on polling.
 
 use crate::config::ConfigError;
-use crate::store::{DbHealth, Store};
 use metrics::gauge;
+use postbox_store::{DbHealth, Store};
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 

@@ -2,8 +2,8 @@
 //! them through a [`Sink`], and settles each one — delivered, retried with
 //! backoff, or dead-lettered — only while its lease still holds.
 //!
-//! Layout: [`store`] holds every SQL statement the relay runs; [`relay`] is the
-//! engine; [`sink`] is the transport boundary and [`sinks`] the transports;
+//! Layout: the data layer is the `postbox-store` crate (every statement the
+//! relay runs); [`relay`] is the engine; [`sink`] is the transport boundary and [`sinks`] the transports;
 //! [`cloudevents`] the message body; [`redact`] keeps secrets out of errors;
 //! [`metrics`] names every exported metric; [`retention`] keeps the tables small.
 
@@ -13,7 +13,6 @@ pub mod config;
 pub mod failpoint;
 pub mod health;
 pub mod metrics;
-pub mod redact;
 pub mod relay;
 pub mod retention;
 pub mod router;
@@ -21,10 +20,13 @@ pub mod sink;
 pub mod sinks;
 pub mod store;
 
+/// Secret masking and payload redaction (shared with the console and the CLI).
+pub use postbox::redact;
+
 pub use config::{ConfigError, RelayConfig};
 pub use health::HealthConfig;
+pub use postbox_store::Store;
 pub use relay::{Relay, RunMode, Stats, StatsSnapshot};
 pub use retention::RetentionConfig;
 pub use router::{Destination, PoisonPolicy, RouteConfig, Router};
 pub use sink::{Message, Outcome, Sink, SinkError};
-pub use store::Store;

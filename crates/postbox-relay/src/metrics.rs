@@ -5,8 +5,8 @@
 //! Prometheus one), so a library user pays nothing. All names start with
 //! `postbox_`; counters end in `_total`, durations are in seconds.
 
-use crate::store::{Gauges, Store};
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, Unit};
+use postbox_store::{Gauges, Store};
 
 /// Gauge: events waiting to be claimed (`status = 'pending'`, due or scheduled).
 pub const PENDING_EVENTS: &str = "postbox_pending_events";

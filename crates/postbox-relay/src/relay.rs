@@ -31,8 +31,8 @@ use crate::redact::sanitize_error;
 use crate::retention::{self, RetentionConfig};
 use crate::router::{RetryPolicy, Round, Router};
 use crate::sink::{Message, Outcome, Sink};
-use crate::store::{Claim, ClaimOrder, DeliveryUpdate, Failure, RelayCommit, Store};
 use futures::FutureExt;
+use postbox_store::{ClaimOrder, DeliveryUpdate, Failure, RelayCommit, Store};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -278,6 +278,25 @@ where
     AbortOnDropHandle::new(tokio::spawn(task))
 }
 
+/// Events claimed under one lease, as the sinks take them.
+#[derive(Debug)]
+pub struct Claim {
+    pub token: uuid::Uuid,
+    /// Outbox row ids, parallel to `messages`.
+    pub ids: Vec<i64>,
+    pub messages: Vec<Message>,
+}
+
+impl From<postbox_store::Claim> for Claim {
+    fn from(claim: postbox_store::Claim) -> Self {
+        Self {
+            token: claim.token,
+            ids: claim.ids,
+            messages: claim.events.into_iter().map(Message::from).collect(),
+        }
+    }
+}
+
 async fn claim_loop(shared: &Shared, mode: RunMode, to_publish: mpsc::Sender<Claim>) {
     let config = &shared.config;
     let mut db_failures = 0;
@@ -295,7 +314,7 @@ async fn claim_loop(shared: &Shared, mode: RunMode, to_publish: mpsc::Sender<Cla
         let claim = match claimed {
             Ok(c) => {
                 db_failures = 0;
-                c
+                Claim::from(c)
             }
             Err(e) => {
                 db_failures += 1;

@@ -10,7 +10,7 @@
 //! relay's background task.
 
 use crate::config::ConfigError;
-use crate::store::Store;
+use postbox_store::Store;
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;

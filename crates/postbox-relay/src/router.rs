@@ -15,7 +15,7 @@
 
 use crate::config::ConfigError;
 use crate::sink::{Outcome, Sink};
-use crate::store::{ClaimOrder, DeliveryState, DeliveryUpdate};
+use postbox_store::{ClaimOrder, DeliveryState, DeliveryUpdate, Status};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -377,7 +377,7 @@ impl Round {
             for (&d, state) in t.iter().zip(&p) {
                 let publish = match state {
                     None => true,
-                    Some(s) => s.status == "pending" && s.due_in.is_zero(),
+                    Some(s) => s.status == Status::Pending && s.due_in.is_zero(),
                 };
                 if publish {
                     batches[d].push(i);
@@ -509,9 +509,9 @@ impl Round {
                             error: Some(error),
                         });
                     }
-                    None => match prior.map(|s| s.status.as_str()) {
-                        Some("sent") => {}
-                        Some("failed") => {
+                    None => match prior.map(|s| s.status) {
+                        Some(Status::Sent) => {}
+                        Some(Status::Failed) => {
                             all_sent = false;
                             errors.push(format!("{name}: dead letter"));
                         }
@@ -677,7 +677,7 @@ mod tests {
         DeliveryState {
             outbox_id: id,
             destination: dest.into(),
-            status: status.into(),
+            status: status.parse().unwrap(),
             attempts,
             due_in: Duration::from_secs(due_in),
         }

@@ -43,6 +43,23 @@ pub struct Message {
     pub sequence: Option<i64>,
 }
 
+impl From<postbox_store::ClaimedEvent> for Message {
+    fn from(e: postbox_store::ClaimedEvent) -> Self {
+        Self {
+            event_id: e.event_id,
+            event_type: e.event_type,
+            aggregate_type: e.aggregate_type,
+            aggregate_id: e.aggregate_id,
+            schema_version: e.schema_version,
+            payload: e.payload,
+            headers: e.headers,
+            created_at: e.created_at,
+            attempt: e.attempt,
+            sequence: e.sequence,
+        }
+    }
+}
+
 /// What happened to one message.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {

@@ -116,11 +116,11 @@ async fn an_expired_lease_is_reclaimed_and_the_stale_ack_changes_nothing() {
     let fresh = new.claim(10, Duration::from_secs(30), None).await.unwrap();
     assert_eq!(fresh.ids.len(), 3);
     assert_eq!(
-        fresh.messages[0].attempt, 2,
+        fresh.events[0].attempt, 2,
         "the reclaimed delivery is the second attempt"
     );
     assert_eq!(
-        fresh.messages[0].event_id, stale.messages[0].event_id,
+        fresh.events[0].event_id, stale.events[0].event_id,
         "same event id"
     );
 
@@ -133,7 +133,7 @@ async fn an_expired_lease_is_reclaimed_and_the_stale_ack_changes_nothing() {
     let failures: Vec<_> = stale
         .ids
         .iter()
-        .map(|&id| postbox_relay::store::Failure {
+        .map(|&id| postbox_store::Failure {
             id,
             reject: true,
             counted: true,
@@ -217,7 +217,7 @@ async fn a_retry_waits_for_its_delay() {
     enqueue(&db, 1).await;
     let s = store(&db);
     let claim = s.claim(10, Duration::from_secs(30), None).await.unwrap();
-    let failure = postbox_relay::store::Failure {
+    let failure = postbox_store::Failure {
         id: claim.ids[0],
         reject: false,
         counted: true,
@@ -559,7 +559,7 @@ async fn relay_commit_mode_stays_inside_each_statement() {
     };
     let before = setting().await;
     let store = Store::new(one.clone(), db.schema.clone())
-        .with_relay_commit(postbox_relay::store::RelayCommit::Asynchronous);
+        .with_relay_commit(postbox_store::RelayCommit::Asynchronous);
     let claim = store
         .claim(10, Duration::from_secs(30), None)
         .await

@@ -672,23 +672,19 @@ async fn claim_next_to(db: &TestDb, payload: &str, headers: &str) -> Result<Mess
         .claim(10, Duration::from_secs(60), None)
         .await
         .map_err(|e| format!("the claim failed for the whole batch: {e}"))?;
-    let types: Vec<&str> = claim
-        .messages
-        .iter()
-        .map(|m| m.event_type.as_str())
-        .collect();
+    let types: Vec<&str> = claim.events.iter().map(|m| m.event_type.as_str()).collect();
     if types.iter().filter(|t| **t == "plain").count() != 2 {
         return Err(format!("the plain events were not handed out: {types:?}"));
     }
     let odd = claim
-        .messages
+        .events
         .into_iter()
         .find(|m| m.event_type == "odd")
         .ok_or("the odd event was neither handed out nor refused")?;
     if odd.payload.get() != payload {
         return Err("the odd payload was altered".into());
     }
-    Ok(odd)
+    Ok(odd.into())
 }
 
 #[tokio::test]

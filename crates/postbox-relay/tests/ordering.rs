@@ -5,10 +5,10 @@
 use crate::support::*;
 use async_trait::async_trait;
 use postbox::{NewEvent, Outbox, SequenceCheck};
-use postbox_relay::store::dlq::{Action, Applied, Selection};
 use postbox_relay::{
     Message, Outcome, PoisonPolicy, Relay, RelayConfig, Router, RunMode, Sink, SinkError,
 };
+use postbox_store::{Action, Applied, Selection};
 use postbox_testkit::{wait_for, TestDb};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};

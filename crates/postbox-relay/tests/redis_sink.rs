@@ -170,6 +170,7 @@ async fn publish_answers_one_outcome_per_message() {
         .claim(100, std::time::Duration::from_secs(30), None)
         .await
         .unwrap();
+    let claim = postbox_relay::relay::Claim::from(claim);
     let outcomes = sink.publish(&claim.messages).await;
     assert_eq!(outcomes, vec![Outcome::Delivered; 7]);
     let mut r = redis().await;

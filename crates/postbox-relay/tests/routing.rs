@@ -4,8 +4,8 @@
 
 use crate::support::*;
 use postbox::NewEvent;
-use postbox_relay::store::dlq::{Action, Selection};
 use postbox_relay::{Destination, Outcome, RelayConfig, RouteConfig, Router, RunMode};
+use postbox_store::{Action, Selection};
 use postbox_testkit::TestDb;
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -246,7 +246,7 @@ pub async fn begin(
     let Some(row) = existing else {
         return Err(IdempotencyError::InFlight);
     };
-    let expired: bool = row.try_get(5)?;
+    let expired: bool = row.try_get("expired")?;
     if expired {
         ::sqlx::query(&sql.restart)
             .bind(&key.scope)
@@ -257,19 +257,21 @@ pub async fn begin(
             .await?;
         return Ok(Begin::Execute(Pending { key: key.clone() }));
     }
-    let stored: String = row.try_get(0)?;
+    let stored: String = row.try_get("fingerprint")?;
     if stored != fingerprint.as_str() {
         return Err(IdempotencyError::Mismatch);
     }
-    let status: String = row.try_get(1)?;
+    let status: String = row.try_get("status")?;
     if status != "completed" {
         return Err(IdempotencyError::InFlight);
     }
-    let code: Option<i32> = row.try_get(2)?;
+    let code: Option<i32> = row.try_get("response_status")?;
     Ok(Begin::Replay(StoredResponse {
         status: code.and_then(|c| u16::try_from(c).ok()).unwrap_or(200),
-        content_type: row.try_get(3)?,
-        body: row.try_get::<Option<Vec<u8>>, _>(4)?.unwrap_or_default(),
+        content_type: row.try_get("response_type")?,
+        body: row
+            .try_get::<Option<Vec<u8>>, _>("response_body")?
+            .unwrap_or_default(),
     }))
 }
 

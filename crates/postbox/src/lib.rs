@@ -31,6 +31,7 @@ mod event;
 mod inbox;
 mod migrations;
 pub mod received;
+pub mod redact;
 mod schema;
 mod sql;
 pub mod statements;

@@ -52,25 +52,12 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "console",
         sql: include_str!("../migrations/0006_console.sql"),
     },
+    Migration {
+        version: 7,
+        name: "log",
+        sql: include_str!("../migrations/0007_log.sql"),
+    },
 ];
-
-/// The bookkeeping table and lock, rendered per schema.
-pub(crate) const CREATE_SCHEMA: &str = "CREATE SCHEMA IF NOT EXISTS {schema}";
-pub(crate) const CREATE_HISTORY: &str = "CREATE TABLE IF NOT EXISTS {schema}.schema_migrations (\
-     version integer PRIMARY KEY, name text NOT NULL, checksum text NOT NULL, \
-     applied_at timestamptz NOT NULL DEFAULT now())";
-pub(crate) const SELECT_APPLIED: &str =
-    "SELECT version, checksum FROM {schema}.schema_migrations ORDER BY version";
-pub(crate) const SELECT_LATEST: &str = "SELECT max(version) FROM {schema}.schema_migrations";
-pub(crate) const HISTORY_EXISTS: &str =
-    "SELECT to_regclass(quote_ident($1) || '.schema_migrations') IS NOT NULL";
-pub(crate) const INSERT_APPLIED: &str =
-    "INSERT INTO {schema}.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)";
-/// Session-level advisory lock serializing concurrent `migrate` runs on one schema.
-pub(crate) const LOCK: &str =
-    "SELECT pg_advisory_lock(hashtextextended('postbox.migrate.' || $1, 0))";
-pub(crate) const UNLOCK: &str =
-    "SELECT pg_advisory_unlock(hashtextextended('postbox.migrate.' || $1, 0))";
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.
 pub(crate) fn pending(

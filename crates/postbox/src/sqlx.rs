@@ -4,7 +4,7 @@
 
 use crate::inbox::{check_aggregate, check_consumer};
 use crate::migrations::{self, Migration};
-use crate::sql::Columns;
+use crate::sql::{Columns, MigrateQueries};
 use crate::{Error, InboxOutcome, NewEvent, Outbox, Schema, SequenceCheck};
 use ::sqlx::{Connection, PgConnection, Row};
 use uuid::Uuid;
@@ -171,15 +171,17 @@ pub async fn applied_version(
     conn: &mut PgConnection,
     schema: &Schema,
 ) -> Result<Option<i32>, Error> {
-    let sql = schema.render(migrations::SELECT_LATEST);
-    let exists: bool = ::sqlx::query_scalar(migrations::HISTORY_EXISTS)
+    let sql = MigrateQueries::new(schema);
+    let exists: bool = ::sqlx::query_scalar(&sql.history_exists)
         .bind(schema.name().to_owned())
         .fetch_one(&mut *conn)
         .await?;
     if !exists {
         return Ok(None);
     }
-    Ok(::sqlx::query_scalar(&sql).fetch_one(&mut *conn).await?)
+    Ok(::sqlx::query_scalar(&sql.select_latest)
+        .fetch_one(&mut *conn)
+        .await?)
 }
 
 /// Bring `schema` up to the latest migration; returns the versions applied now
@@ -188,12 +190,13 @@ pub async fn applied_version(
 /// Safe to run from several processes at once: a session advisory lock per
 /// schema serializes them, and each migration commits with its history row.
 pub async fn migrate(conn: &mut PgConnection, schema: &Schema) -> Result<Vec<i32>, Error> {
-    ::sqlx::query(migrations::LOCK)
+    let sql = MigrateQueries::new(schema);
+    ::sqlx::query(&sql.lock)
         .bind(schema.name().to_owned())
         .execute(&mut *conn)
         .await?;
-    let result = migrate_locked(conn, schema).await;
-    let unlocked = ::sqlx::query(migrations::UNLOCK)
+    let result = migrate_locked(conn, schema, &sql).await;
+    let unlocked = ::sqlx::query(&sql.unlock)
         .bind(schema.name().to_owned())
         .execute(&mut *conn)
         .await;
@@ -202,16 +205,23 @@ pub async fn migrate(conn: &mut PgConnection, schema: &Schema) -> Result<Vec<i32
     Ok(applied)
 }
 
-async fn migrate_locked(conn: &mut PgConnection, schema: &Schema) -> Result<Vec<i32>, Error> {
-    let create_schema = schema.render(migrations::CREATE_SCHEMA);
-    let create_history = schema.render(migrations::CREATE_HISTORY);
-    let select_applied = schema.render(migrations::SELECT_APPLIED);
-    ::sqlx::query(&create_schema).execute(&mut *conn).await?;
-    ::sqlx::query(&create_history).execute(&mut *conn).await?;
-    let rows = ::sqlx::query(&select_applied).fetch_all(&mut *conn).await?;
+async fn migrate_locked(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    sql: &MigrateQueries,
+) -> Result<Vec<i32>, Error> {
+    ::sqlx::query(&sql.create_schema)
+        .execute(&mut *conn)
+        .await?;
+    ::sqlx::query(&sql.create_history)
+        .execute(&mut *conn)
+        .await?;
+    let rows = ::sqlx::query(&sql.select_applied)
+        .fetch_all(&mut *conn)
+        .await?;
     let applied: Vec<(i32, String)> = rows
         .iter()
-        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        .map(|r| Ok((r.try_get("version")?, r.try_get("checksum")?)))
         .collect::<Result<_, ::sqlx::Error>>()?;
     let mut done = Vec::new();
     let todo: Vec<Migration> = migrations::pending(schema, &applied)?
@@ -219,7 +229,7 @@ async fn migrate_locked(conn: &mut PgConnection, schema: &Schema) -> Result<Vec<
         .copied()
         .collect();
     for m in todo {
-        apply(conn, schema, &m)
+        apply(conn, schema, sql, &m)
             .await
             .map_err(|source| Error::Migration {
                 version: m.version,
@@ -232,12 +242,16 @@ async fn migrate_locked(conn: &mut PgConnection, schema: &Schema) -> Result<Vec<
     Ok(done)
 }
 
-async fn apply(conn: &mut PgConnection, schema: &Schema, m: &Migration) -> Result<(), Error> {
+async fn apply(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    sql: &MigrateQueries,
+    m: &Migration,
+) -> Result<(), Error> {
     let body = schema.render(m.sql);
-    let record = schema.render(migrations::INSERT_APPLIED);
     let mut tx = conn.begin().await?;
     ::sqlx::Executor::execute(&mut *tx, body.as_str()).await?;
-    ::sqlx::query(&record)
+    ::sqlx::query(&sql.insert_applied)
         .bind(m.version)
         .bind(m.name.to_owned())
         .bind(m.checksum())

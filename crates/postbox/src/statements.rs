@@ -54,8 +54,8 @@ impl Catalog {
         let error = |reason: String| CatalogError { file, reason };
         let mut entries = BTreeMap::new();
         let mut current: Option<(&'static str, Vec<&'static str>)> = None;
-        let mut close = |entry: Option<(&'static str, Vec<&'static str>)>,
-                         entries: &mut BTreeMap<&'static str, Entry>|
+        let close = |entry: Option<(&'static str, Vec<&'static str>)>,
+                     entries: &mut BTreeMap<&'static str, Entry>|
          -> Result<(), CatalogError> {
             let Some((name, lines)) = entry else {
                 return Ok(());
@@ -65,10 +65,7 @@ impl Catalog {
             if sql.is_empty() {
                 return Err(error(format!("entry {name:?} has no statement")));
             }
-            if entries
-                .insert(name, Entry { sql, taken: false })
-                .is_some()
-            {
+            if entries.insert(name, Entry { sql, taken: false }).is_some() {
                 return Err(error(format!("entry {name:?} is defined twice")));
             }
             Ok(())
@@ -159,15 +156,16 @@ impl Catalog {
 mod tests {
     use super::*;
 
-    const FILE: &str = "-- The header says what the file holds.\n\
-        \n\
-        -- name: first\n\
-        -- One row.\n\
-        SELECT 1\n\
-          FROM {schema}.outbox;\n\
-        \n\
-        -- name: second\n\
-        NOTIFY {channel};\n";
+    const FILE: &str = r"-- The header says what the file holds.
+
+-- name: first
+-- One row.
+SELECT 1
+  FROM {schema}.outbox;
+
+-- name: second
+NOTIFY {channel};
+";
 
     #[test]
     fn entries_are_taken_by_name_and_rendered() {

@@ -104,7 +104,7 @@ pub async fn check_sequence<C: GenericClient>(
             ],
         )
         .await?;
-    let last: i64 = row.try_get(0)?;
+    let last: i64 = row.try_get("last_sequence")?;
     Ok(SequenceCheck::judge(last, sequence))
 }
 

@@ -108,10 +108,10 @@ async fn serve(settings: &Settings, args: ServeArgs) -> Result<ExitCode, AnyErro
     config.secure_cookies = args.secure_cookies;
     config.batch_size = args.batch_size;
     config.session_lifetime = args.session_lifetime;
-    if !(1..=postbox_relay::store::dlq::MAX_BATCH).contains(&args.batch_size) {
+    if !(1..=postbox_store::MAX_BATCH).contains(&args.batch_size) {
         return Err(format!(
             "--batch-size must be between 1 and {}",
-            postbox_relay::store::dlq::MAX_BATCH
+            postbox_store::MAX_BATCH
         )
         .into());
     }

@@ -1,16 +1,16 @@
 //! `postbox dlq`: list, show, replay and discard dead letters, with an audit log.
 //!
 //! Only glue: the operations, their batching and their audit entries live in
-//! `postbox_relay::store::dlq`.
+//! `postbox_store::DeadLetters`.
 
 use crate::context::{AnyError, Settings};
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use postbox_relay::redact::PayloadRedactor;
-use postbox_relay::store::dlq::{
-    Action, AuditEntry, DeadLetter, DeadLetters, EventDetail, Filter, Progress, Selection,
+use postbox_store::Store;
+use postbox_store::{
+    Action, AuditEntry, DeadLetter, DeadLetters, EventRecord, Filter, Progress, Selection,
 };
-use postbox_relay::Store;
 use std::process::ExitCode;
 use uuid::Uuid;
 
@@ -235,12 +235,12 @@ async fn show(
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_detail(e: &EventDetail) {
-    let s = &e.summary;
+fn print_detail(e: &EventRecord) {
+    let s = e;
     let state = match (e.resolution.as_deref(), e.is_dead_letter()) {
         (_, true) => "dead letter".to_owned(),
         (Some(r), _) => format!("{} ({r})", e.status),
-        (None, _) => e.status.clone(),
+        (None, _) => e.status.to_string(),
     };
     println!("event id        {}", s.event_id);
     println!("status          {state}");

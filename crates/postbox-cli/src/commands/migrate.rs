@@ -3,8 +3,8 @@
 
 use crate::context::{AnyError, Settings};
 use clap::Args;
-use postbox_relay::store::Roles;
 use postbox_relay::Store;
+use postbox_store::Roles;
 use std::process::ExitCode;
 
 #[derive(Args, Debug)]

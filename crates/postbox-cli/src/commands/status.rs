@@ -4,8 +4,8 @@
 use crate::context::{cancel_on_signal, AnyError, Settings};
 use clap::Args;
 use postbox::Schema;
-use postbox_relay::store::{AttemptsCount, DestinationCounts, StatusCounts};
 use postbox_relay::Store;
+use postbox_store::{AttemptsCount, DestinationCounts, StatusCounts};
 use std::process::ExitCode;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;

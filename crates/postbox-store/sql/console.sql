@@ -1,0 +1,72 @@
+-- The console's own tables (users, sessions) and what its overview reads.
+
+-- name: user_upsert
+-- Create console user $1 with role $2 and password hash $3, or replace the
+-- role and hash of an existing one. Returns true when the user is new.
+INSERT INTO {schema}.console_users AS u (name, role, password_hash)
+VALUES ($1, $2, $3)
+ON CONFLICT (name) DO UPDATE
+SET role = excluded.role, password_hash = excluded.password_hash, updated_at = now()
+RETURNING (xmax = 0) AS created;
+
+-- name: user_get
+-- One console user by name: role and password hash.
+SELECT role, password_hash FROM {schema}.console_users WHERE name = $1;
+
+-- name: user_delete
+-- Remove console user $1 (their sessions go with them). Returns the name when it existed.
+DELETE FROM {schema}.console_users WHERE name = $1 RETURNING name;
+
+-- name: sessions_end_user
+-- End every session of console user $1 (after a password or role change).
+DELETE FROM {schema}.console_sessions WHERE user_name = $1;
+
+-- name: session_insert
+-- A new session: token hash $1, user $2, CSRF token $3, lasting $4 seconds.
+-- Expired sessions are swept in the same statement.
+WITH swept AS (
+    DELETE FROM {schema}.console_sessions WHERE expires_at < now())
+INSERT INTO {schema}.console_sessions (token_hash, user_name, csrf_token, expires_at)
+VALUES ($1, $2, $3, now() + make_interval(secs => $4));
+
+-- name: session_get
+-- The live session whose token hashes to $1: its user, the user's current
+-- role, and the session's CSRF token.
+SELECT s.user_name, u.role, s.csrf_token
+FROM {schema}.console_sessions s
+JOIN {schema}.console_users u ON u.name = s.user_name
+WHERE s.token_hash = $1 AND s.expires_at > now();
+
+-- name: session_delete
+-- Sign out: end the session whose token hashes to $1.
+DELETE FROM {schema}.console_sessions WHERE token_hash = $1;
+
+-- name: delivery_rate
+-- Events acknowledged per minute over the last $1 minutes (minutes with none
+-- are left out), counted among the newest $2 outbox rows (a bounded scan of
+-- the primary key: the outbox has no index on sent_at, and adding one would
+-- cost every acknowledgement its HOT update) and in the archive (indexed).
+WITH recent AS (
+    SELECT sent_at FROM {schema}.outbox
+    WHERE id > (SELECT COALESCE(max(id), 0) FROM {schema}.outbox) - $2
+      AND status = 'sent' AND sent_at >= date_trunc('minute', now()) - make_interval(mins => $1)
+    UNION ALL
+    SELECT sent_at FROM {schema}.outbox_archive
+    WHERE sent_at >= date_trunc('minute', now()) - make_interval(mins => $1))
+SELECT date_trunc('minute', sent_at) AS minute, count(*) AS events
+FROM recent
+GROUP BY 1
+ORDER BY 1;
+
+-- name: relays
+-- Relays connected to this database now, by client address: their sessions
+-- carry application_name 'postbox-relay'. Without pg_monitor (or
+-- pg_read_all_stats) other roles' client addresses read as NULL.
+SELECT COALESCE(host(client_addr), 'local') AS client,
+       count(*) AS connections,
+       min(backend_start) AS connected_since,
+       max(COALESCE(state_change, backend_start)) AS last_active
+FROM pg_catalog.pg_stat_activity
+WHERE application_name = $1 AND datname = current_database()
+GROUP BY 1
+ORDER BY 1;

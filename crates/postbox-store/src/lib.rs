@@ -1,0 +1,51 @@
+//! postbox's data layer: every statement the relay, the console and the CLI
+//! run against postbox's tables, and the typed rows they return.
+//!
+//! The statements are the `.sql` files in `crates/postbox-store/sql`, one file
+//! per area, one named entry per statement (see [`postbox::statements`]),
+//! rendered once per schema. Rows are read by column name into the structs
+//! below (`sqlx::FromRow`), so a statement's column order can change freely;
+//! a renamed column fails the crate's tests, not a user's relay.
+//!
+//! What stays elsewhere: the library's own statements (enqueue, inbox,
+//! idempotency keys, migrations) live in `crates/postbox/sql`, because
+//! applications link the library alone; the benchmark's statements live with
+//! the benchmark.
+//!
+//! Areas:
+//! - [`Store`] — the relay's hot path (claim, settle, release, rescue,
+//!   per-destination state), status and health reads, retention, roles;
+//! - [`DeadLetters`] — operator actions on dead letters, each audited;
+//! - [`Events`] — events as operators look them up ([`EventRecord`], the one
+//!   read model of an outbox row);
+//! - [`ConsoleStore`] — the console's users, sessions and overview;
+//! - [`Log`] — log mode's snapshot cursors over the append-only log.
+
+mod console;
+mod dead_letters;
+mod events;
+mod log;
+mod relay;
+mod roles;
+
+pub use console::{ConsoleStore, RelaySeen, StoredSession, StoredUser, RELAY_APPLICATION_NAME};
+pub use dead_letters::{
+    Action, Applied, AuditEntry, DeadLetter, DeadLetters, DlqError, Filter, Progress, Selection,
+    ACTION_DISCARD, ACTION_REPLAY, ACTION_REPLAY_NEW_ID, MAX_ACTOR_BYTES, MAX_BATCH,
+    MAX_REASON_BYTES,
+};
+pub use events::{DeliveryRecord, EventQuery, EventRecord, EventRow, Events, Status, StatusFilter};
+pub use log::{Log, LogEvent, LogWindow, ProducerTarget};
+pub use relay::{
+    AttemptsCount, Claim, ClaimOrder, ClaimedEvent, DbHealth, DeliveryState, DeliveryUpdate,
+    DestinationCounts, Failure, Gauges, NextDue, RelayCommit, Rescued, Settled, StatusCounts,
+    Store,
+};
+pub use roles::{CreateRolesError, RoleNameError, Roles};
+
+use postbox::statements::Catalog;
+
+/// Parse one of this crate's `.sql` files (embedded at build time).
+fn catalog(file: &'static str, text: &'static str) -> Catalog {
+    Catalog::parse(file, text).unwrap_or_else(|e| panic!("{e}"))
+}

@@ -1,0 +1,237 @@
+//! Log mode's reads and cursor moves (see migration 7 and `sql/log.sql`).
+//!
+//! A cursor per destination records how far that destination has read: every
+//! event visible in its `lo` snapshot is done; the open window is the events
+//! visible in `hi` and not in `lo`, read in id order up to `after_id`. The
+//! relay reads a page, publishes it, then advances the cursor: a crash
+//! between the two redelivers at most that page.
+
+use crate::catalog;
+use crate::relay::{decode_error, header_map, ClaimedEvent};
+use chrono::{DateTime, Utc};
+use postbox::Schema;
+use serde_json::value::RawValue;
+use sqlx::PgPool;
+use std::sync::Arc;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// Which table producers write to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProducerTarget {
+    /// The outbox table, read by claims (claim mode).
+    Outbox,
+    /// The append-only log, read by snapshot cursors (log mode).
+    Log,
+}
+
+impl ProducerTarget {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProducerTarget::Outbox => "outbox",
+            ProducerTarget::Log => "log",
+        }
+    }
+}
+
+/// The window a cursor reads now.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct LogWindow {
+    pub destination: String,
+    /// Everything visible in this snapshot is done.
+    pub lo: String,
+    /// The window's upper snapshot.
+    pub hi: String,
+    /// Read (and published) up to this id.
+    pub after_id: i64,
+}
+
+/// One event read from the log.
+#[derive(Debug)]
+pub struct LogEvent {
+    /// The log row id (the page cursor).
+    pub id: i64,
+    pub event: ClaimedEvent,
+}
+
+#[derive(sqlx::FromRow)]
+struct LogRow {
+    id: i64,
+    event_id: Uuid,
+    event_type: String,
+    aggregate_type: String,
+    aggregate_id: String,
+    schema_version: i32,
+    payload: String,
+    headers: String,
+    created_at: DateTime<Utc>,
+    sequence: Option<i64>,
+}
+
+impl LogRow {
+    fn decode(self) -> Result<LogEvent, sqlx::Error> {
+        Ok(LogEvent {
+            id: self.id,
+            event: ClaimedEvent {
+                event_id: self.event_id,
+                event_type: self.event_type,
+                aggregate_type: self.aggregate_type,
+                aggregate_id: self.aggregate_id,
+                schema_version: self.schema_version,
+                payload: RawValue::from_string(self.payload)
+                    .map_err(|e| decode_error("payload", e))?,
+                headers: header_map(&self.headers).map_err(|e| decode_error("headers", e))?,
+                created_at: self.created_at,
+                attempt: 1,
+                sequence: self.sequence,
+            },
+        })
+    }
+}
+
+struct Queries {
+    cursors_ensure: String,
+    cursors_acquire: String,
+    cursors_release: String,
+    window: String,
+    page: String,
+    advance: String,
+    producer_target: String,
+    set_producer_target: String,
+}
+
+impl Queries {
+    fn new(schema: &Schema) -> Self {
+        let mut file = catalog("log.sql", include_str!("../sql/log.sql"));
+        let queries = Self {
+            cursors_ensure: file.render("cursors_ensure", schema),
+            cursors_acquire: file.render("cursors_acquire", schema),
+            cursors_release: file.render("cursors_release", schema),
+            window: file.render("window", schema),
+            page: file.render("page", schema),
+            advance: file.render("advance", schema),
+            producer_target: file.render("producer_target", schema),
+            set_producer_target: file.render("set_producer_target", schema),
+        };
+        file.finish();
+        queries
+    }
+}
+
+/// The log and its cursors on one schema. Get one with [`crate::Store::log`].
+#[derive(Clone)]
+pub struct Log {
+    pool: PgPool,
+    sql: Arc<Queries>,
+}
+
+impl Log {
+    pub fn new(pool: PgPool, schema: &Schema) -> Self {
+        Self {
+            pool,
+            sql: Arc::new(Queries::new(schema)),
+        }
+    }
+
+    /// Make sure each destination has a cursor.
+    pub async fn ensure_cursors(&self, destinations: &[String]) -> Result<(), sqlx::Error> {
+        sqlx::query(&self.sql.cursors_ensure)
+            .bind(destinations)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Take or renew `owner`'s lease on the cursors of `destinations`;
+    /// returns the destinations it holds now.
+    pub async fn acquire(
+        &self,
+        owner: Uuid,
+        destinations: &[String],
+        lease: Duration,
+    ) -> Result<Vec<String>, sqlx::Error> {
+        sqlx::query_scalar(&self.sql.cursors_acquire)
+            .bind(owner)
+            .bind(destinations)
+            .bind(lease.as_secs_f64())
+            .fetch_all(&self.pool)
+            .await
+    }
+
+    /// Give up `owner`'s leases.
+    pub async fn release(&self, owner: Uuid) -> Result<(), sqlx::Error> {
+        sqlx::query(&self.sql.cursors_release)
+            .bind(owner)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// The window `destination`'s cursor reads now (opening one if needed);
+    /// `None` when `owner` does not hold the cursor.
+    pub async fn window(
+        &self,
+        destination: &str,
+        owner: Uuid,
+    ) -> Result<Option<LogWindow>, sqlx::Error> {
+        sqlx::query_as(&self.sql.window)
+            .bind(destination)
+            .bind(owner)
+            .fetch_optional(&self.pool)
+            .await
+    }
+
+    /// Up to `limit` events of `window` after its position, in id order.
+    pub async fn page(&self, window: &LogWindow, limit: i64) -> Result<Vec<LogEvent>, sqlx::Error> {
+        let rows: Vec<LogRow> = sqlx::query_as(&self.sql.page)
+            .bind(&window.lo)
+            .bind(&window.hi)
+            .bind(window.after_id)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter().map(LogRow::decode).collect()
+    }
+
+    /// Record that `window` was published up to `last_id` (`count` events);
+    /// `done` closes the window. False when `owner` lost the cursor.
+    pub async fn advance(
+        &self,
+        window: &LogWindow,
+        owner: Uuid,
+        last_id: i64,
+        count: i64,
+        done: bool,
+    ) -> Result<bool, sqlx::Error> {
+        let advanced: Option<bool> = sqlx::query_scalar(&self.sql.advance)
+            .bind(&window.destination)
+            .bind(owner)
+            .bind(last_id)
+            .bind(count)
+            .bind(done)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(advanced.unwrap_or(false))
+    }
+
+    /// Which table producers write to.
+    pub async fn producer_target(&self) -> Result<ProducerTarget, sqlx::Error> {
+        let target: String = sqlx::query_scalar(&self.sql.producer_target)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(if target == "log" {
+            ProducerTarget::Log
+        } else {
+            ProducerTarget::Outbox
+        })
+    }
+
+    /// Send producers to `target`.
+    pub async fn set_producer_target(&self, target: ProducerTarget) -> Result<(), sqlx::Error> {
+        sqlx::query(&self.sql.set_producer_target)
+            .bind(target.as_str())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,243 @@
+//! The log's snapshot windows are exact: every committed event is read once,
+//! none from a rolled-back transaction, whatever the commit order, and each
+//! aggregate's events in sequence order.
+
+use postbox_store::{Log, LogWindow, Store};
+use postbox_testkit::TestDb;
+use rand::Rng;
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+use uuid::Uuid;
+
+/// What a producer does in log mode: bump the aggregate's counter, then
+/// append the event (the same order as the library and the SQL function).
+const APPEND: &str = "WITH seq AS ( \
+       INSERT INTO {schema}.aggregate_sequences AS s (aggregate_type, aggregate_id, last_sequence) \
+       VALUES ('order', $2, 1) \
+       ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_sequence = s.last_sequence + 1 \
+       RETURNING s.last_sequence) \
+     INSERT INTO {schema}.log (event_id, event_type, aggregate_type, aggregate_id, payload, sequence) \
+     SELECT $1, 'order.placed', 'order', $2, '{}'::jsonb, seq.last_sequence FROM seq";
+
+struct Reader {
+    log: Log,
+    owner: Uuid,
+    destination: String,
+}
+
+impl Reader {
+    async fn new(db: &TestDb) -> Reader {
+        let log = Store::new(db.pool.clone(), db.schema.clone()).log();
+        let destination = "default".to_owned();
+        let owner = Uuid::new_v4();
+        log.ensure_cursors(std::slice::from_ref(&destination))
+            .await
+            .unwrap();
+        let held = log
+            .acquire(
+                owner,
+                std::slice::from_ref(&destination),
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        assert_eq!(held, [destination.clone()]);
+        Reader {
+            log,
+            owner,
+            destination,
+        }
+    }
+
+    /// Read one window to its end, page by page; returns (event id, aggregate, sequence).
+    async fn read_window(&self, page: i64) -> Vec<(Uuid, String, i64)> {
+        let mut out = Vec::new();
+        let mut window: LogWindow = self
+            .log
+            .window(&self.destination, self.owner)
+            .await
+            .unwrap()
+            .expect("the reader holds its cursor");
+        loop {
+            let events = self.log.page(&window, page).await.unwrap();
+            let done = (events.len() as i64) < page;
+            let last = events.last().map_or(window.after_id, |e| e.id);
+            for e in &events {
+                out.push((
+                    e.event.event_id,
+                    e.event.aggregate_id.clone(),
+                    e.event.sequence.unwrap(),
+                ));
+            }
+            assert!(self
+                .log
+                .advance(&window, self.owner, last, events.len() as i64, done)
+                .await
+                .unwrap());
+            if done {
+                return out;
+            }
+            window.after_id = last;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_transaction_held_open_is_read_when_it_commits_and_a_rollback_never() {
+    let db = TestDb::new().await;
+    let append = db.sql(APPEND);
+    let reader = Reader::new(&db).await;
+
+    let (held, late, lost) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
+    let mut open = db.pool.begin().await.unwrap();
+    sqlx::query(&append)
+        .bind(held)
+        .bind("a")
+        .execute(&mut *open)
+        .await
+        .unwrap();
+    let mut rolled_back = db.pool.begin().await.unwrap();
+    sqlx::query(&append)
+        .bind(lost)
+        .bind("c")
+        .execute(&mut *rolled_back)
+        .await
+        .unwrap();
+    // A later transaction (a higher id, a higher txid) commits first.
+    sqlx::query(&append)
+        .bind(late)
+        .bind("b")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+
+    let first = reader.read_window(10).await;
+    assert_eq!(ids(&first), [late], "only the committed event so far");
+    assert!(reader.read_window(10).await.is_empty());
+
+    open.commit().await.unwrap();
+    rolled_back.rollback().await.unwrap();
+    let second = reader.read_window(10).await;
+    assert_eq!(ids(&second), [held], "the held event, once it committed");
+    assert!(reader.read_window(10).await.is_empty(), "nothing twice");
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn randomized_producers_are_read_exactly_once_in_aggregate_order() {
+    let db = TestDb::new().await;
+    let append = db.sql(APPEND);
+    let reader = Reader::new(&db).await;
+    let producers = 8;
+    let per_producer = 60;
+    let pool = db.another_pool(producers + 2).await;
+
+    let mut tasks = Vec::new();
+    for p in 0..producers {
+        let pool = pool.clone();
+        let append = append.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut committed = Vec::new();
+            for _ in 0..per_producer {
+                let (events, hold, commit, aggregate) = {
+                    let mut rng = rand::rng();
+                    (
+                        rng.random_range(1..4),
+                        rng.random_range(0..15u64),
+                        rng.random_bool(0.8),
+                        format!("agg-{}", rng.random_range(0..6)),
+                    )
+                };
+                let mut tx = pool.begin().await.unwrap();
+                let mut ids = Vec::new();
+                for _ in 0..events {
+                    let id = Uuid::now_v7();
+                    sqlx::query(&append)
+                        .bind(id)
+                        .bind(&aggregate)
+                        .execute(&mut *tx)
+                        .await
+                        .unwrap();
+                    ids.push(id);
+                }
+                // Some transactions stay open while others commit around them.
+                tokio::time::sleep(Duration::from_millis(hold)).await;
+                if commit {
+                    tx.commit().await.unwrap();
+                    committed.extend(ids);
+                } else {
+                    tx.rollback().await.unwrap();
+                }
+            }
+            (p, committed)
+        }));
+    }
+
+    let mut read = Vec::new();
+    let mut expected = HashSet::new();
+    while !tasks.is_empty() {
+        read.extend(reader.read_window(7).await);
+        let (done, running): (Vec<_>, Vec<_>) = tasks.into_iter().partition(|t| t.is_finished());
+        tasks = running;
+        for task in done {
+            let (_, committed) = task.await.unwrap();
+            expected.extend(committed);
+        }
+    }
+    // Everything committed is visible now: one last window takes the rest.
+    read.extend(reader.read_window(7).await);
+
+    let got: Vec<Uuid> = ids(&read);
+    let unique: HashSet<Uuid> = got.iter().copied().collect();
+    assert_eq!(unique.len(), got.len(), "an event was read twice");
+    let missing = expected.difference(&unique).count();
+    let extra = unique.difference(&expected).count();
+    assert!(
+        missing == 0 && extra == 0,
+        "{missing} committed events never read, {extra} read that were never committed \
+         (of {} committed)",
+        expected.len()
+    );
+
+    let mut last: BTreeMap<String, i64> = BTreeMap::new();
+    for (_, aggregate, sequence) in &read {
+        let before = last.insert(aggregate.clone(), *sequence).unwrap_or(0);
+        assert!(
+            *sequence > before,
+            "{aggregate}: sequence {sequence} read after {before}"
+        );
+    }
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn a_second_owner_cannot_read_a_held_cursor_until_its_lease_ends() {
+    let db = TestDb::new().await;
+    let reader = Reader::new(&db).await;
+    let other = Uuid::new_v4();
+    let destinations = [reader.destination.clone()];
+    let held = reader
+        .log
+        .acquire(other, &destinations, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(held.is_empty(), "the cursor is leased to the first reader");
+    assert!(reader
+        .log
+        .window(&reader.destination, other)
+        .await
+        .unwrap()
+        .is_none());
+    reader.log.release(reader.owner).await.unwrap();
+    let held = reader
+        .log
+        .acquire(other, &destinations, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(held, destinations, "released leases are taken at once");
+    db.drop_schema().await;
+}
+
+fn ids(read: &[(Uuid, String, i64)]) -> Vec<Uuid> {
+    read.iter().map(|(id, _, _)| *id).collect()
+}
