@@ -20,11 +20,38 @@ impl ConfigError {
     }
 }
 
+/// How a relay reads committed events.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReadMode {
+    /// Claim due rows of the outbox table under leases, mark them sent.
+    #[default]
+    Claim,
+    /// Read the append-only log by snapshot windows, one cursor per
+    /// destination; events a destination does not take go to the outbox's
+    /// retry and dead-letter machinery, which runs alongside.
+    Log,
+}
+
+impl std::str::FromStr for ReadMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "claim" => Ok(ReadMode::Claim),
+            "log" => Ok(ReadMode::Log),
+            other => Err(format!("unknown mode {other:?}: expected claim or log")),
+        }
+    }
+}
+
 /// How the relay claims, publishes and retries (`[relay]` in the config file).
 /// Durations are written like `500ms`, `30s`, `10m`.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RelayConfig {
+    /// How the relay reads events: `claim` (the outbox table, claims under
+    /// leases) or `log` (the append-only log, snapshot cursors per destination).
+    pub mode: ReadMode,
     /// Events claimed under one lease and handed to the sink at once (1–10000).
     pub batch_size: u32,
     /// Longest wait between two claims when no notification arrives.
@@ -65,6 +92,7 @@ pub struct RelayConfig {
 impl Default for RelayConfig {
     fn default() -> Self {
         Self {
+            mode: ReadMode::Claim,
             batch_size: 500,
             poll_interval: Duration::from_secs(1),
             lease: Duration::from_secs(60),

@@ -12,6 +12,7 @@ pub mod cloudevents;
 pub mod config;
 pub mod failpoint;
 pub mod health;
+mod log_mode;
 pub mod metrics;
 pub mod relay;
 pub mod retention;
@@ -23,7 +24,7 @@ pub mod store;
 /// Secret masking and payload redaction (shared with the console and the CLI).
 pub use postbox::redact;
 
-pub use config::{ConfigError, RelayConfig};
+pub use config::{ConfigError, ReadMode, RelayConfig};
 pub use health::HealthConfig;
 pub use postbox_store::Store;
 pub use relay::{Relay, RunMode, Stats, StatsSnapshot};

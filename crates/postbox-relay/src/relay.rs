@@ -23,7 +23,7 @@
 //! No transaction is ever open while a sink publishes.
 
 use crate::backoff;
-use crate::config::{ConfigError, RelayConfig};
+use crate::config::{ConfigError, ReadMode, RelayConfig};
 use crate::failpoint;
 use crate::health::{self, HealthConfig};
 use crate::metrics as m;
@@ -101,19 +101,30 @@ pub struct Relay {
 }
 
 /// Shared between the relay's tasks for one `run`.
-struct Shared {
-    store: Store,
-    router: Arc<Router>,
+pub(crate) struct Shared {
+    pub(crate) store: Store,
+    pub(crate) router: Arc<Router>,
     /// The ordered claim's patterns; `None`: the plain claim.
     order: Option<ClaimOrder>,
-    config: RelayConfig,
-    stats: Arc<Stats>,
+    pub(crate) config: RelayConfig,
+    pub(crate) stats: Arc<Stats>,
     /// Woken by notifications and by the settler.
     wake: Notify,
+    /// Bumped by every notification, for log mode's readers (one per destination).
+    pub(crate) log_wake: tokio::sync::watch::Sender<u64>,
     /// Batches claimed and not yet settled by this process.
     in_flight: AtomicUsize,
     /// Cancelled on SIGTERM: stop claiming, release what was not published.
-    shutdown: CancellationToken,
+    pub(crate) shutdown: CancellationToken,
+}
+
+impl Shared {
+    /// A notification came (or may have been missed): wake the claimer and
+    /// every log reader.
+    fn wake_all(&self) {
+        self.wake.notify_one();
+        self.log_wake.send_modify(|n| *n = n.wrapping_add(1));
+    }
 }
 
 const DB_RETRY_BASE: Duration = Duration::from_millis(100);
@@ -199,6 +210,7 @@ impl Relay {
             config: self.config.clone(),
             stats: self.stats.clone(),
             wake: Notify::new(),
+            log_wake: tokio::sync::watch::channel(0).0,
             in_flight: AtomicUsize::new(0),
             shutdown,
         });
@@ -234,10 +246,27 @@ impl Relay {
             schema = %shared.store.schema(),
             batch_size = shared.config.batch_size,
             ordered = shared.order.is_some(),
+            read = ?shared.config.mode,
             ?mode,
             "relay started"
         );
-        claim_loop(&shared, mode, to_publish).await;
+        let readers = match shared.config.mode {
+            ReadMode::Claim => Vec::new(),
+            ReadMode::Log => self.start_log_readers(&shared, mode).await,
+        };
+        if mode == RunMode::Drain {
+            // The readers hand what they could not deliver to the outbox:
+            // drain the log first, then what was handed off.
+            for reader in readers {
+                let _ = reader.await;
+            }
+            claim_loop(&shared, mode, to_publish).await;
+        } else {
+            claim_loop(&shared, mode, to_publish).await;
+            for reader in readers {
+                let _ = reader.await;
+            }
+        }
 
         // The claimer has stopped and dropped its sender: the publisher and the
         // settler finish what is in their channels, then end.
@@ -267,6 +296,41 @@ impl Relay {
         let stats = self.stats.snapshot();
         tracing::info!(?stats, "relay stopped");
         stats
+    }
+}
+
+impl Relay {
+    /// Log mode: a cursor per destination, and a reader task for each.
+    async fn start_log_readers(
+        &self,
+        shared: &Arc<Shared>,
+        mode: RunMode,
+    ) -> Vec<AbortOnDropHandle<()>> {
+        let names: Vec<String> = self
+            .router
+            .destinations()
+            .iter()
+            .map(|d| d.name.clone())
+            .collect();
+        let mut failures = 0;
+        loop {
+            match shared.store.log().ensure_cursors(&names).await {
+                Ok(()) => break,
+                Err(e) => {
+                    failures += 1;
+                    let delay = backoff::full_jitter(failures, DB_RETRY_BASE, DB_RETRY_MAX);
+                    tracing::warn!(error = %sanitize_error(&e.to_string()), retry_in = ?delay, "creating the log cursors failed");
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = shared.shutdown.cancelled() => return Vec::new(),
+                    }
+                }
+            }
+        }
+        let owner = uuid::Uuid::new_v4();
+        (0..names.len())
+            .map(|d| spawn(crate::log_mode::read_loop(shared.clone(), d, owner, mode)))
+            .collect()
     }
 }
 
@@ -551,7 +615,7 @@ async fn publish_round(shared: &Shared, claim: Claim) -> Published {
 
 /// Publish `messages` to destination `d`, bounded by `publish_timeout`; a sink
 /// that panics, overruns or miscounts yields retries.
-async fn publish_to(shared: &Shared, d: usize, messages: &[Message]) -> Vec<Outcome> {
+pub(crate) async fn publish_to(shared: &Shared, d: usize, messages: &[Message]) -> Vec<Outcome> {
     let destination = &shared.router.destinations()[d];
     let sink = &destination.sink;
     let publish = AssertUnwindSafe(sink.publish(messages)).catch_unwind();
@@ -932,7 +996,7 @@ async fn probe_listen(
                     return Ok(());
                 }
                 // Another relay's probe or a new event: wake the claimer, keep waiting.
-                Ok(Some(_)) => shared.wake.notify_one(),
+                Ok(Some(_)) => shared.wake_all(),
                 Ok(None) | Err(_) => return Err("the LISTEN connection dropped during the probe".into()),
             },
             _ = tokio::time::sleep_until(deadline) => {
@@ -990,15 +1054,15 @@ async fn listen_loop(shared: Arc<Shared>, stop: CancellationToken) {
         loop {
             tokio::select! {
                 n = listener.try_recv() => match n {
-                    Ok(Some(_)) => shared.wake.notify_one(),
+                    Ok(Some(_)) => shared.wake_all(),
                     Ok(None) => {
                         // Connection lost: notifications may have been missed.
-                        shared.wake.notify_one();
+                        shared.wake_all();
                         tracing::warn!("LISTEN connection lost; reconnecting");
                         break;
                     }
                     Err(e) => {
-                        shared.wake.notify_one();
+                        shared.wake_all();
                         tracing::warn!(error = %sanitize_error(&e.to_string()), "LISTEN failed; reconnecting");
                         break;
                     }

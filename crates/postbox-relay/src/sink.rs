@@ -60,6 +60,23 @@ impl From<postbox_store::ClaimedEvent> for Message {
     }
 }
 
+impl From<&postbox_store::ClaimedEvent> for Message {
+    fn from(e: &postbox_store::ClaimedEvent) -> Self {
+        Self {
+            event_id: e.event_id,
+            event_type: e.event_type.clone(),
+            aggregate_type: e.aggregate_type.clone(),
+            aggregate_id: e.aggregate_id.clone(),
+            schema_version: e.schema_version,
+            payload: e.payload.clone(),
+            headers: e.headers.clone(),
+            created_at: e.created_at,
+            attempt: e.attempt,
+            sequence: e.sequence,
+        }
+    }
+}
+
 /// What happened to one message.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {

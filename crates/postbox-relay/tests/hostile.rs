@@ -568,6 +568,7 @@ fn relay_config() -> impl Strategy<Value = RelayConfig> {
                 (batch_size, poll_interval, lease, publish_timeout, max_attempts),
                 (backoff_base, backoff_max, rescue_interval, listen, shutdown_timeout),
             )| RelayConfig {
+                mode: postbox_relay::ReadMode::Claim,
                 batch_size,
                 poll_interval,
                 lease,

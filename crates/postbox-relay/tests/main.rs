@@ -5,11 +5,13 @@ mod support;
 mod engine;
 mod health;
 mod hostile;
+mod log_mode;
 mod metrics;
 mod ordering;
 mod quarantine;
 mod redis_sink;
 mod retention_idempotency;
+mod roles;
 mod routing;
 
 mod amqp;

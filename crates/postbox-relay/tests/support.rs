@@ -16,6 +16,7 @@ use uuid::Uuid;
 /// Fast settings for tests: short polls, tiny backoff.
 pub fn fast_config() -> RelayConfig {
     RelayConfig {
+        mode: postbox_relay::ReadMode::Claim,
         batch_size: 100,
         poll_interval: Duration::from_millis(50),
         lease: Duration::from_secs(30),

@@ -50,14 +50,18 @@ SELECT count(*) FROM kept;
 
 -- name: purge_inbox
 -- Retention: delete up to $2 inbox records processed more than $1 seconds ago
--- (reads the processed_at index).
+-- (reads the processed_at index). No row lock in the subquery: locking needs
+-- UPDATE, which the relay role has no use for on the inbox, and nothing but a
+-- purge ever locks an inbox row (consumers only insert them), so SKIP LOCKED
+-- would only keep two purges apart. Two purges side by side take the same
+-- oldest rows: the second waits for the first to commit, then finds them gone
+-- (a short batch ends its pass).
 DELETE FROM {schema}.inbox
 WHERE ctid = ANY(ARRAY(
     SELECT ctid FROM {schema}.inbox
     WHERE processed_at < now() - make_interval(secs => $1)
     ORDER BY processed_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED));
+    LIMIT $2));
 
 -- name: vacuum_outbox
 -- Make the space of removed and updated outbox rows reusable, and refresh the

@@ -21,26 +21,45 @@ $roles$;
 
 GRANT USAGE ON SCHEMA {schema} TO {producer}, {relay}, {monitor};
 
--- Producer: can enqueue (the SQL function, or an INSERT as the Rust library
--- does) and nothing else: it cannot read, change or delete events.
-GRANT INSERT ON {schema}.outbox TO {producer};
-GRANT EXECUTE ON FUNCTION {schema}.enqueue(text, text, text, jsonb, jsonb) TO {producer};
-GRANT EXECUTE ON FUNCTION {schema}.uuid_v7() TO {producer};
--- Enqueueing numbers the event within its aggregate (an upsert of its counter).
-GRANT SELECT, INSERT, UPDATE ON {schema}.aggregate_sequences TO {producer};
+-- Producer: can enqueue and nothing else. It calls the SECURITY DEFINER
+-- enqueue functions (migration 7; the Rust library calls enqueue_one and
+-- enqueue_many), which alone write the outbox and the sequence counters, so
+-- it cannot add an event already sent or failed, due in the far future, with
+-- an error or a lease, nor renumber an aggregate; and it cannot read, change
+-- or delete events. The REVOKEs take back what earlier versions of this
+-- script granted.
+REVOKE ALL ON {schema}.outbox, {schema}.aggregate_sequences FROM {producer};
+GRANT EXECUTE ON FUNCTION
+    {schema}.enqueue(text, text, text, jsonb, jsonb),
+    {schema}.enqueue_one(uuid, text, text, text, integer, jsonb, jsonb),
+    {schema}.enqueue_many(uuid[], text[], text[], text[], integer[], jsonb[], jsonb[]),
+    {schema}.uuid_v7()
+  TO {producer};
 -- Request idempotency keys are written in the producer's own transaction.
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.idempotency_keys TO {producer};
 
--- Relay: claims, settles and rescues events, and runs retention.
-GRANT SELECT, UPDATE, DELETE ON {schema}.outbox TO {relay};
+-- Relay: claims, settles and rescues events, and runs retention. It changes
+-- only an event's delivery state (status, attempts, when it is due, its lease,
+-- when it was sent, its last error), never what the event says (type,
+-- aggregate, sequence, payload, headers) nor an operator's resolution. The
+-- REVOKE takes back the table-wide UPDATE earlier versions granted (and with
+-- it the column grants, given again below).
+REVOKE UPDATE ON {schema}.outbox FROM {relay};
+GRANT SELECT, DELETE ON {schema}.outbox TO {relay};
+GRANT UPDATE (status, attempts, available_at, lease_token, lease_expires_at, sent_at, last_error)
+  ON {schema}.outbox TO {relay};
 -- The relay checks at start-up that the schema is migrated.
 GRANT SELECT ON {schema}.schema_migrations TO {relay};
 GRANT SELECT, INSERT ON {schema}.outbox_archive TO {relay};
 GRANT SELECT, DELETE ON {schema}.inbox TO {relay};
 -- Per-destination state of fan-out events.
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.deliveries TO {relay};
--- Retention purges expired request idempotency keys.
+-- Retention purges expired request idempotency keys. The purge locks them
+-- (FOR UPDATE SKIP LOCKED: it skips a key whose request is restarting it
+-- right now rather than wait for that request), and a row lock needs UPDATE
+-- on at least one column: created_at, which no decision reads.
 GRANT SELECT, DELETE ON {schema}.idempotency_keys TO {relay};
+GRANT UPDATE (created_at) ON {schema}.idempotency_keys TO {relay};
 
 -- Monitor: read-only, for `postbox status` and dashboards (every table of
 -- the schema as of this run: run it again after an upgrade).

@@ -35,7 +35,7 @@ pub use dead_letters::{
     MAX_REASON_BYTES,
 };
 pub use events::{DeliveryRecord, EventQuery, EventRecord, EventRow, Events, Status, StatusFilter};
-pub use log::{Log, LogEvent, LogWindow, ProducerTarget};
+pub use log::{Handoff, Log, LogEvent, LogWindow, ProducerTarget};
 pub use relay::{
     AttemptsCount, Claim, ClaimOrder, ClaimedEvent, DbHealth, DeliveryState, DeliveryUpdate,
     DestinationCounts, Failure, Gauges, NextDue, RelayCommit, Rescued, Settled, StatusCounts,

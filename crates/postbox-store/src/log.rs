@@ -98,6 +98,7 @@ struct Queries {
     advance: String,
     producer_target: String,
     set_producer_target: String,
+    handoff: String,
 }
 
 impl Queries {
@@ -112,10 +113,28 @@ impl Queries {
             advance: file.render("advance", schema),
             producer_target: file.render("producer_target", schema),
             set_producer_target: file.render("set_producer_target", schema),
+            handoff: file.render("handoff", schema),
         };
         file.finish();
         queries
     }
+}
+
+/// An event a destination did not take, leaving the log for the outbox's
+/// retry and dead-letter machinery.
+#[derive(Debug)]
+pub struct Handoff<'a> {
+    pub event: &'a ClaimedEvent,
+    /// Rejected or out of attempts: a dead letter now.
+    pub dead: bool,
+    /// Until the retry (ignored for a dead letter).
+    pub delay: Duration,
+    /// Attempts so far: 1, or 0 for an event the sink deferred without trying.
+    pub attempts: i32,
+    /// Already sanitized.
+    pub error: String,
+    /// The other destinations a fan-out event routes to (empty otherwise).
+    pub others: Vec<String>,
 }
 
 /// The log and its cursors on one schema. Get one with [`crate::Store::log`].
@@ -158,10 +177,11 @@ impl Log {
             .await
     }
 
-    /// Give up `owner`'s leases.
-    pub async fn release(&self, owner: Uuid) -> Result<(), sqlx::Error> {
+    /// Give up `owner`'s leases on the cursors of `destinations`.
+    pub async fn release(&self, owner: Uuid, destinations: &[String]) -> Result<(), sqlx::Error> {
         sqlx::query(&self.sql.cursors_release)
             .bind(owner)
+            .bind(destinations)
             .execute(&self.pool)
             .await?;
         Ok(())
@@ -212,6 +232,108 @@ impl Log {
             .fetch_optional(&self.pool)
             .await?;
         Ok(advanced.unwrap_or(false))
+    }
+
+    /// Move the cursor past a published page as [`Log::advance`] does, and
+    /// hand `handoffs` (the events `window.destination` did not take) to the
+    /// outbox in the same transaction. False when `owner` lost the cursor:
+    /// nothing was written.
+    pub async fn settle_page(
+        &self,
+        window: &LogWindow,
+        owner: Uuid,
+        last_id: i64,
+        count: i64,
+        done: bool,
+        handoffs: &[Handoff<'_>],
+    ) -> Result<bool, sqlx::Error> {
+        if handoffs.is_empty() {
+            return self.advance(window, owner, last_id, count, done).await;
+        }
+        let mut tx = self.pool.begin().await?;
+        let advanced: Option<bool> = sqlx::query_scalar(&self.sql.advance)
+            .bind(&window.destination)
+            .bind(owner)
+            .bind(last_id)
+            .bind(count)
+            .bind(done)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if advanced != Some(true) {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        let e = |f: fn(&ClaimedEvent) -> String| -> Vec<String> {
+            handoffs.iter().map(|h| f(h.event)).collect()
+        };
+        let headers: Vec<String> = handoffs
+            .iter()
+            .map(|h| serde_json::to_string(&h.event.headers).unwrap_or_else(|_| "{}".into()))
+            .collect();
+        let (mut other_ids, mut other_names) = (Vec::new(), Vec::new());
+        for h in handoffs {
+            for name in &h.others {
+                other_ids.push(h.event.event_id);
+                other_names.push(name.as_str());
+            }
+        }
+        sqlx::query(&self.sql.handoff)
+            .bind(&window.destination)
+            .bind(
+                handoffs
+                    .iter()
+                    .map(|h| h.event.event_id)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(e(|v| v.event_type.clone()))
+            .bind(e(|v| v.aggregate_type.clone()))
+            .bind(e(|v| v.aggregate_id.clone()))
+            .bind(
+                handoffs
+                    .iter()
+                    .map(|h| h.event.schema_version)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(e(|v| v.payload.get().to_owned()))
+            .bind(&headers)
+            .bind(
+                handoffs
+                    .iter()
+                    .map(|h| h.event.sequence)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                handoffs
+                    .iter()
+                    .map(|h| h.event.created_at)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(handoffs.iter().map(|h| h.dead).collect::<Vec<_>>())
+            .bind(
+                handoffs
+                    .iter()
+                    .map(|h| h.delay.as_secs_f64())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                handoffs
+                    .iter()
+                    .map(|h| !h.others.is_empty())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(&other_ids)
+            .bind(&other_names)
+            .bind(
+                handoffs
+                    .iter()
+                    .map(|h| h.error.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(handoffs.iter().map(|h| h.attempts).collect::<Vec<_>>())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// Which table producers write to.

@@ -41,7 +41,7 @@ impl Reader {
             )
             .await
             .unwrap();
-        assert_eq!(held, [destination.clone()]);
+        assert_eq!(held, std::slice::from_ref(&destination));
         Reader {
             log,
             owner,
@@ -228,7 +228,11 @@ async fn a_second_owner_cannot_read_a_held_cursor_until_its_lease_ends() {
         .await
         .unwrap()
         .is_none());
-    reader.log.release(reader.owner).await.unwrap();
+    reader
+        .log
+        .release(reader.owner, &destinations)
+        .await
+        .unwrap();
     let held = reader
         .log
         .acquire(other, &destinations, Duration::from_secs(60))

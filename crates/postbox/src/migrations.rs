@@ -57,6 +57,16 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "log",
         sql: include_str!("../migrations/0007_log.sql"),
     },
+    Migration {
+        version: 8,
+        name: "least_privilege",
+        sql: include_str!("../migrations/0008_least_privilege.sql"),
+    },
+    Migration {
+        version: 9,
+        name: "log_producers",
+        sql: include_str!("../migrations/0009_log_producers.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.

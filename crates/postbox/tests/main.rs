@@ -4,6 +4,7 @@ mod enqueue;
 mod hostile;
 mod idempotency;
 mod inbox;
+mod least_privilege;
 mod migrate;
 mod received;
 mod sequences;

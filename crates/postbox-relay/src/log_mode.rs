@@ -1,0 +1,236 @@
+//! Log mode's reader: one task per destination, reading that destination's
+//! cursor over the append-only log (see `postbox_store::Log`).
+//!
+//! Each round reads one page of the cursor's window, publishes the events
+//! that route to the destination, and then — in one transaction — moves the
+//! cursor past the page and hands the events the destination did not take to
+//! the outbox, where the claim loop (running alongside) retries them with
+//! backoff or keeps them as dead letters. So a poison event never stops the
+//! cursor, a slow destination never holds a fast one back, and a crash
+//! between publishing and moving redelivers at most one page.
+
+use crate::backoff;
+use crate::metrics as m;
+use crate::redact::sanitize_error;
+use crate::relay::{publish_to, RunMode, Shared};
+use crate::sink::{Message, Outcome};
+use postbox_store::{Handoff, LogEvent};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+const DB_RETRY_BASE: Duration = Duration::from_millis(100);
+const DB_RETRY_MAX: Duration = Duration::from_secs(10);
+
+/// Read destination `d`'s cursor until shutdown (or, draining, until a
+/// window comes back empty).
+pub(crate) async fn read_loop(shared: Arc<Shared>, d: usize, owner: Uuid, mode: RunMode) {
+    let log = shared.store.log();
+    let name = shared.router.destinations()[d].name.clone();
+    let names = [name.clone()];
+    let config = &shared.config;
+    let batch = i64::from(config.batch_size);
+    let mut held_until: Option<Instant> = None;
+    let mut failures = 0;
+    let mut wake = shared.log_wake.subscribe();
+    while !shared.shutdown.is_cancelled() {
+        let round = async {
+            if held_until.is_none_or(|t| Instant::now() >= t) {
+                if log.acquire(owner, &names, config.lease).await?.is_empty() {
+                    held_until = None;
+                    return Ok::<_, sqlx::Error>(Round::NotHeld);
+                }
+                held_until = Some(Instant::now() + config.lease / 3);
+            }
+            let Some(window) = log.window(&name, owner).await? else {
+                held_until = None;
+                return Ok(Round::NotHeld);
+            };
+            let page = log.page(&window, batch).await?;
+            let done = (page.len() as i64) < batch;
+            let last = page.last().map_or(window.after_id, |e| e.id);
+            let (delivered, handoffs) = publish_page(&shared, d, &page).await;
+            let handoffs: Vec<Handoff<'_>> = handoffs
+                .into_iter()
+                .map(|(i, h)| h.into_handoff(&page[i]))
+                .collect();
+            let kept = log
+                .settle_page(&window, owner, last, delivered as i64, done, &handoffs)
+                .await?;
+            if !kept {
+                tracing::warn!(destination = %name, "lost the log cursor's lease; another relay reads it now");
+                held_until = None;
+                return Ok(Round::NotHeld);
+            }
+            count(&shared, delivered, &handoffs);
+            Ok(if !done {
+                Round::More
+            } else if page.is_empty() {
+                Round::Idle
+            } else {
+                Round::WindowDone
+            })
+        };
+        match round.await {
+            Ok(Round::More | Round::WindowDone) => failures = 0,
+            Ok(Round::Idle) => {
+                failures = 0;
+                if mode == RunMode::Drain {
+                    break;
+                }
+                wait(&shared, &mut wake, config.poll_interval).await;
+            }
+            Ok(Round::NotHeld) => {
+                // Another relay holds this cursor: try again after a while.
+                wait(&shared, &mut wake, config.poll_interval).await;
+            }
+            Err(e) => {
+                failures += 1;
+                let delay = backoff::full_jitter(failures, DB_RETRY_BASE, DB_RETRY_MAX);
+                tracing::warn!(destination = %name, error = %sanitize_error(&e.to_string()), retry_in = ?delay, "reading the log failed");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shared.shutdown.cancelled() => {}
+                }
+            }
+        }
+    }
+    if let Err(e) = log.release(owner, &names).await {
+        tracing::debug!(error = %sanitize_error(&e.to_string()), "could not release the log cursors' leases; they expire by themselves");
+    }
+}
+
+enum Round {
+    /// The window has more events.
+    More,
+    /// The window is done; the next one may hold more.
+    WindowDone,
+    /// Nothing new was committed.
+    Idle,
+    /// Another relay holds the cursor.
+    NotHeld,
+}
+
+async fn wait(shared: &Shared, wake: &mut tokio::sync::watch::Receiver<u64>, delay: Duration) {
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => {}
+        _ = wake.changed() => {}
+        _ = shared.shutdown.cancelled() => {}
+    }
+}
+
+/// What to do with an event the destination did not take.
+struct Pending {
+    dead: bool,
+    delay: Duration,
+    attempts: i32,
+    error: String,
+    others: Vec<String>,
+}
+
+impl Pending {
+    fn into_handoff(self, event: &LogEvent) -> Handoff<'_> {
+        Handoff {
+            event: &event.event,
+            dead: self.dead,
+            delay: self.delay,
+            attempts: self.attempts,
+            error: self.error,
+            others: self.others,
+        }
+    }
+}
+
+/// Publish the page's events that route to `d`; returns how many were
+/// delivered and, by page index, the ones to hand off.
+async fn publish_page(
+    shared: &Shared,
+    d: usize,
+    page: &[LogEvent],
+) -> (usize, Vec<(usize, Pending)>) {
+    let router = &shared.router;
+    let config = &shared.config;
+    let mut mine = Vec::with_capacity(page.len());
+    let mut targets_of = Vec::with_capacity(page.len());
+    for (i, e) in page.iter().enumerate() {
+        let targets = router.targets(&e.event.event_type);
+        if targets.contains(&d) {
+            mine.push(i);
+            targets_of.push(targets);
+        }
+    }
+    if mine.is_empty() {
+        return (0, Vec::new());
+    }
+    let messages: Vec<Message> = mine
+        .iter()
+        .map(|&i| Message::from(&page[i].event))
+        .collect();
+    let outcomes = publish_to(shared, d, &messages).await;
+    let mut delivered = 0;
+    let mut handoffs = Vec::new();
+    for ((&i, outcome), targets) in mine.iter().zip(outcomes).zip(targets_of) {
+        let others = || -> Vec<String> {
+            targets
+                .iter()
+                .filter(|&&t| t != d)
+                .map(|&t| router.destinations()[t].name.clone())
+                .collect()
+        };
+        let pending = match outcome {
+            Outcome::Delivered => {
+                delivered += 1;
+                continue;
+            }
+            Outcome::Retry { error, after } => Pending {
+                dead: config.max_attempts <= 1,
+                delay: after
+                    .unwrap_or_else(|| {
+                        backoff::full_jitter(1, config.backoff_base, config.backoff_max)
+                    })
+                    .min(config.backoff_max),
+                attempts: 1,
+                error: sanitize_error(&error),
+                others: others(),
+            },
+            Outcome::Deferred { reason, after } => Pending {
+                dead: false,
+                delay: after.unwrap_or(config.backoff_base).min(config.backoff_max),
+                attempts: 0,
+                error: sanitize_error(&reason),
+                others: others(),
+            },
+            Outcome::Reject { error } => {
+                let error = sanitize_error(&error);
+                tracing::warn!(event_id = %page[i].event.event_id, event_type = %page[i].event.event_type, %error, "rejected by the sink; dead-lettered");
+                Pending {
+                    dead: true,
+                    delay: Duration::ZERO,
+                    attempts: 1,
+                    error,
+                    others: others(),
+                }
+            }
+        };
+        handoffs.push((i, pending));
+    }
+    (delivered, handoffs)
+}
+
+fn count(shared: &Shared, delivered: usize, handoffs: &[Handoff<'_>]) {
+    let dead = handoffs.iter().filter(|h| h.dead).count();
+    let stats = &shared.stats;
+    stats
+        .delivered
+        .fetch_add(delivered as u64, Ordering::Relaxed);
+    stats
+        .retried
+        .fetch_add((handoffs.len() - dead) as u64, Ordering::Relaxed);
+    stats
+        .dead_lettered
+        .fetch_add(dead as u64, Ordering::Relaxed);
+    if dead > 0 {
+        metrics::counter!(m::DEAD_LETTERED).increment(dead as u64);
+    }
+}

@@ -1,0 +1,256 @@
+//! Log mode: events appended to the log are delivered by per-destination
+//! cursors; what a destination does not take goes to the outbox's retries and
+//! dead letters; a transaction held open is delivered once it commits.
+
+use crate::support::*;
+use postbox_relay::{
+    Destination, Outcome, ReadMode, Relay, RelayConfig, RouteConfig, Router, RunMode,
+};
+use postbox_testkit::{wait_for, TestDb};
+use std::collections::HashMap;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// A producer in log mode (the same statement shape as the library's).
+const APPEND: &str = "WITH seq AS ( \
+       INSERT INTO {schema}.aggregate_sequences AS s (aggregate_type, aggregate_id, last_sequence) \
+       VALUES ('order', $2, 1) \
+       ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_sequence = s.last_sequence + 1 \
+       RETURNING s.last_sequence) \
+     INSERT INTO {schema}.log (event_id, event_type, aggregate_type, aggregate_id, payload, sequence) \
+     SELECT $1, $3, 'order', $2, '{}'::jsonb, seq.last_sequence FROM seq";
+
+async fn append(db: &TestDb, n: usize, event_type: &str) -> Vec<Uuid> {
+    let sql = db.sql(APPEND);
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let id = Uuid::now_v7();
+        sqlx::query(&sql)
+            .bind(id)
+            .bind(format!("a{}", i % 7))
+            .bind(event_type)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        ids.push(id);
+    }
+    ids
+}
+
+fn log_config() -> RelayConfig {
+    RelayConfig {
+        mode: ReadMode::Log,
+        batch_size: 40,
+        ..fast_config()
+    }
+}
+
+async fn drain_with(
+    db: &TestDb,
+    router: Router,
+    config: RelayConfig,
+) -> postbox_relay::StatsSnapshot {
+    let relay = Relay::with_router(store(db), router, config).unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        relay.run(RunMode::Drain, CancellationToken::new()),
+    )
+    .await
+    .expect("the relay drains within the timeout")
+}
+
+fn times(sink: &ScriptedSink) -> HashMap<Uuid, usize> {
+    let mut m = HashMap::new();
+    for id in sink.ids() {
+        *m.entry(id).or_default() += 1;
+    }
+    m
+}
+
+#[tokio::test]
+async fn every_event_is_delivered_once_and_no_event_row_is_updated() {
+    let db = TestDb::new().await;
+    let ids = append(&db, 300, "order.created").await;
+    let sink = ScriptedSink::delivering();
+    let stats = drain_with(&db, Router::single(sink.clone()), log_config()).await;
+    assert_eq!(stats.delivered, 300);
+    let seen = times(&sink);
+    assert_eq!(seen.len(), 300);
+    assert!(seen.values().all(|&n| n == 1), "each event once");
+    assert!(ids.iter().all(|id| seen.contains_key(id)));
+    assert_eq!(
+        db.count("SELECT count(*) FROM {schema}.outbox").await,
+        0,
+        "nothing went through the outbox"
+    );
+    // The log's rows were only ever inserted: none deleted, none updated or locked.
+    assert_eq!(db.count("SELECT count(*) FROM {schema}.log").await, 300);
+    assert_eq!(
+        db.count("SELECT count(*) FROM {schema}.log WHERE xmax <> 0")
+            .await,
+        0
+    );
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn retries_and_rejections_leave_the_log_for_the_outbox() {
+    let db = TestDb::new().await;
+    let ids = append(&db, 60, "order.created").await;
+    let (flaky, poison) = (ids[5], ids[17]);
+    let sink = ScriptedSink::new(move |m, seen| {
+        if m.event_id == poison {
+            Outcome::Reject {
+                error: "schema mismatch".into(),
+            }
+        } else if m.event_id == flaky && seen < 2 {
+            Outcome::Retry {
+                error: "try later".into(),
+                after: Some(Duration::from_millis(10)),
+            }
+        } else {
+            Outcome::Delivered
+        }
+    });
+    let stats = drain_with(&db, Router::single(sink.clone()), log_config()).await;
+    let seen = times(&sink);
+    assert_eq!(
+        seen[&flaky], 3,
+        "retried through the outbox until delivered"
+    );
+    assert_eq!(seen[&poison], 1, "a rejection is not retried");
+    assert_eq!(stats.delivered, 59);
+    assert_eq!(
+        db.count(&format!("SELECT count(*) FROM {{schema}}.outbox WHERE event_id = '{poison}' AND status = 'failed' AND last_error LIKE '%schema mismatch%'")).await,
+        1,
+        "the rejected event is a dead letter operators can see"
+    );
+    assert_eq!(
+        db.count(&format!("SELECT count(*) FROM {{schema}}.outbox WHERE event_id = '{flaky}' AND status = 'sent' AND attempts = 3")).await,
+        1
+    );
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn a_failing_destination_never_holds_back_or_duplicates_to_another() {
+    let db = TestDb::new().await;
+    let ids = append(&db, 80, "order.created").await;
+    let flaky = ids[3];
+    let good = ScriptedSink::delivering();
+    let bad = ScriptedSink::new(move |m, seen| {
+        if m.event_id == flaky && seen < 1 {
+            Outcome::Retry {
+                error: "down".into(),
+                after: Some(Duration::from_millis(10)),
+            }
+        } else {
+            Outcome::Delivered
+        }
+    });
+    let router = Router::new(
+        vec![
+            Destination {
+                name: "good".into(),
+                sink: good.clone(),
+            },
+            Destination {
+                name: "bad".into(),
+                sink: bad.clone(),
+            },
+        ],
+        &[RouteConfig {
+            matches: vec!["*".into()],
+            to: vec!["good".into(), "bad".into()],
+            ordered: false,
+            poison: Default::default(),
+        }],
+    )
+    .unwrap();
+    drain_with(&db, router, log_config()).await;
+    let (g, b) = (times(&good), times(&bad));
+    assert_eq!(g.len(), 80);
+    assert!(
+        g.values().all(|&n| n == 1),
+        "the healthy destination got each event once"
+    );
+    assert_eq!(b.len(), 80);
+    assert_eq!(b[&flaky], 2, "the failing destination retried its event");
+    assert!(b
+        .iter()
+        .filter(|(id, _)| **id != flaky)
+        .all(|(_, &n)| n == 1));
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn an_event_of_a_transaction_held_open_is_delivered_when_it_commits() {
+    let db = TestDb::new().await;
+    let sink = ScriptedSink::delivering();
+    let relay = Relay::new(store(&db), sink.clone(), log_config()).unwrap();
+    let stop = CancellationToken::new();
+    let running = {
+        let stop = stop.clone();
+        tokio::spawn(async move { relay.run(RunMode::Forever, stop).await })
+    };
+    let sql = db.sql(APPEND);
+    let held = Uuid::now_v7();
+    let mut open = db.pool.begin().await.unwrap();
+    sqlx::query(&sql)
+        .bind(held)
+        .bind("x")
+        .bind("order.created")
+        .execute(&mut *open)
+        .await
+        .unwrap();
+    let later = append(&db, 20, "order.created").await;
+    wait_for("the later events", Duration::from_secs(30), || {
+        let sink = sink.clone();
+        let later = later.clone();
+        async move { later.iter().all(|id| sink.ids().contains(id)) }
+    })
+    .await;
+    assert!(!sink.ids().contains(&held), "not before it commits");
+    open.commit().await.unwrap();
+    wait_for("the held event", Duration::from_secs(30), || {
+        let sink = sink.clone();
+        async move { sink.ids().contains(&held) }
+    })
+    .await;
+    stop.cancel();
+    let stats = running.await.unwrap();
+    assert_eq!(stats.delivered, 21);
+    assert!(times(&sink).values().all(|&n| n == 1));
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn producers_write_into_the_log_once_the_schema_is_in_log_mode() {
+    let db = TestDb::new().await;
+    let log = store(&db).log();
+    log.set_producer_target(postbox_store::ProducerTarget::Log)
+        .await
+        .unwrap();
+    assert_eq!(
+        log.producer_target().await.unwrap(),
+        postbox_store::ProducerTarget::Log
+    );
+    // The Rust library (one event and a batch) and the SQL function.
+    let from_rust = enqueue(&db, 30).await;
+    db.exec("SELECT {schema}.enqueue('order.paid', 'order', 'sql-1', '{\"n\": 1}')")
+        .await;
+    assert_eq!(db.count("SELECT count(*) FROM {schema}.outbox").await, 0);
+    assert_eq!(db.count("SELECT count(*) FROM {schema}.log").await, 31);
+    assert_eq!(
+        db.count("SELECT count(*) FROM {schema}.log WHERE aggregate_id = 'sql-1' AND sequence = 1")
+            .await,
+        1,
+        "sequences are numbered as in claim mode"
+    );
+    let sink = ScriptedSink::delivering();
+    let stats = drain_with(&db, Router::single(sink.clone()), log_config()).await;
+    assert_eq!(stats.delivered, 31);
+    assert!(from_rust.iter().all(|id| sink.ids().contains(id)));
+    db.drop_schema().await;
+}

@@ -1,0 +1,925 @@
+//! The least-privilege roles of `postbox migrate --create-roles`: every
+//! operation the README documents for a role works under that role alone
+//! (a connection that `SET ROLE`s to it), against the real database; and
+//! each role is refused what is not its job.
+//!
+//! The roles are cluster-wide, so each test's roles are named after its own
+//! schema (`<schema>_producer`, `_relay`, `_monitor`) and dropped at the end.
+
+use crate::support::*;
+use postbox::idempotency::{self, Begin, Fingerprint, IdempotencyKey, StoredResponse};
+use postbox::{NewEvent, Outbox};
+use postbox_relay::retention::{self, Table};
+use postbox_relay::{
+    Destination, HealthConfig, Outcome, Relay, RelayConfig, RetentionConfig, RouteConfig, Router,
+    RunMode, Store,
+};
+use postbox_store::{DeliveryUpdate, Failure, Roles};
+use postbox_testkit::TestDb;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+use std::str::FromStr;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// A test schema with its three roles, created by the grant script itself.
+struct RoleDb {
+    db: TestDb,
+    roles: Roles,
+}
+
+impl RoleDb {
+    async fn new() -> RoleDb {
+        let db = TestDb::new().await;
+        let roles = store(&db)
+            .create_roles()
+            .await
+            .expect("create the roles as the superuser");
+        RoleDb { db, roles }
+    }
+
+    /// A pool whose every connection acts as `role` (the roles are NOLOGIN).
+    async fn pool_as(&self, role: &str) -> PgPool {
+        let set_role = format!("SET ROLE {role}");
+        let options = PgConnectOptions::from_str(&self.db.url).unwrap();
+        PgPoolOptions::new()
+            .max_connections(4)
+            .after_connect(move |conn, _| {
+                let set_role = set_role.clone();
+                Box::pin(async move {
+                    sqlx::query(&set_role).execute(conn).await?;
+                    Ok(())
+                })
+            })
+            .connect_with(options)
+            .await
+            .expect("connect")
+    }
+
+    async fn producer(&self) -> PgPool {
+        self.pool_as(&self.roles.producer).await
+    }
+
+    async fn relay(&self) -> Store {
+        Store::new(
+            self.pool_as(&self.roles.relay).await,
+            self.db.schema.clone(),
+        )
+    }
+
+    async fn monitor(&self) -> Store {
+        Store::new(
+            self.pool_as(&self.roles.monitor).await,
+            self.db.schema.clone(),
+        )
+    }
+
+    fn outbox(&self) -> Outbox {
+        Outbox::new(self.db.schema.clone())
+    }
+
+    /// Drop the schema, then the roles (nothing of theirs is left once the
+    /// schema is gone).
+    async fn finish(self) {
+        self.db.exec("DROP SCHEMA {schema} CASCADE").await;
+        for role in [&self.roles.producer, &self.roles.relay, &self.roles.monitor] {
+            sqlx::raw_sql(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
+                .execute(&self.db.pool)
+                .await
+                .unwrap_or_else(|e| panic!("drop role {role}: {e}"));
+        }
+        self.db.drop_schema().await;
+    }
+}
+
+/// Whether `error` (or one of its sources) is PostgreSQL's "permission denied".
+fn is_denied(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(error);
+    while let Some(e) = cur {
+        if let Some(sqlx::Error::Database(db)) = e.downcast_ref::<sqlx::Error>() {
+            return db.code().as_deref() == Some("42501");
+        }
+        cur = e.source();
+    }
+    false
+}
+
+/// `result` must be refused with "permission denied" (not any other error).
+#[track_caller]
+fn assert_denied<T: std::fmt::Debug, E: std::error::Error + 'static>(
+    what: &str,
+    result: Result<T, E>,
+) {
+    match result {
+        Ok(v) => panic!("{what}: expected permission denied, but it succeeded ({v:?})"),
+        Err(e) => assert!(is_denied(&e), "{what}: expected permission denied, got {e}"),
+    }
+}
+
+fn events(n: usize, aggregate: &str) -> Vec<NewEvent> {
+    (0..n)
+        .map(|i| {
+            NewEvent::new(
+                "order.created",
+                "order",
+                aggregate.to_owned(),
+                &serde_json::json!({ "i": i }),
+            )
+            .unwrap()
+        })
+        .collect()
+}
+
+/// Commit `n` events as the producer, through the library's batch insert.
+async fn produce(producer: &PgPool, outbox: &Outbox, n: usize) -> Vec<Uuid> {
+    let batch: Vec<NewEvent> = (0..n)
+        .map(|i| {
+            NewEvent::new(
+                "order.created",
+                "order",
+                format!("o-{i}"),
+                &serde_json::json!({ "i": i }),
+            )
+            .unwrap()
+        })
+        .collect();
+    let mut tx = producer.begin().await.unwrap();
+    let ids = postbox::sqlx::enqueue_batch(outbox, &mut tx, &batch)
+        .await
+        .expect("the producer enqueues a batch");
+    tx.commit().await.unwrap();
+    ids
+}
+
+async fn drain_with(relay: Relay) {
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        relay.run(RunMode::Drain, CancellationToken::new()),
+    )
+    .await
+    .expect("the relay drains within the timeout (a permission error makes it retry forever)");
+}
+
+/// Each producer API, under the producer role: the SQL function, the library's
+/// single and batch inserts (sequences included), and idempotency keys.
+#[tokio::test]
+async fn the_producer_enqueues_through_every_api() {
+    let r = RoleDb::new().await;
+    let producer = r.producer().await;
+    let outbox = r.outbox();
+
+    // The SQL function, as producers in other languages call it.
+    let from_sql: Uuid = sqlx::query_scalar(&r.db.sql(
+        "SELECT {schema}.enqueue('order.created', 'order', 'a', '{\"n\": 1}', '{\"h\": \"v\"}')",
+    ))
+    .fetch_one(&producer)
+    .await
+    .expect("the producer calls <schema>.enqueue(...)");
+
+    // The library, one event and a batch, in one transaction.
+    let mut tx = producer.begin().await.unwrap();
+    let one = events(1, "a").remove(0);
+    let one_id = postbox::sqlx::enqueue(&outbox, &mut tx, &one)
+        .await
+        .expect("the producer runs postbox::sqlx::enqueue");
+    assert_eq!(one_id, one.event_id());
+    let batch = events(3, "a");
+    let batch_ids = postbox::sqlx::enqueue_batch(&outbox, &mut tx, &batch)
+        .await
+        .expect("the producer runs postbox::sqlx::enqueue_batch");
+    assert_eq!(
+        batch_ids,
+        batch.iter().map(NewEvent::event_id).collect::<Vec<_>>()
+    );
+    tx.commit().await.unwrap();
+
+    // Numbered 1..=5 within aggregate a, in enqueue order.
+    let sequences: Vec<(Uuid, i64)> = sqlx::query_as(&r.db.sql(
+        "SELECT event_id, sequence FROM {schema}.outbox WHERE aggregate_id = 'a' ORDER BY sequence",
+    ))
+    .fetch_all(&r.db.pool)
+    .await
+    .unwrap();
+    let mut expected = vec![from_sql, one_id];
+    expected.extend(&batch_ids);
+    assert_eq!(
+        sequences,
+        expected.into_iter().zip(1..).collect::<Vec<(Uuid, i64)>>()
+    );
+
+    // Request idempotency keys: new, completed, replayed, restarted once expired.
+    let key = IdempotencyKey::new("orders", "k-1").unwrap();
+    let fingerprint = Fingerprint::of_parts(&[b"order 1"]);
+    let mut tx = producer.begin().await.unwrap();
+    let Begin::Execute(pending) = idempotency::begin(&outbox, &mut tx, &key, &fingerprint, HOUR)
+        .await
+        .expect("the producer begins an idempotent request")
+    else {
+        panic!("a new key executes");
+    };
+    postbox::sqlx::enqueue(&outbox, &mut tx, &events(1, "b").remove(0))
+        .await
+        .unwrap();
+    let response = StoredResponse::json(201, &serde_json::json!({ "order": 1 })).unwrap();
+    idempotency::complete(&outbox, &mut tx, pending, &response)
+        .await
+        .expect("the producer completes it");
+    tx.commit().await.unwrap();
+
+    let mut tx = producer.begin().await.unwrap();
+    let again = idempotency::begin(&outbox, &mut tx, &key, &fingerprint, HOUR)
+        .await
+        .expect("the producer reads its key back");
+    assert!(
+        matches!(again, Begin::Replay(ref s) if s.status == 201),
+        "{again:?}"
+    );
+    tx.rollback().await.unwrap();
+
+    r.db.exec("UPDATE {schema}.idempotency_keys SET expires_at = now() - interval '1 second'")
+        .await;
+    let mut tx = producer.begin().await.unwrap();
+    let restarted = idempotency::begin(&outbox, &mut tx, &key, &fingerprint, HOUR)
+        .await
+        .expect("the producer restarts an expired key");
+    assert!(matches!(restarted, Begin::Execute(_)), "{restarted:?}");
+    tx.rollback().await.unwrap();
+
+    // It cannot read events.
+    assert_denied(
+        "the producer reads the outbox",
+        sqlx::query(&r.db.sql("SELECT payload FROM {schema}.outbox"))
+            .fetch_all(&producer)
+            .await,
+    );
+
+    producer.close().await;
+    r.finish().await;
+}
+
+/// The relay engine under the relay role: deliveries, retries, rejections and
+/// exhausted budgets become dead letters, with the gauges and the health watch
+/// running beside it.
+#[tokio::test]
+async fn the_relay_delivers_retries_and_dead_letters() {
+    let r = RoleDb::new().await;
+    let producer = r.producer().await;
+    let ids = produce(&producer, &r.outbox(), 30).await;
+    let reject = ids[0];
+    let always_retry = ids[1];
+
+    let sink = ScriptedSink::new(move |m, before| {
+        if m.event_id == reject {
+            Outcome::reject("422 unprocessable")
+        } else if m.event_id == always_retry || before == 0 {
+            Outcome::retry("503 unavailable")
+        } else {
+            Outcome::Delivered
+        }
+    });
+    let config = RelayConfig {
+        max_attempts: 3,
+        ..fast_config()
+    };
+    let relay = Relay::new(r.relay().await, sink.clone(), config)
+        .unwrap()
+        .with_gauges(Duration::from_millis(20))
+        .unwrap()
+        .with_health(HealthConfig {
+            enabled: true,
+            interval: Duration::from_millis(20),
+            ..HealthConfig::default()
+        })
+        .unwrap();
+    drain_with(relay).await;
+
+    let statuses: Vec<(String, i64)> = sqlx::query_as(
+        &r.db
+            .sql("SELECT status::text, count(*) FROM {schema}.outbox GROUP BY 1 ORDER BY 1"),
+    )
+    .fetch_all(&r.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        statuses,
+        [("failed".to_owned(), 2), ("sent".to_owned(), 28)]
+    );
+    let errors: Vec<String> = sqlx::query_scalar(
+        &r.db
+            .sql("SELECT last_error FROM {schema}.outbox WHERE status = 'failed' ORDER BY id"),
+    )
+    .fetch_all(&r.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(errors, ["422 unprocessable", "503 unavailable"]);
+
+    producer.close().await;
+    r.finish().await;
+}
+
+/// Fan-out (per-destination `deliveries` rows) and the ordered claim, under
+/// the relay role.
+#[tokio::test]
+async fn the_relay_fans_out_and_claims_in_order() {
+    let r = RoleDb::new().await;
+    let producer = r.producer().await;
+    let outbox = r.outbox();
+    let mut tx = producer.begin().await.unwrap();
+    postbox::sqlx::enqueue_batch(&outbox, &mut tx, &events(10, "x"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let a = ScriptedSink::delivering();
+    // b fails each event's first attempt: the relay records per-destination state.
+    let b = ScriptedSink::new(|_, before| {
+        if before == 0 {
+            Outcome::retry("503 from b")
+        } else {
+            Outcome::Delivered
+        }
+    });
+    let router = Router::new(
+        vec![
+            Destination {
+                name: "a".into(),
+                sink: a.clone(),
+            },
+            Destination {
+                name: "b".into(),
+                sink: b.clone(),
+            },
+        ],
+        &[RouteConfig {
+            matches: vec!["order.*".into()],
+            to: vec!["a".into(), "b".into()],
+            ordered: true,
+            poison: Default::default(),
+        }],
+    )
+    .unwrap();
+    let relay = Relay::with_router(r.relay().await, router, fast_config()).unwrap();
+    drain_with(relay).await;
+
+    assert_eq!(
+        r.db.count("SELECT count(*) FROM {schema}.outbox WHERE status = 'sent'")
+            .await,
+        10
+    );
+    assert_eq!(
+        r.db.count("SELECT count(*) FROM {schema}.deliveries WHERE status = 'sent'")
+            .await,
+        20,
+        "both destinations recorded once b needed a retry"
+    );
+    // Ordered: a saw aggregate x's events in sequence.
+    let seen: Vec<i64> = a
+        .seen
+        .lock()
+        .unwrap()
+        .messages
+        .iter()
+        .filter_map(|m| m.sequence)
+        .collect();
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(seen, sorted, "delivered in sequence, each once");
+
+    producer.close().await;
+    r.finish().await;
+}
+
+/// Every statement of the relay's hot path, one by one under the relay role:
+/// claim (plain and ordered), release, settle, acknowledge, per-destination
+/// state, rescue of expired leases, the next-due read and the LISTEN probe.
+#[tokio::test]
+async fn the_relay_runs_each_hot_path_statement() {
+    let r = RoleDb::new().await;
+    let producer = r.producer().await;
+    produce(&producer, &r.outbox(), 6).await;
+    let relay = r.relay().await;
+    let lease = Duration::from_secs(30);
+
+    let claim = relay.claim(2, lease, None).await.expect("claim");
+    assert_eq!(claim.ids.len(), 2);
+    assert_eq!(
+        relay
+            .release(claim.token, &claim.ids)
+            .await
+            .expect("release"),
+        2
+    );
+
+    let order = Router::single(ScriptedSink::delivering())
+        .all_ordered(Default::default())
+        .claim_order()
+        .unwrap();
+    let claim = relay
+        .claim(3, lease, Some(&order))
+        .await
+        .expect("ordered claim");
+    assert_eq!(claim.ids.len(), 3);
+    let acked = relay
+        .ack_delivered(claim.token, &claim.ids[..1])
+        .await
+        .expect("acknowledge");
+    assert_eq!(acked, claim.ids[..1]);
+    let settled = relay
+        .settle_failed(
+            claim.token,
+            &[
+                Failure {
+                    id: claim.ids[1],
+                    reject: true,
+                    counted: true,
+                    budget: 5,
+                    delay: Duration::ZERO,
+                    error: "rejected".into(),
+                },
+                Failure {
+                    id: claim.ids[2],
+                    reject: false,
+                    counted: true,
+                    budget: 5,
+                    delay: Duration::from_secs(60),
+                    error: "retry".into(),
+                },
+            ],
+        )
+        .await
+        .expect("settle");
+    assert_eq!((settled.updated, settled.dead_lettered), (2, 1));
+
+    let updates: Vec<DeliveryUpdate> = ["a", "b"]
+        .iter()
+        .map(|d| DeliveryUpdate {
+            outbox_id: claim.ids[2],
+            destination: (*d).into(),
+            delivered: *d == "a",
+            dead: false,
+            attempts: 1,
+            delay: Duration::from_secs(60),
+            error: (*d == "b").then(|| "503".to_owned()),
+        })
+        .collect();
+    assert_eq!(
+        relay
+            .record_deliveries(&updates)
+            .await
+            .expect("record deliveries"),
+        2
+    );
+    assert_eq!(
+        relay
+            .delivery_states(&claim.ids[2..])
+            .await
+            .expect("delivery states")
+            .len(),
+        2
+    );
+
+    // A lease that expired (its relay died) is rescued.
+    let claim = relay.claim(10, lease, None).await.expect("claim");
+    assert_eq!(claim.ids.len(), 3);
+    r.db
+        .exec("UPDATE {schema}.outbox SET lease_expires_at = now() - interval '1 second' WHERE status = 'processing'")
+        .await;
+    let rescued = relay.rescue_expired(5, 100).await.expect("rescue");
+    assert_eq!(rescued.requeued.len(), 3);
+
+    let due = relay.next_due().await.expect("next due");
+    assert!(!due.in_flight);
+    relay.notify_probe("probe").await.expect("notify probe");
+    relay.ping().await.expect("ping");
+
+    producer.close().await;
+    relay.pool().close().await;
+    r.finish().await;
+}
+
+/// Retention under the relay role: sent events deleted, then archived; old
+/// inbox records; expired idempotency keys — the pass `postbox purge` and the
+/// relay's `[retention]` task share.
+#[tokio::test]
+async fn the_relay_runs_retention_and_archiving() {
+    let r = RoleDb::new().await;
+    let producer = r.producer().await;
+    let outbox = r.outbox();
+    produce(&producer, &r.outbox(), 12).await;
+    // Expired idempotency keys, written by the producer.
+    for i in 0..5 {
+        let key = IdempotencyKey::new("orders", format!("k-{i}")).unwrap();
+        let mut tx = producer.begin().await.unwrap();
+        let begun = idempotency::begin(
+            &outbox,
+            &mut tx,
+            &key,
+            &Fingerprint::of_parts(&[b"x"]),
+            HOUR,
+        )
+        .await
+        .unwrap();
+        assert!(matches!(begun, Begin::Execute(_)));
+        tx.commit().await.unwrap();
+    }
+    r.db.exec("UPDATE {schema}.idempotency_keys SET expires_at = now() - interval '1 second'")
+        .await;
+    // Inbox records processed long ago (consumers write them in their own transactions).
+    r.db.exec(
+        "INSERT INTO {schema}.inbox (consumer, event_id, processed_at) \
+             SELECT 'c', gen_random_uuid(), now() - interval '30 days' FROM generate_series(1, 7)",
+    )
+    .await;
+
+    let relay = r.relay().await;
+    drain_with(Relay::new(relay.clone(), ScriptedSink::delivering(), fast_config()).unwrap()).await;
+    r.db.exec("UPDATE {schema}.outbox SET sent_at = now() - interval '30 days' WHERE id % 2 = 0")
+        .await;
+
+    let config = RetentionConfig {
+        older_than: Duration::from_secs(86_400),
+        inbox: true,
+        batch_size: 4,
+        pause: Duration::from_millis(1),
+        ..RetentionConfig::default()
+    };
+    let report = retention::purge(&relay, &config, &CancellationToken::new(), |_| {})
+        .await
+        .expect("the relay role runs a retention pass");
+    assert_eq!(
+        (report.outbox, report.inbox, report.idempotency_keys),
+        (6, 7, 5)
+    );
+
+    r.db.exec("UPDATE {schema}.outbox SET sent_at = now() - interval '30 days'")
+        .await;
+    let archive = RetentionConfig {
+        archive: true,
+        ..config
+    };
+    let report = retention::purge(&relay, &archive, &CancellationToken::new(), |_| {})
+        .await
+        .expect("the relay role archives");
+    assert_eq!(report.outbox, 6);
+    assert_eq!(r.db.count("SELECT count(*) FROM {schema}.outbox").await, 0);
+    assert_eq!(
+        r.db.count("SELECT count(*) FROM {schema}.outbox_archive")
+            .await,
+        6
+    );
+
+    producer.close().await;
+    relay.pool().close().await;
+    r.finish().await;
+}
+
+/// The monitor reads everything `postbox status`, the metrics task, `/readyz`
+/// and the health watch read — and changes nothing.
+#[tokio::test]
+async fn the_monitor_reads_status_gauges_and_health() {
+    let r = RoleDb::new().await;
+    let producer = r.producer().await;
+    produce(&producer, &r.outbox(), 4).await;
+    let monitor = r.monitor().await;
+
+    let counts = monitor.status_counts().await.expect("status counts");
+    assert_eq!(counts.pending, 4);
+    let gauges = monitor.gauges().await.expect("gauges");
+    assert_eq!(gauges.pending, 4);
+    let attempts = monitor.pending_attempts().await.expect("pending attempts");
+    assert_eq!(attempts.len(), 1);
+    monitor
+        .destination_counts()
+        .await
+        .expect("destination counts");
+    monitor.db_health().await.expect("database health");
+    monitor.next_due().await.expect("next due");
+    monitor.ping().await.expect("readiness ping");
+
+    // Read-only.
+    assert_denied(
+        "the monitor claims events",
+        monitor.claim(10, Duration::from_secs(30), None).await,
+    );
+    assert_denied(
+        "the monitor reads console password hashes",
+        sqlx::query(&r.db.sql("SELECT password_hash FROM {schema}.console_users"))
+            .fetch_all(monitor.pool())
+            .await,
+    );
+
+    producer.close().await;
+    monitor.pool().close().await;
+    r.finish().await;
+}
+
+/// The tests above catch a grant that drifts from the code: without its
+/// `DELETE` on the inbox, the relay's retention pass fails on the inbox.
+#[tokio::test]
+async fn a_missing_grant_fails_the_operation_that_needs_it() {
+    let r = RoleDb::new().await;
+    r.db.exec(&format!(
+        "REVOKE DELETE ON {{schema}}.inbox FROM {}",
+        r.roles.relay
+    ))
+    .await;
+    let relay = r.relay().await;
+    let config = RetentionConfig {
+        inbox: true,
+        ..RetentionConfig::default()
+    };
+    let err = retention::purge(&relay, &config, &CancellationToken::new(), |_| {})
+        .await
+        .expect_err("retention without DELETE on the inbox");
+    assert_eq!(err.table, Table::Inbox);
+    assert!(is_denied(&err), "{err}");
+
+    relay.pool().close().await;
+    r.finish().await;
+}
+
+/// Run `sql` (rendered for the test's schema) on `pool`.
+async fn try_exec(r: &RoleDb, pool: &PgPool, sql: &str) -> Result<u64, sqlx::Error> {
+    sqlx::raw_sql(&r.db.sql(sql))
+        .execute(pool)
+        .await
+        .map(|done| done.rows_affected())
+}
+
+/// (event id, status, attempts, due now, last error, no lease/resolution/sent_at, sequence)
+type EventState = (Uuid, String, i32, bool, Option<String>, bool, Option<i64>);
+
+/// The producer can only enqueue: no direct write to the outbox or the
+/// sequence counters, so no event already sent or failed, due in year 9999,
+/// carrying an error, or renumbered. What it enqueues is always a fresh
+/// pending event.
+#[tokio::test]
+async fn the_producer_cannot_forge_state() {
+    let r = RoleDb::new().await;
+    let producer = r.producer().await;
+    let outbox = r.outbox();
+    produce(&producer, &outbox, 2).await;
+
+    let forgeries = [
+        (
+            "a plain insert",
+            "INSERT INTO {schema}.outbox (event_id, event_type, aggregate_type, aggregate_id, payload) \
+             VALUES (gen_random_uuid(), 't', 'a', '1', '{}')",
+        ),
+        (
+            "an event already sent",
+            "INSERT INTO {schema}.outbox (event_id, event_type, aggregate_type, aggregate_id, payload, status, sent_at) \
+             VALUES (gen_random_uuid(), 't', 'a', '1', '{}', 'sent', now())",
+        ),
+        (
+            "a forged dead letter",
+            "INSERT INTO {schema}.outbox (event_id, event_type, aggregate_type, aggregate_id, payload, status, last_error) \
+             VALUES (gen_random_uuid(), 't', 'a', '1', '{}', 'failed', 'forged')",
+        ),
+        (
+            "an event due in year 9999",
+            "INSERT INTO {schema}.outbox (event_id, event_type, aggregate_type, aggregate_id, payload, available_at) \
+             VALUES (gen_random_uuid(), 't', 'a', '1', '{}', '9999-01-01')",
+        ),
+        (
+            "a change to an event",
+            "UPDATE {schema}.outbox SET status = 'sent', available_at = '9999-01-01', last_error = 'x'",
+        ),
+        ("a deleted event", "DELETE FROM {schema}.outbox"),
+        (
+            "a rewound sequence counter",
+            "UPDATE {schema}.aggregate_sequences SET last_sequence = 0",
+        ),
+        (
+            "a new sequence counter",
+            "INSERT INTO {schema}.aggregate_sequences VALUES ('order', 'new', 100)",
+        ),
+        (
+            "a deleted sequence counter",
+            "DELETE FROM {schema}.aggregate_sequences",
+        ),
+    ];
+    for (what, sql) in forgeries {
+        assert_denied(
+            &format!("the producer writes {what}"),
+            try_exec(&r, &producer, sql).await,
+        );
+    }
+
+    // The functions decide everything but the content; a caller's own objects
+    // (a temporary `outbox` first on its search_path) do not stand in for
+    // postbox's.
+    let mut conn = producer.acquire().await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TEMP TABLE outbox (LIKE pg_catalog.pg_class); \
+         CREATE TEMP TABLE aggregate_sequences (x int); \
+         SET search_path = pg_temp, pg_catalog",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let id: Uuid = sqlx::query_scalar(
+        &r.db
+            .sql("SELECT {schema}.enqueue('order.created', 'order', 'o-0', '{}')"),
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    let one = events(1, "o-1").remove(0);
+    postbox::sqlx::enqueue(&outbox, &mut conn, &one)
+        .await
+        .unwrap();
+    sqlx::raw_sql("RESET search_path; DISCARD TEMP")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    drop(conn);
+
+    let rows: Vec<EventState> = sqlx::query_as(&r.db.sql(
+        "SELECT event_id, status::text, attempts, available_at <= now(), last_error, \
+                    lease_token IS NULL AND resolved_at IS NULL AND sent_at IS NULL, sequence \
+             FROM {schema}.outbox ORDER BY id",
+    ))
+    .fetch_all(&r.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    for (event_id, status, attempts, due, error, clean, _) in &rows {
+        assert_eq!(
+            (status.as_str(), *attempts, *due, error, *clean),
+            ("pending", 0, true, &None, true),
+            "{event_id}"
+        );
+    }
+    assert_eq!(rows[2].0, id);
+    assert_eq!(rows[3].0, one.event_id());
+    assert_eq!(
+        (rows[2].6, rows[3].6),
+        (Some(2), Some(2)),
+        "numbered after the first events of o-0 and o-1, by the real counters"
+    );
+
+    producer.close().await;
+    r.finish().await;
+}
+
+/// The relay changes only delivery state: never what an event says, nor an
+/// operator's resolution; it cannot enqueue, and cannot rewrite idempotency
+/// responses or inbox records.
+#[tokio::test]
+async fn the_relay_changes_only_delivery_state() {
+    let r = RoleDb::new().await;
+    let producer = r.producer().await;
+    produce(&producer, &r.outbox(), 2).await;
+    let relay = r.relay().await;
+    let pool = relay.pool().clone();
+
+    let refused = [
+        ("a payload", "UPDATE {schema}.outbox SET payload = '{\"forged\": true}'"),
+        ("headers", "UPDATE {schema}.outbox SET headers = '{}'"),
+        ("an event type", "UPDATE {schema}.outbox SET event_type = 'x'"),
+        (
+            "an aggregate",
+            "UPDATE {schema}.outbox SET aggregate_type = 'x', aggregate_id = 'y'",
+        ),
+        ("a sequence", "UPDATE {schema}.outbox SET sequence = 1"),
+        ("an event id", "UPDATE {schema}.outbox SET event_id = gen_random_uuid()"),
+        ("a schema version", "UPDATE {schema}.outbox SET schema_version = 2"),
+        (
+            "a resolution",
+            "UPDATE {schema}.outbox SET resolved_at = now(), resolution = 'discarded'",
+        ),
+        (
+            "a new event",
+            "INSERT INTO {schema}.outbox (event_id, event_type, aggregate_type, aggregate_id, payload) \
+             VALUES (gen_random_uuid(), 't', 'a', '1', '{}')",
+        ),
+        (
+            "a sequence counter",
+            "UPDATE {schema}.aggregate_sequences SET last_sequence = 0",
+        ),
+        (
+            "an idempotent response",
+            "UPDATE {schema}.idempotency_keys SET response_body = 'forged'",
+        ),
+        ("an inbox record", "UPDATE {schema}.inbox SET processed_at = now()"),
+    ];
+    for (what, sql) in refused {
+        assert_denied(
+            &format!("the relay rewrites {what}"),
+            try_exec(&r, &pool, sql).await,
+        );
+    }
+    assert_denied(
+        "the relay enqueues",
+        try_exec(&r, &pool, "SELECT {schema}.enqueue('t', 'a', '1', '{}')").await,
+    );
+    // Its own columns it may change.
+    assert_eq!(
+        try_exec(
+            &r,
+            &pool,
+            "UPDATE {schema}.outbox SET available_at = now(), last_error = NULL"
+        )
+        .await
+        .expect("the relay changes delivery state"),
+        2
+    );
+
+    producer.close().await;
+    pool.close().await;
+    r.finish().await;
+}
+
+/// The monitor writes nothing and cannot enqueue.
+#[tokio::test]
+async fn the_monitor_changes_nothing() {
+    let r = RoleDb::new().await;
+    let monitor = r.monitor().await;
+    let pool = monitor.pool().clone();
+    for sql in [
+        "SELECT {schema}.enqueue('t', 'a', '1', '{}')",
+        "UPDATE {schema}.outbox SET status = 'sent'",
+        "DELETE FROM {schema}.outbox",
+        "DELETE FROM {schema}.idempotency_keys",
+        "INSERT INTO {schema}.inbox (consumer, event_id) VALUES ('c', gen_random_uuid())",
+    ] {
+        assert_denied(sql, try_exec(&r, &pool, sql).await);
+    }
+    let outbox = r.outbox();
+    let mut conn = pool.acquire().await.unwrap();
+    assert_denied(
+        "the monitor runs the library's enqueue",
+        postbox::sqlx::enqueue(&outbox, &mut conn, &events(1, "m").remove(0)).await,
+    );
+    drop(conn);
+    pool.close().await;
+    r.finish().await;
+}
+
+/// Running the script again (after an upgrade) takes back what earlier
+/// versions granted more broadly: a table-wide INSERT for the producer, a
+/// table-wide UPDATE for the relay.
+#[tokio::test]
+async fn running_the_script_again_takes_back_broader_grants() {
+    let r = RoleDb::new().await;
+    r.db.exec(&format!(
+        "GRANT INSERT ON {{schema}}.outbox TO {p}; \
+             GRANT SELECT, INSERT, UPDATE ON {{schema}}.aggregate_sequences TO {p}; \
+             GRANT UPDATE ON {{schema}}.outbox TO {relay}",
+        p = r.roles.producer,
+        relay = r.roles.relay,
+    ))
+    .await;
+    let again = store(&r.db)
+        .create_roles()
+        .await
+        .expect("run the script again");
+    assert_eq!(again, r.roles);
+
+    let producer = r.producer().await;
+    assert_denied(
+        "the producer inserts directly after the re-run",
+        try_exec(
+            &r,
+            &producer,
+            "INSERT INTO {schema}.outbox (event_id, event_type, aggregate_type, aggregate_id, payload, status) \
+             VALUES (gen_random_uuid(), 't', 'a', '1', '{}', 'sent')",
+        )
+        .await,
+    );
+    assert_denied(
+        "the producer rewrites counters after the re-run",
+        try_exec(
+            &r,
+            &producer,
+            "UPDATE {schema}.aggregate_sequences SET last_sequence = 0",
+        )
+        .await,
+    );
+    produce(&producer, &r.outbox(), 1).await;
+    let relay = r.relay().await;
+    assert_denied(
+        "the relay rewrites payloads after the re-run",
+        try_exec(
+            &r,
+            relay.pool(),
+            "UPDATE {schema}.outbox SET payload = 'null'",
+        )
+        .await,
+    );
+    drain_with(Relay::new(relay.clone(), ScriptedSink::delivering(), fast_config()).unwrap()).await;
+    assert_eq!(
+        r.db.count("SELECT count(*) FROM {schema}.outbox WHERE status = 'sent'")
+            .await,
+        1
+    );
+
+    producer.close().await;
+    relay.pool().close().await;
+    r.finish().await;
+}
