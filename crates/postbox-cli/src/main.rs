@@ -1,19 +1,18 @@
 //! `postbox`: the transactional outbox for PostgreSQL, from the command line.
+//!
+//! This file is the clap definitions and the dispatch; each command is a
+//! module of `commands/`, and what they share is `context.rs`.
 
-mod bench;
 mod commands;
 mod config;
-mod console;
-mod db;
-mod demo;
-mod dlq;
+mod context;
 mod observe;
-mod pgcluster;
-mod receive;
-mod verify;
 
-use clap::{Args, Parser, Subcommand};
-use std::path::PathBuf;
+use clap::{Parser, Subcommand};
+use commands::{
+    bench, console, demo, dlq, enqueue, migrate, purge, receive, relay, status, verify,
+};
+use context::{error_chain, AnyError, Global, Settings};
 use std::process::ExitCode;
 
 /// Transactional outbox for PostgreSQL: deliver every committed event, at least once.
@@ -26,33 +25,18 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Settings every command shares. A flag beats its environment variable, which
-/// beats the config file.
-#[derive(Args, Debug, Clone)]
-pub struct Global {
-    /// PostgreSQL connection URL, e.g. postgres://user@host:5432/db
-    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
-    pub database_url: Option<String>,
-    /// Schema holding postbox's tables [default: postbox]
-    #[arg(long, env = "POSTBOX_SCHEMA", global = true)]
-    pub schema: Option<String>,
-    /// TOML config file (see README: Configuration)
-    #[arg(long, env = "POSTBOX_CONFIG", global = true)]
-    pub config: Option<PathBuf>,
-}
-
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Create or upgrade postbox's schema (idempotent; safe to run concurrently)
-    Migrate(commands::MigrateArgs),
+    Migrate(migrate::MigrateArgs),
     /// Enqueue one event (in its own transaction) and print its id
-    Enqueue(commands::EnqueueArgs),
+    Enqueue(enqueue::EnqueueArgs),
     /// Deliver committed events to a sink
-    Relay(commands::RelayArgs),
+    Relay(relay::RelayArgs),
     /// Show counts by status, the oldest pending event, attempts and dead letters
-    Status(commands::StatusArgs),
+    Status(status::StatusArgs),
     /// Delete (or archive) sent events and old inbox records in bounded batches
-    Purge(commands::PurgeArgs),
+    Purge(purge::PurgeArgs),
     /// Measure drain throughput, latency and scale-out on this machine
     Bench(bench::BenchArgs),
     /// Dead letters: list, show, replay (same or new id) and discard them, with an audit log
@@ -77,28 +61,31 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(commands::run(cli)) {
+    match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {}", report(e.as_ref()));
+            eprintln!("error: {}", error_chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }
 }
 
-/// An error and its chain of causes on one line, without repeats.
-pub fn report(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let part = s.to_string();
-        if !text.contains(&part) {
-            text.push_str(": ");
-            text.push_str(&part);
-        }
-        source = s.source();
+/// Resolve the shared settings, then run the command.
+async fn run(cli: Cli) -> Result<ExitCode, AnyError> {
+    let settings = Settings::resolve(&cli.global)?;
+    match cli.command {
+        Command::Migrate(args) => migrate::run(&settings, args).await,
+        Command::Enqueue(args) => enqueue::run(&settings, args).await,
+        Command::Relay(args) => relay::run(&settings, args).await,
+        Command::Status(args) => status::run(&settings, args).await,
+        Command::Purge(args) => purge::run(&settings, args).await,
+        Command::Dlq(args) => dlq::run(&settings, args).await,
+        Command::Demo(args) => demo::run(&settings, args).await,
+        Command::Bench(args) => bench::run(&settings, args).await,
+        Command::Receive(args) => receive::run(&settings, args).await,
+        Command::Console(args) => console::run(&settings, args).await,
+        Command::Verify(args) => verify::run(&settings, args).await,
     }
-    postbox_relay::redact::mask_secrets(&text)
 }
 
 fn init_logging() {

@@ -1,0 +1,100 @@
+//! `postbox bench`: its flags; the benchmark itself is `postbox_harness::bench`.
+
+use crate::context::{AnyError, Settings};
+use clap::{Args, ValueEnum};
+use postbox_harness::bench;
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Events for the drain and scale-out runs
+    #[arg(long, default_value_t = 200_000)]
+    pub events: i64,
+    /// Relay batch size (the ceiling uses the same)
+    #[arg(long, default_value_t = 1000)]
+    pub batch_size: u32,
+    /// Sink for the relay runs [default: redis://127.0.0.1:6379]; latency needs a Redis list sink
+    #[arg(long)]
+    pub sink: Option<String>,
+    /// Events for the naive relay (it is slow)
+    #[arg(long, default_value_t = 20_000)]
+    pub naive_events: i64,
+    /// Producer rate for the latency run, events/s
+    #[arg(long, default_value_t = 1000)]
+    pub rate: u64,
+    /// Length of each latency run
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Poll interval of the polling-only latency run
+    #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
+    pub poll_interval: Duration,
+    /// Relay process counts for the scale-out run
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    pub relays: Vec<usize>,
+    /// Aggregates the ordered run spreads its events over
+    #[arg(long, default_value_t = 10_000)]
+    pub aggregates: i64,
+    /// Producer rate of the sustained run, events/s (batches of 100 per transaction)
+    #[arg(long, default_value_t = 5_000)]
+    pub sustained_rate: u64,
+    /// Length of the sustained run
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub sustained_duration: Duration,
+    /// Which parts to run
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "drain,latency,scale,ordered"
+    )]
+    pub only: Vec<Part>,
+    /// Schema the benchmark creates and drops (never your outbox's)
+    #[arg(long, default_value = "postbox_bench")]
+    pub bench_schema: String,
+    /// Print the results as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Part {
+    Drain,
+    Latency,
+    Scale,
+    Ordered,
+    Sustained,
+}
+
+impl From<Part> for bench::Part {
+    fn from(part: Part) -> Self {
+        match part {
+            Part::Drain => bench::Part::Drain,
+            Part::Latency => bench::Part::Latency,
+            Part::Scale => bench::Part::Scale,
+            Part::Ordered => bench::Part::Ordered,
+            Part::Sustained => bench::Part::Sustained,
+        }
+    }
+}
+
+pub async fn run(settings: &Settings, args: BenchArgs) -> Result<ExitCode, AnyError> {
+    let options = bench::Options {
+        events: args.events,
+        batch_size: args.batch_size,
+        sink: args.sink,
+        naive_events: args.naive_events,
+        rate: args.rate,
+        duration: args.duration,
+        poll_interval: args.poll_interval,
+        relays: args.relays,
+        aggregates: args.aggregates,
+        sustained_rate: args.sustained_rate,
+        sustained_duration: args.sustained_duration,
+        parts: args.only.into_iter().map(bench::Part::from).collect(),
+        bench_schema: args.bench_schema,
+        json: args.json,
+    };
+    bench::run(settings.database_url.as_deref(), &options).await?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,15 @@
+//! One module per command; each has its flags (`…Args`) and its entry point,
+//! `run(&Settings, …Args)`. `demo`, `bench` and `verify` only parse flags and
+//! call the harness (`postbox_harness`).
+
+pub mod bench;
+pub mod console;
+pub mod demo;
+pub mod dlq;
+pub mod enqueue;
+pub mod migrate;
+pub mod purge;
+pub mod receive;
+pub mod relay;
+pub mod status;
+pub mod verify;

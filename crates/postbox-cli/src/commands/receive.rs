@@ -1,0 +1,508 @@
+//! `postbox receive`: an HTTP receiver that verifies each delivery's signature and
+//! stores it once per consumer in `{schema}.received`, for the application to
+//! process later (`postbox::received::take`).
+//!
+//! Answers: 200 once the delivery is committed (also for a duplicate, which adds no
+//! row); 401 for a missing or bad signature; 400 when the delivery has no usable
+//! event id; 413 when the body exceeds `--max-body-bytes`; 503 when the database
+//! cannot be reached in time (so the sender retries); 500 for other database
+//! failures. Error responses carry no detail beyond a fixed phrase.
+
+use crate::context::{cancel_on_signal, AnyError, Settings};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, FromRef, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use clap::{Args, ValueEnum};
+use postbox::axum::{Rejection, SignatureVerifier, Verified};
+use postbox::received::{self, NewDelivery};
+use postbox::verify::{qstash, webhooks};
+use postbox::{InboxOutcome, Outbox};
+use postbox_harness::db;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Default for `--max-body-bytes`: 1 MiB.
+const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
+/// Database connections the receiver keeps at most.
+const POOL_SIZE: u32 = 8;
+/// Request headers never stored: they may carry credentials.
+const NOT_STORED: [&str; 3] = ["authorization", "proxy-authorization", "cookie"];
+
+#[derive(Args, Debug)]
+pub struct ReceiveArgs {
+    /// Address to listen on, e.g. 0.0.0.0:8080
+    #[arg(long, value_name = "ADDR", env = "POSTBOX_LISTEN")]
+    pub listen: SocketAddr,
+    /// Consumer name the deliveries are stored under (deduplication is per consumer)
+    #[arg(long, value_name = "NAME", env = "POSTBOX_CONSUMER")]
+    pub consumer: String,
+    /// Signature deliveries must carry. qstash: QSTASH_CURRENT_SIGNING_KEY (and
+    /// optionally QSTASH_NEXT_SIGNING_KEY); webhooks: POSTBOX_WEBHOOK_SECRET
+    /// (space-separated whsec_... secrets); none: accept unsigned deliveries
+    #[arg(long, value_enum, value_name = "SCHEME")]
+    pub verify: VerifyMode,
+    /// With --verify qstash: the public URL QStash delivers to; the token's `sub`
+    /// claim must equal it
+    #[arg(long, value_name = "EXPECTED_URL")]
+    pub url: Option<String>,
+    /// Largest accepted request body in bytes; larger deliveries get 413
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+    /// How long a delivery waits for a database connection before it is answered 503
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub db_timeout: Duration,
+    /// Serve Prometheus /metrics (postbox_inbox_duplicates_total), /healthz and
+    /// /readyz on ADDR, a port apart from the deliveries
+    #[arg(long, env = "POSTBOX_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
+}
+
+/// The signature scheme `--verify` selects.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VerifyMode {
+    /// Upstash QStash (`Upstash-Signature`, HS256 JWT)
+    Qstash,
+    /// Standard Webhooks (`webhook-id`, `webhook-timestamp`, `webhook-signature`)
+    Webhooks,
+    /// No verification (only behind a trusted network boundary)
+    None,
+}
+
+/// Why `postbox receive` could not start. Messages never contain a secret.
+#[derive(Debug, thiserror::Error)]
+pub enum ReceiveError {
+    #[error("--verify webhooks: cannot use {}", webhooks::SECRET_ENV)]
+    WebhookSecret(#[source] webhooks::SecretError),
+    #[error(
+        "--verify qstash: cannot use {} / {}",
+        qstash::CURRENT_SIGNING_KEY_ENV,
+        qstash::NEXT_SIGNING_KEY_ENV
+    )]
+    QStashKeys(#[source] qstash::KeyError),
+    #[error("--url only applies to --verify qstash")]
+    UrlWithoutQStash,
+    #[error("--max-body-bytes must be at least 1")]
+    ZeroBodyLimit,
+    #[error("--consumer is not a valid consumer name")]
+    Consumer(#[source] postbox::Error),
+    #[error("cannot listen on {addr}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the HTTP server failed")]
+    Serve(#[source] std::io::Error),
+}
+
+/// Builds the verifier `--verify` asks for, reading its secrets from the environment.
+fn verifier(args: &ReceiveArgs) -> Result<Option<SignatureVerifier>, ReceiveError> {
+    if args.url.is_some() && args.verify != VerifyMode::Qstash {
+        return Err(ReceiveError::UrlWithoutQStash);
+    }
+    Ok(match args.verify {
+        VerifyMode::Webhooks => Some(
+            webhooks::Verifier::from_env()
+                .map_err(ReceiveError::WebhookSecret)?
+                .into(),
+        ),
+        VerifyMode::Qstash => {
+            let mut v = qstash::Verifier::from_env().map_err(ReceiveError::QStashKeys)?;
+            if let Some(url) = &args.url {
+                v = v.with_expected_url(url);
+            }
+            Some(v.into())
+        }
+        VerifyMode::None => None,
+    })
+}
+
+pub async fn run(settings: &Settings, args: ReceiveArgs) -> Result<ExitCode, AnyError> {
+    received::check_consumer_name(&args.consumer).map_err(ReceiveError::Consumer)?;
+    if args.max_body_bytes == 0 {
+        return Err(ReceiveError::ZeroBodyLimit.into());
+    }
+    let verifier = verifier(&args)?;
+    if verifier.is_none() {
+        tracing::warn!("--verify none: deliveries are accepted WITHOUT signature verification");
+    }
+    let options = db::options(settings.database_url.as_deref(), "postbox-receive")?;
+    // Lazy: the receiver starts (and answers 503) while the database is down.
+    let pool = PgPoolOptions::new()
+        .max_connections(POOL_SIZE)
+        .acquire_timeout(args.db_timeout)
+        .connect_lazy_with(options.clone());
+    let store = Deliveries {
+        pool: pool.clone(),
+        outbox: Outbox::new(settings.schema.clone()),
+        consumer: Arc::from(args.consumer.as_str()),
+        headers_signed: args.verify != VerifyMode::Qstash,
+    };
+    let app = router(store, verifier, args.max_body_bytes);
+
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|source| ReceiveError::Listen {
+            addr: args.listen,
+            source,
+        })?;
+    let local = listener.local_addr().unwrap_or(args.listen);
+    tracing::info!(
+        listen = %local,
+        consumer = %args.consumer,
+        verify = ?args.verify,
+        schema = %settings.schema,
+        database = %db::target(&options),
+        "receiving deliveries"
+    );
+    tokio::spawn(warn_if_unreachable(pool.clone()));
+
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    if let Some(addr) = &args.metrics_listen {
+        let store = postbox_relay::Store::new(pool.clone(), settings.schema.clone());
+        let endpoint = crate::observe::Endpoint::bind(addr, store, Vec::new()).await?;
+        metrics::counter!(postbox_relay::metrics::INBOX_DUPLICATES, "consumer" => args.consumer.clone())
+            .absolute(0);
+        if let Some(addr) = endpoint.local_addr() {
+            tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+        }
+        tokio::spawn(endpoint.serve(shutdown.clone()));
+    }
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+        .map_err(ReceiveError::Serve)?;
+    pool.close().await;
+    tracing::info!("receiver stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Warns early when the database is not reachable; deliveries get 503 until it is.
+async fn warn_if_unreachable(pool: PgPool) {
+    if let Err(e) = pool.acquire().await {
+        tracing::warn!(
+            error = %postbox_harness::error_chain(&e),
+            "the database is not reachable yet; deliveries are answered 503 until it is"
+        );
+    }
+}
+
+/// The routes: `GET /healthz`, and `POST` on any other path as a delivery.
+fn router(store: Deliveries, verifier: Option<SignatureVerifier>, max_body_bytes: usize) -> Router {
+    let deliveries = match verifier {
+        Some(verifier) => Router::new()
+            .route("/", post(verified))
+            .route("/{*path}", post(verified))
+            .with_state(Checked { store, verifier }),
+        None => Router::new()
+            .route("/", post(unverified))
+            .route("/{*path}", post(unverified))
+            .with_state(store),
+    };
+    deliveries
+        .route("/healthz", get(|| async { "ok" }))
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+}
+
+/// Where deliveries go: one consumer's rows in `{schema}.received`.
+#[derive(Clone)]
+struct Deliveries {
+    pool: PgPool,
+    outbox: Outbox,
+    consumer: Arc<str>,
+    /// Whether the signature covers the id headers (not so for QStash).
+    headers_signed: bool,
+}
+
+/// State of the verifying routes.
+#[derive(Clone)]
+struct Checked {
+    store: Deliveries,
+    verifier: SignatureVerifier,
+}
+
+impl FromRef<Checked> for SignatureVerifier {
+    fn from_ref(state: &Checked) -> Self {
+        state.verifier.clone()
+    }
+}
+
+async fn verified(State(state): State<Checked>, delivery: Result<Verified, Rejection>) -> Response {
+    match delivery {
+        Ok(Verified { headers, body }) => state.store.accept(&headers, body).await,
+        Err(rejection) => {
+            if rejection.status() == StatusCode::UNAUTHORIZED {
+                tracing::warn!(reason = %postbox_harness::error_chain(&rejection), "refused a delivery");
+            } else {
+                tracing::debug!(reason = %postbox_harness::error_chain(&rejection), "refused a delivery");
+            }
+            rejection.into_response()
+        }
+    }
+}
+
+async fn unverified(
+    State(store): State<Deliveries>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match body {
+        Ok(body) => store.accept(&headers, body).await,
+        Err(rejection) => rejection.status().into_response(),
+    }
+}
+
+/// A response with a fixed text: never anything taken from an error.
+fn answer(status: StatusCode, text: &'static str) -> Response {
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        )],
+        text,
+    )
+        .into_response()
+}
+
+impl Deliveries {
+    /// Stores a verified delivery once and answers only after the commit.
+    async fn accept(&self, headers: &HeaderMap, body: Bytes) -> Response {
+        let event_id = match event_id(headers, &body, self.headers_signed) {
+            Ok(id) => id,
+            Err(why) => {
+                tracing::debug!(reason = why, "refused a delivery without a usable event id");
+                return answer(StatusCode::BAD_REQUEST, why);
+            }
+        };
+        let delivery = match NewDelivery::new(&*self.consumer, event_id, body.to_vec())
+            .and_then(|d| d.headers(kept_headers(headers)))
+        {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::debug!(reason = %e, "refused a malformed delivery");
+                return answer(StatusCode::BAD_REQUEST, "malformed delivery");
+            }
+        };
+        match self.store(&delivery).await {
+            Ok(InboxOutcome::New) => {
+                tracing::debug!(event_id = delivery.event_id(), "stored a delivery");
+                answer(StatusCode::OK, "stored")
+            }
+            Ok(InboxOutcome::Duplicate) => {
+                tracing::debug!(event_id = delivery.event_id(), "duplicate delivery");
+                metrics::counter!(postbox_relay::metrics::INBOX_DUPLICATES, "consumer" => self.consumer.to_string())
+                    .increment(1);
+                answer(StatusCode::OK, "duplicate")
+            }
+            Err(e) if unavailable(&e) => {
+                tracing::warn!(error = %postbox_harness::error_chain(&e), "database unavailable; answered 503");
+                let mut response = answer(StatusCode::SERVICE_UNAVAILABLE, "unavailable");
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+                response
+            }
+            Err(e) => {
+                tracing::error!(error = %postbox_harness::error_chain(&e), "cannot store a delivery; answered 500");
+                answer(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
+            }
+        }
+    }
+
+    async fn store(&self, delivery: &NewDelivery) -> Result<InboxOutcome, postbox::Error> {
+        let mut conn = self.pool.acquire().await?;
+        // One autocommitted statement: durable once it returns.
+        received::store(&self.outbox, &mut conn, delivery).await
+    }
+}
+
+/// The delivery's event id: the `webhook-id` header, else `ce-id`, else the `id` of a
+/// structured CloudEvents JSON body (an object with `specversion`; a plain JSON `id`
+/// is application data, not an event id).
+///
+/// With `headers_signed` false (QStash signs the body, not the headers), an id header
+/// must agree with the body's CloudEvents id when there is one: otherwise whoever
+/// replays a captured request could change the header and have the same delivery
+/// stored twice.
+fn event_id(
+    headers: &HeaderMap,
+    body: &[u8],
+    headers_signed: bool,
+) -> Result<String, &'static str> {
+    for name in ["webhook-id", "ce-id"] {
+        let Some(value) = headers.get(name) else {
+            continue;
+        };
+        let id = match value.to_str().map(str::trim) {
+            Ok(id) if !id.is_empty() => id,
+            _ => return Err("malformed event id header"),
+        };
+        if !headers_signed {
+            if let Some(signed) = cloudevent_id(body) {
+                if signed != id {
+                    return Err("the event id header contradicts the CloudEvents id of the body");
+                }
+            }
+        }
+        return Ok(id.to_owned());
+    }
+    cloudevent_id(body)
+        .ok_or("no event id: send a webhook-id or ce-id header, or a CloudEvents JSON body")
+}
+
+/// The `id` of a structured CloudEvents JSON body.
+fn cloudevent_id(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct CloudEvent {
+        specversion: Option<serde_json::Value>,
+        id: Option<serde_json::Value>,
+    }
+    match serde_json::from_slice::<CloudEvent>(body) {
+        Ok(CloudEvent {
+            specversion: Some(serde_json::Value::String(_)),
+            id: Some(serde_json::Value::String(id)),
+        }) if !id.trim().is_empty() => Some(id),
+        _ => None,
+    }
+}
+
+/// The headers stored with a delivery: all but those that may carry credentials.
+fn kept_headers(headers: &HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .filter(|(name, _)| !NOT_STORED.contains(&name.as_str()))
+        .map(|(name, value)| {
+            (
+                name.as_str().to_owned(),
+                String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Whether a storage error means "the database is not there right now" (503, the
+/// sender retries) rather than a fault to fix (500).
+fn unavailable(e: &postbox::Error) -> bool {
+    let postbox::Error::Sqlx(e) = e else {
+        return false;
+    };
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        // Connection exceptions, insufficient resources, operator intervention
+        // (shutdown, restart), read-only standby.
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            ["08", "53", "57"]
+                .iter()
+                .any(|class| code.starts_with(class))
+                || code == "25006"
+        }),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn event_id_comes_from_webhook_id_then_ce_id_then_cloudevents_body() {
+        let ce = br#"{"specversion":"1.0","id":"ce-body","type":"t","source":"s"}"#;
+        assert_eq!(
+            event_id(&headers(&[("webhook-id", "w"), ("ce-id", "c")]), ce, true),
+            Ok("w".to_owned())
+        );
+        assert_eq!(
+            event_id(&headers(&[("ce-id", "c")]), ce, true),
+            Ok("c".to_owned())
+        );
+        assert_eq!(
+            event_id(&HeaderMap::new(), ce, true),
+            Ok("ce-body".to_owned())
+        );
+    }
+
+    #[test]
+    fn unsigned_id_headers_must_agree_with_the_signed_body() {
+        let ce = br#"{"specversion":"1.0","id":"ce-body","type":"t","source":"s"}"#;
+        assert!(event_id(&headers(&[("ce-id", "forged")]), ce, false).is_err());
+        assert!(event_id(&headers(&[("webhook-id", "forged")]), ce, false).is_err());
+        assert_eq!(
+            event_id(&headers(&[("ce-id", "ce-body")]), ce, false),
+            Ok("ce-body".to_owned())
+        );
+        // Without a CloudEvents id in the body, the header is all there is.
+        assert_eq!(
+            event_id(&headers(&[("ce-id", "h")]), b"{}", false),
+            Ok("h".to_owned())
+        );
+    }
+
+    #[test]
+    fn no_usable_event_id_is_an_error() {
+        for body in [
+            &br#"{"id":"not-a-cloudevent"}"#[..],
+            br#"{"specversion":"1.0"}"#,
+            br#"{"specversion":"1.0","id":""}"#,
+            br#"{"specversion":"1.0","id":42}"#,
+            br#"[{"specversion":"1.0","id":"batch"}]"#,
+            b"not json",
+            b"",
+        ] {
+            assert!(event_id(&HeaderMap::new(), body, true).is_err(), "{body:?}");
+        }
+        assert!(event_id(&headers(&[("webhook-id", " ")]), b"", true).is_err());
+    }
+
+    #[test]
+    fn credentials_are_not_stored() {
+        let kept = kept_headers(&headers(&[
+            ("authorization", "Bearer x"),
+            ("cookie", "a=b"),
+            ("content-type", "application/json"),
+        ]));
+        assert_eq!(
+            kept,
+            vec![("content-type".to_owned(), "application/json".to_owned())]
+        );
+    }
+
+    #[test]
+    fn url_needs_qstash() {
+        let args = ReceiveArgs {
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            consumer: "c".to_owned(),
+            verify: VerifyMode::None,
+            url: Some("https://x".to_owned()),
+            max_body_bytes: 1,
+            db_timeout: Duration::from_secs(1),
+            metrics_listen: None,
+        };
+        assert!(matches!(
+            verifier(&args),
+            Err(ReceiveError::UrlWithoutQStash)
+        ));
+    }
+}

@@ -1,0 +1,188 @@
+//! `postbox relay`: deliver committed events to the configured destinations,
+//! forever or until drained; optionally serving metrics and health.
+
+use crate::config::SinkSection;
+use crate::context::{cancel_on_signal, error_chain, AnyError, Settings};
+use crate::observe;
+use clap::Args;
+use postbox::Schema;
+use postbox_harness::db;
+use postbox_relay::sinks;
+use postbox_relay::{Destination, PoisonPolicy, Relay, RelayConfig, Router, RunMode, Store};
+use std::process::ExitCode;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// How often the relay refreshes its backlog gauges when metrics are served.
+const GAUGE_INTERVAL: Duration = Duration::from_secs(5);
+
+#[derive(Args, Debug)]
+pub struct RelayArgs {
+    /// Where to deliver: redis://HOST:PORT[/DB][?mode=list|stream&key=TEMPLATE] or stdout
+    #[arg(long, env = "POSTBOX_SINK", hide_env_values = true)]
+    pub sink: Option<String>,
+    /// Events per claim [default: 500, or relay.batch_size in the config file]
+    #[arg(long, env = "POSTBOX_BATCH_SIZE")]
+    pub batch_size: Option<u32>,
+    /// CloudEvents source attribute [default: postbox]
+    #[arg(long, env = "POSTBOX_SOURCE")]
+    pub source: Option<String>,
+    /// Exit once nothing is pending or in flight, printing a summary
+    #[arg(long)]
+    pub drain: bool,
+    /// Serve Prometheus /metrics, /healthz and /readyz on ADDR, e.g. 0.0.0.0:9187
+    #[arg(long, env = "POSTBOX_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
+    /// Deliver each aggregate's events one at a time, in sequence (every route)
+    #[arg(long)]
+    pub ordered: bool,
+
+    /// With --ordered: what a dead letter does to its aggregate: block (wait for
+    /// an operator to replay or discard it) or skip (go on; consumers see the gap)
+    #[arg(long, value_name = "POLICY", requires = "ordered", value_parser = parse_poison)]
+    pub poison: Option<PoisonPolicy>,
+}
+
+fn parse_poison(s: &str) -> Result<PoisonPolicy, String> {
+    match s {
+        "block" => Ok(PoisonPolicy::Block),
+        "skip" => Ok(PoisonPolicy::Skip),
+        other => Err(format!("expected block or skip, got {other:?}")),
+    }
+}
+
+/// The relay settings after merging flags, environment and file, and the
+/// destinations they name: `--sink` / `[sink]` (one destination, every event),
+/// or `[destinations.*]` with `[[routes]]`.
+pub fn resolve_relay(
+    settings: &Settings,
+    args: &RelayArgs,
+) -> Result<(RelayConfig, Router), AnyError> {
+    let file = &settings.file;
+    let mut config = file.relay.clone();
+    if let Some(b) = args.batch_size {
+        config.batch_size = b;
+    }
+    config.validate()?;
+    let source = args.source.clone();
+    let sink_options = |section: &SinkSection| section.sink_options(source.clone());
+    let router = if file.destinations.is_empty() {
+        if !file.routes.is_empty() {
+            return Err("routes: [[routes]] need [destinations.NAME] sections to send to".into());
+        }
+        let url = args
+            .sink
+            .clone()
+            .or_else(|| file.sink.url.clone())
+            .ok_or("no sink given: pass --sink (e.g. redis://127.0.0.1:6379 or stdout), set POSTBOX_SINK, set [sink] url, or define [destinations.NAME] and [[routes]] in the config file")?;
+        Router::single(sinks::from_url(&url, &sink_options(&file.sink))?)
+    } else {
+        if args.sink.is_some() || file.sink.url.is_some() {
+            return Err("give either a single sink (--sink, POSTBOX_SINK or [sink]) or [destinations.NAME] with [[routes]], not both".into());
+        }
+        let mut destinations = Vec::with_capacity(file.destinations.len());
+        for (name, section) in &file.destinations {
+            let url = section
+                .url
+                .as_deref()
+                .ok_or_else(|| format!("destinations.{name}.url: missing"))?;
+            let sink = sinks::from_url(url, &sink_options(section))
+                .map_err(|e| format!("destinations.{name}: {e}"))?;
+            destinations.push(Destination {
+                name: name.clone(),
+                sink,
+            });
+        }
+        Router::new(destinations, &file.routes)?
+    };
+    let router = if args.ordered {
+        router.all_ordered(args.poison.unwrap_or_default())
+    } else {
+        router
+    };
+    Ok((config, router))
+}
+
+pub async fn run(settings: &Settings, args: RelayArgs) -> Result<ExitCode, AnyError> {
+    let (config, router) = resolve_relay(settings, &args)?;
+    let options = db::options(settings.database_url.as_deref(), "postbox-relay")?;
+    let pool = db::lazy_pool(options, 6);
+    check_schema(&pool, &settings.schema).await?;
+    for d in router.destinations() {
+        if let Err(e) = d.sink.check().await {
+            tracing::warn!(destination = %d.name, error = %e, "the destination is not reachable yet; its events will be retried until it is");
+        }
+    }
+    let sinks: Vec<_> = router
+        .destinations()
+        .iter()
+        .map(|d| d.sink.clone())
+        .collect();
+    let store = Store::new(pool, settings.schema.clone());
+    let mut relay = Relay::with_router(store.clone(), router, config)?;
+    relay = relay.with_health(settings.file.health.clone())?;
+    let retention = &settings.file.retention;
+    if retention.enabled {
+        relay = relay.with_retention(retention.clone())?;
+        tracing::info!(
+            older_than = %humantime::format_duration(retention.older_than),
+            archive = retention.archive,
+            inbox = retention.inbox,
+            "retention is on"
+        );
+    }
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    let serving = CancellationToken::new();
+    let _stop_serving = serving.clone().drop_guard();
+    if let Some(addr) = &args.metrics_listen {
+        let endpoint = observe::Endpoint::bind(addr, store, sinks).await?;
+        if let Some(bound) = endpoint.local_addr() {
+            tracing::info!("serving /metrics, /healthz and /readyz on http://{bound}");
+        }
+        tokio::spawn(endpoint.serve(serving.clone()));
+        relay = relay.with_gauges(GAUGE_INTERVAL)?;
+    }
+    let mode = if args.drain {
+        RunMode::Drain
+    } else {
+        RunMode::Forever
+    };
+    let stats = relay.run(mode, shutdown).await;
+    if args.drain {
+        println!(
+            "drained: {} delivered, {} retried, {} dead-lettered, {} lost acknowledgements",
+            stats.delivered, stats.retried, stats.dead_lettered, stats.lost_acks
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Refuse to relay from a schema that is missing or behind this binary's
+/// migrations. An unreachable database is not an error here: the relay
+/// retries it with backoff.
+async fn check_schema(pool: &sqlx::PgPool, schema: &Schema) -> Result<(), AnyError> {
+    let latest = postbox::MIGRATIONS.last().map_or(0, |m| m.version);
+    let applied = async {
+        let mut conn = pool.acquire().await?;
+        postbox::sqlx::applied_version(&mut conn, schema).await
+    };
+    match applied.await {
+        Ok(Some(v)) if v >= latest => Ok(()),
+        Ok(Some(v)) => Err(format!(
+            "schema {schema} is at migration {v}, this relay needs {latest}: run `postbox migrate` first"
+        )
+        .into()),
+        Ok(None) => Err(format!(
+            "schema {schema} has no postbox tables: run `postbox migrate` first (or pass the right --schema)"
+        )
+        .into()),
+        Err(e) => {
+            tracing::warn!(
+                error = %error_chain(&e),
+                "cannot check the schema version yet; the relay will retry the database"
+            );
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! `postbox status`: counts by status, the oldest pending event, attempts and
+//! dead letters; once, or refreshed until interrupted.
+
+use crate::context::{cancel_on_signal, AnyError, Settings};
+use clap::Args;
+use postbox::Schema;
+use postbox_relay::Store;
+use postbox_store::{AttemptsCount, DestinationCounts, StatusCounts};
+use std::process::ExitCode;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// Print JSON: pending, processing, sent, failed, oldest_pending_age_seconds,
+    /// oldest_pending_event_id, dead_letters, pending_attempts
+    #[arg(long)]
+    pub json: bool,
+    /// Refresh every INTERVAL [default: 2s] until interrupted (JSON: one line per refresh)
+    #[arg(long, value_name = "INTERVAL", num_args = 0..=1, default_missing_value = "2s",
+          value_parser = humantime::parse_duration)]
+    pub watch: Option<Duration>,
+}
+
+pub async fn run(settings: &Settings, args: StatusArgs) -> Result<ExitCode, AnyError> {
+    let pool = settings.pool("postbox-status").await?;
+    let store = Store::new(pool, settings.schema.clone());
+    let Some(every) = args.watch else {
+        let report = status_report(&store).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else {
+            print!("{}", render_status(&settings.schema, &report));
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    if every.is_zero() {
+        return Err("--watch: the interval must be greater than zero".into());
+    }
+    let stop = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(stop.clone()));
+    while !stop.is_cancelled() {
+        let shown = match status_report(&store).await {
+            Ok(r) if args.json => serde_json::to_string(&r)?,
+            Ok(r) => render_status(&settings.schema, &r),
+            Err(e) => format!(
+                "error: {}",
+                postbox_relay::redact::sanitize_error(&e.to_string())
+            ),
+        };
+        if args.json {
+            println!("{shown}");
+        } else {
+            // Home the cursor and clear the screen, then redraw.
+            print!(
+                "\x1b[H\x1b[2J{}\n{shown}",
+                chrono::Local::now().format("%Y-%m-%d %H:%M:%S")
+            );
+        }
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.cancelled() => {}
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `postbox status --json`: the original keys first, then the additions.
+#[derive(serde::Serialize)]
+struct StatusReport {
+    #[serde(flatten)]
+    counts: StatusCounts,
+    oldest_pending_event_id: Option<uuid::Uuid>,
+    dead_letters: i64,
+    pending_attempts: Vec<AttemptsCount>,
+    /// Fan-out events' retries and dead letters per destination.
+    destinations: Vec<DestinationCounts>,
+}
+
+async fn status_report(store: &Store) -> Result<StatusReport, sqlx::Error> {
+    let counts = store.status_counts().await?;
+    let gauges = store.gauges().await?;
+    let pending_attempts = store.pending_attempts().await?;
+    let destinations = store.destination_counts().await?;
+    Ok(StatusReport {
+        dead_letters: counts.failed,
+        counts,
+        oldest_pending_event_id: gauges.oldest_pending_event_id,
+        pending_attempts,
+        destinations,
+    })
+}
+
+fn format_age(secs: Option<f64>) -> String {
+    secs.map(|s| {
+        humantime::format_duration(Duration::from_secs(s.max(0.0).round() as u64)).to_string()
+    })
+    .unwrap_or_else(|| "-".to_owned())
+}
+
+fn render_status(schema: &Schema, r: &StatusReport) -> String {
+    use std::fmt::Write;
+    let c = &r.counts;
+    let mut out = String::new();
+    let _ = writeln!(out, "schema      {schema}");
+    let _ = writeln!(out, "pending     {}", c.pending);
+    let _ = writeln!(out, "processing  {}", c.processing);
+    let _ = writeln!(out, "sent        {}", c.sent);
+    let _ = writeln!(out, "failed      {}  (dead letters)", c.failed);
+    let _ = writeln!(
+        out,
+        "oldest pending age  {}",
+        format_age(c.oldest_pending_age_seconds)
+    );
+    if let Some(id) = r.oldest_pending_event_id {
+        let _ = writeln!(out, "oldest pending event  {id}");
+    }
+    if !r.pending_attempts.is_empty() {
+        let parts: Vec<String> = r
+            .pending_attempts
+            .iter()
+            .map(|a| format!("{}: {}", a.attempts, a.count))
+            .collect();
+        let _ = writeln!(out, "pending by attempts  {}", parts.join(", "));
+    }
+    if !r.destinations.is_empty() {
+        let _ = writeln!(out, "fan-out by destination  (retrying / dead letters / delivered after a retry / most attempts)");
+        for d in &r.destinations {
+            let _ = writeln!(
+                out,
+                "  {:<20} {} / {} / {} / {}",
+                d.destination, d.retrying, d.dead_letters, d.delivered_after_retry, d.max_attempts
+            );
+        }
+    }
+    out
+}

@@ -1,0 +1,135 @@
+//! `postbox verify`: its flags and exit statuses; the contract check itself
+//! is `postbox_harness::contract`.
+
+use crate::context::{shutdown_signal, AnyError, Settings};
+use clap::Args;
+use postbox_harness::contract::{self, FaultKind, PlantedBug};
+use postbox_harness::{error_chain, Verdict};
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    /// How long producers and faults run; then the run drains and is checked
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Relay processes (`postbox relay` children of this binary)
+    #[arg(long, default_value_t = 3)]
+    pub relays: usize,
+    /// The broker: redis://HOST:PORT[/DB] (a stream) or nats://HOST:PORT (JetStream)
+    #[arg(long, default_value = "redis://127.0.0.1:6379")]
+    pub sink: String,
+    /// Relays deliver each aggregate's events in sequence, and the consumer checks it
+    #[arg(long)]
+    pub ordered: bool,
+    /// Seed of the workload and the fault schedule [default: random; printed]
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Events per second, all producers together (about)
+    #[arg(long, default_value_t = 400)]
+    pub rate: u32,
+    /// Aggregates the events are spread over
+    #[arg(long, default_value_t = 1000)]
+    pub aggregates: u32,
+    /// Percent of producer transactions rolled back
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub rollback_percent: u32,
+    /// Faults to inject (comma-separated), or none
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "kill,stall,sink,db,consumer"
+    )]
+    pub faults: Vec<FaultChoice>,
+    /// Mean time between two relay kills
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    pub kill_every: Duration,
+    /// Mean time between two other faults (stall, sink, db)
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    pub fault_every: Duration,
+    /// The relays' lease (a stalled relay is stopped for longer than this)
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    pub lease: Duration,
+    /// Failpoints armed in the relays and the producers, NAME=[P%]ACTION,…
+    /// (needs a build with the `failpoints` feature)
+    #[arg(long, value_name = "SPEC")]
+    pub failpoints: Option<String>,
+    /// Plant a bug in the relays, to see verify catch it (needs `failpoints`)
+    #[arg(long, value_name = "BUG")]
+    pub plant: Option<Plant>,
+    /// Longest wait after the run for every committed event to arrive
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+    /// Keep the schema, the broker's stream and the relay logs even when the checks pass
+    #[arg(long)]
+    pub keep: bool,
+    /// Print the report as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FaultChoice {
+    Kill,
+    Stall,
+    Sink,
+    Db,
+    Consumer,
+    None,
+}
+
+impl FaultChoice {
+    fn kind(self) -> Option<FaultKind> {
+        match self {
+            FaultChoice::Kill => Some(FaultKind::Kill),
+            FaultChoice::Stall => Some(FaultKind::Stall),
+            FaultChoice::Sink => Some(FaultKind::Sink),
+            FaultChoice::Db => Some(FaultKind::Db),
+            FaultChoice::Consumer => Some(FaultKind::Consumer),
+            FaultChoice::None => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Plant {
+    /// The relay acknowledges some batches without publishing them
+    AckBeforePublish,
+}
+
+/// Exit status when a check fails (setup errors exit with 2).
+const VIOLATION: u8 = 1;
+const SETUP_ERROR: u8 = 2;
+
+pub async fn run(settings: &Settings, args: VerifyArgs) -> Result<ExitCode, AnyError> {
+    let options = contract::Options {
+        duration: args.duration,
+        relays: args.relays,
+        sink: args.sink,
+        ordered: args.ordered,
+        seed: args.seed,
+        rate: args.rate,
+        aggregates: args.aggregates,
+        rollback_percent: args.rollback_percent,
+        faults: args.faults.iter().filter_map(|f| f.kind()).collect(),
+        kill_every: args.kill_every,
+        fault_every: args.fault_every,
+        lease: args.lease,
+        failpoints: args.failpoints,
+        plant: args
+            .plant
+            .map(|Plant::AckBeforePublish| PlantedBug::AckBeforePublish),
+        drain_timeout: args.drain_timeout,
+        keep: args.keep,
+        json: args.json,
+    };
+    let interrupt = Box::pin(shutdown_signal());
+    match contract::run(settings.database_url.as_deref(), &options, interrupt).await {
+        Ok(Verdict::Pass) => Ok(ExitCode::SUCCESS),
+        Ok(Verdict::Fail) => Ok(ExitCode::from(VIOLATION)),
+        Err(e) => {
+            eprintln!("error: {}", error_chain(e.as_ref()));
+            Ok(ExitCode::from(SETUP_ERROR))
+        }
+    }
+}

@@ -1,0 +1,75 @@
+-- Statements behind `postbox bench`: the schema it creates and drops,
+-- seeding, the pure-SQL ceiling on postbox's own schema, the naive
+-- row-at-a-time relay it is compared to, and the outbox's size.
+
+-- name: server_version
+SHOW server_version;
+
+-- name: drop_schema
+-- The benchmark's own schema (its name must contain "bench").
+DROP SCHEMA IF EXISTS {schema} CASCADE;
+
+-- name: seed
+-- Benchmark seed: $1 committed events with a payload of about 200 bytes.
+-- With $2 > 0 they belong to $2 aggregates, interleaved (event g is number
+-- (g - 1) / $2 + 1 of aggregate g % $2), as producers of many aggregates write
+-- them; with $2 = 0 each event is its own aggregate.
+INSERT INTO {schema}.outbox (event_id, event_type, aggregate_type, aggregate_id, payload, sequence)
+SELECT {schema}.uuid_v7(), 'order.created', 'order',
+       CASE WHEN $2 > 0 THEN (g % $2)::text ELSE g::text END,
+       jsonb_build_object('order_id', g, 'account_id', g % 97, 'customer', 'customer-' || (g % 1000),
+                          'currency', 'EUR', 'total_cents', (g * 7919) % 100000,
+                          'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-' || (g % 500), 'qty', 1 + g % 3)),
+                          'note', repeat('x', 48)),
+       CASE WHEN $2 > 0 THEN (g - 1) / $2 + 1 ELSE 1 END
+FROM generate_series(1, $1) g;
+
+-- name: vacuum_analyze
+-- After seeding: the relay starts on a table with fresh statistics.
+VACUUM ANALYZE {schema}.outbox;
+
+-- name: ceiling
+-- The pure-SQL ceiling on this schema: claim batches of {batch} with a fresh
+-- lease token and acknowledge them, as the relay does, with no broker hop.
+DO $ceiling$
+DECLARE tok uuid; ids bigint[]; n int;
+BEGIN
+  LOOP
+    tok := gen_random_uuid();
+    WITH c AS (
+      UPDATE {schema}.outbox o
+      SET status = 'processing', lease_token = tok,
+          lease_expires_at = now() + interval '60 seconds', attempts = o.attempts + 1
+      WHERE o.id IN (SELECT id FROM {schema}.outbox
+                     WHERE status = 'pending' AND available_at <= now()
+                     ORDER BY available_at, id LIMIT {batch} FOR UPDATE SKIP LOCKED)
+      RETURNING o.id, o.payload::text)
+    SELECT array_agg(id) INTO ids FROM c;
+    n := coalesce(array_length(ids, 1), 0);
+    EXIT WHEN n = 0;
+    COMMIT;
+    UPDATE {schema}.outbox
+    SET status = 'sent', sent_at = now(), lease_token = NULL, lease_expires_at = NULL, last_error = NULL
+    WHERE id = ANY(ids) AND lease_token = tok AND status = 'processing';
+    COMMIT;
+  END LOOP;
+END
+$ceiling$;
+
+-- name: naive_select
+-- The naive relay most write-ups start from: 100 unsent rows at a time...
+SELECT id, payload::text AS payload FROM {schema}.outbox WHERE status = 'pending' ORDER BY id LIMIT 100;
+
+-- name: naive_mark
+-- ...then one UPDATE and one COMMIT per row.
+UPDATE {schema}.outbox SET status = 'sent', sent_at = now() WHERE id = $1;
+
+-- name: pending
+-- Events not yet delivered: pending (due or not) and in flight.
+SELECT count(*) AS pending FROM {schema}.outbox WHERE status IN ('pending', 'processing');
+
+-- name: table_size
+-- Outbox table and index sizes in bytes, and dead tuples.
+SELECT pg_table_size('{schema}.outbox'::regclass) AS table_bytes,
+       pg_indexes_size('{schema}.outbox'::regclass) AS index_bytes,
+       coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = '{schema}.outbox'::regclass), 0) AS dead_tuples;

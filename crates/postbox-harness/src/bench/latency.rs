@@ -1,0 +1,263 @@
+//! The latency part of `postbox bench`: producers commit one event per
+//! transaction at a steady rate while a relay (a child process, in the mode
+//! measured) pushes them to a Redis list; a reader pops them and notes when
+//! each arrived. Latency is arrival minus commit, per event.
+
+use super::report::{percentile, round2, Latency};
+use super::{redis_target, Bench, RELAY_GRACE};
+use crate::{lock, AnyError};
+use postbox::{NewEvent, Outbox};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+/// How long the relay may take to deliver the warm-up event.
+const WARM_UP_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the last events may take to arrive after the producers stop.
+const ARRIVAL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// When each event was committed.
+type Commits = HashMap<Uuid, Instant>;
+
+impl Bench<'_> {
+    /// One latency run: LISTEN/NOTIFY or polling, synchronous or asynchronous relay commits.
+    pub(super) async fn latency(
+        &self,
+        listen: bool,
+        synchronous: bool,
+    ) -> Result<Latency, AnyError> {
+        let options = self.options;
+        let mode = mode(listen, synchronous, options.poll_interval);
+        eprintln!(
+            "latency: {} events/s for {} with {mode}…",
+            options.rate,
+            humantime::format_duration(options.duration)
+        );
+        self.reset().await?;
+        let (redis_url, key) = redis_target(&self.sink)
+            .ok_or("latency needs a Redis list sink with a fixed key (…?key=NAME)")?;
+
+        // The relay, as a real process with a config file for the mode.
+        let config = self.write_config(
+            "postbox-bench",
+            format!(
+                "[relay]\nlisten = {listen}\nsynchronous_commit = {synchronous}\npoll_interval = \"{}\"\nbatch_size = {}\n",
+                humantime::format_duration(options.poll_interval),
+                options.batch_size
+            ),
+        )?;
+        let relay = self
+            .relay()?
+            .config(&config)
+            .args(["--sink", &self.sink])
+            .spawn(None)?;
+        let arrivals = Arrivals::start(&redis_url, key).await?;
+        if let Err(e) = self.warm_up(&arrivals).await {
+            let _ = relay.stop(RELAY_GRACE).await;
+            return Err(e);
+        }
+        arrivals.clear();
+
+        let committed = self.produce_steadily().await?;
+        arrivals.wait_for(committed.len(), ARRIVAL_TIMEOUT).await;
+        let arrived = arrivals.stop();
+        let _ = relay.stop(RELAY_GRACE).await;
+        let _ = std::fs::remove_file(&config);
+        measure(mode, options.rate, options.duration, &committed, &arrived)
+    }
+
+    /// One event through the whole path, so that the relay's start
+    /// (connections, LISTEN, the sink) is not measured as latency.
+    async fn warm_up(&self, arrivals: &Arrivals) -> Result<(), AnyError> {
+        let warm_up = NewEvent::new("bench.warm_up", "bench", "0", &serde_json::json!({}))?;
+        let warm_up_id = {
+            let mut tx = self.pool.begin().await?;
+            let id = postbox::sqlx::enqueue(&Outbox::new(self.schema.clone()), &mut tx, &warm_up)
+                .await?;
+            tx.commit().await?;
+            id
+        };
+        let ready_by = Instant::now() + WARM_UP_TIMEOUT;
+        while !arrivals.has(warm_up_id) {
+            if Instant::now() > ready_by {
+                return Err("latency: the relay delivered nothing within 60 s of starting".into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
+    /// Producers committing one event per transaction at the target rate for
+    /// the run's duration; when each event committed.
+    async fn produce_steadily(&self) -> Result<Commits, AnyError> {
+        let options = self.options;
+        let committed: Arc<Mutex<Commits>> = Arc::default();
+        // Enough producers that a slow commit (a WAL flush each) does not
+        // hold the rate back: concurrent commits share flushes.
+        let producers = (options.rate / 25).clamp(16, 48);
+        // Their connections exist before the clock starts: a new backend's
+        // start-up is CPU the first run would otherwise pay inside its tail.
+        let mut warm = Vec::new();
+        for _ in 0..producers {
+            warm.push(self.pool.acquire().await?);
+        }
+        drop(warm);
+        let deadline = Instant::now() + options.duration;
+        let period = Duration::from_secs_f64(producers as f64 / options.rate as f64);
+        let mut tasks = Vec::new();
+        for p in 0..producers {
+            let pool = self.pool.clone();
+            let outbox = Outbox::new(self.schema.clone());
+            let committed = committed.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut tick = tokio::time::interval(period);
+                let mut i = 0_u64;
+                while Instant::now() < deadline {
+                    tick.tick().await;
+                    i += 1;
+                    let event = NewEvent::new(
+                        "order.created",
+                        "order",
+                        format!("{p}-{i}"),
+                        &serde_json::json!({"p": p, "i": i}),
+                    )?;
+                    let mut tx = pool.begin().await?;
+                    let id = postbox::sqlx::enqueue(&outbox, &mut tx, &event).await?;
+                    tx.commit().await?;
+                    lock(&committed).insert(id, Instant::now());
+                }
+                Ok::<_, AnyError>(())
+            }));
+        }
+        for t in tasks {
+            t.await??;
+        }
+        let committed = std::mem::take(&mut *lock(&committed));
+        Ok(committed)
+    }
+}
+
+/// The name of a latency mode, as the report shows it.
+fn mode(listen: bool, synchronous: bool, poll_interval: Duration) -> String {
+    if listen && !synchronous {
+        "LISTEN/NOTIFY, asynchronous relay commits".to_owned()
+    } else if listen {
+        "LISTEN/NOTIFY".to_owned()
+    } else {
+        format!(
+            "polling every {}",
+            humantime::format_duration(poll_interval)
+        )
+    }
+}
+
+/// Latency percentiles of the events that arrived; an error if some never did.
+fn measure(
+    mode: String,
+    rate: u64,
+    duration: Duration,
+    committed: &Commits,
+    arrived: &[(Uuid, Instant)],
+) -> Result<Latency, AnyError> {
+    let total = committed.len();
+    let mut ms: Vec<f64> = arrived
+        .iter()
+        .filter_map(|(id, at)| {
+            committed
+                .get(id)
+                .map(|c| at.saturating_duration_since(*c).as_secs_f64() * 1000.0)
+        })
+        .collect();
+    if ms.len() < total {
+        return Err(format!(
+            "latency: only {} of {total} events arrived within 30 s",
+            ms.len()
+        )
+        .into());
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok(Latency {
+        mode,
+        rate,
+        achieved_rate: (total as f64 / duration.as_secs_f64()).round(),
+        events: ms.len(),
+        p50_ms: round2(percentile(&ms, 0.50)),
+        p95_ms: round2(percentile(&ms, 0.95)),
+        p99_ms: round2(percentile(&ms, 0.99)),
+        max_ms: round2(ms.last().copied().unwrap_or_default()),
+    })
+}
+
+/// The reader of the Redis list: pops everything that has arrived (up to
+/// 1,000 at a time, blocking while the list is empty) and notes when each
+/// event id arrived.
+struct Arrivals {
+    received: Arc<Mutex<Vec<(Uuid, Instant)>>>,
+    task: JoinHandle<()>,
+}
+
+impl Arrivals {
+    async fn start(redis_url: &str, key: String) -> Result<Self, AnyError> {
+        let received: Arc<Mutex<Vec<(Uuid, Instant)>>> = Arc::default();
+        let client = redis::Client::open(redis_url)?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        let task = {
+            let received = received.clone();
+            tokio::spawn(async move {
+                loop {
+                    let popped: Result<Option<(String, Vec<String>)>, _> = redis::cmd("BLMPOP")
+                        .arg(0.5)
+                        .arg(1)
+                        .arg(&key)
+                        .arg("RIGHT")
+                        .arg("COUNT")
+                        .arg(1000)
+                        .query_async(&mut conn)
+                        .await;
+                    match popped {
+                        Ok(Some((_, bodies))) => {
+                            let at = Instant::now();
+                            lock(&received).extend(
+                                bodies.iter().filter_map(|b| event_id(b)).map(|id| (id, at)),
+                            );
+                        }
+                        Ok(None) => {}
+                        Err(_) => return,
+                    }
+                }
+            })
+        };
+        Ok(Self { received, task })
+    }
+
+    fn has(&self, id: Uuid) -> bool {
+        lock(&self.received).iter().any(|(got, _)| *got == id)
+    }
+
+    fn clear(&self) {
+        lock(&self.received).clear();
+    }
+
+    /// Wait until `n` events have arrived, or `timeout` has passed.
+    async fn wait_for(&self, n: usize, timeout: Duration) {
+        let until = Instant::now() + timeout;
+        while lock(&self.received).len() < n && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stop reading; what arrived.
+    fn stop(self) -> Vec<(Uuid, Instant)> {
+        self.task.abort();
+        std::mem::take(&mut *lock(&self.received))
+    }
+}
+
+/// The CloudEvents id of a message body.
+fn event_id(body: &str) -> Option<Uuid> {
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["id"].as_str().and_then(|s| s.parse().ok()))
+}

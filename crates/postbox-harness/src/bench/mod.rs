@@ -1,0 +1,375 @@
+//! `postbox bench`: throughput and latency of the relay on this machine, next
+//! to the Postgres-side ceiling and a naive relay, measured in one run.
+//!
+//! - **drain**: N seeded events through `postbox relay --drain` (a child
+//!   process, so its peak RSS is the real binary's) into the sink; in the same
+//!   run, the pure-SQL claim-and-ack loop on the same schema (no broker), and a
+//!   naive row-at-a-time relay (SELECT 100, then LPUSH + UPDATE + COMMIT per row).
+//! - **latency** (`latency.rs`): a steady producer at R events/s for T;
+//!   commit-to-Redis percentiles, once with LISTEN/NOTIFY and once with
+//!   polling only.
+//! - **scale**: 1, 2 and 4 relay processes draining N events together.
+//! - **ordered**: N events over A aggregates drained unordered, then with
+//!   `--ordered`, in the same run.
+//! - **sustained** (`sustained.rs`): producers at a steady high rate for a
+//!   long time, the relay with retention on; the outbox's table and index
+//!   size and dead tuples sampled throughout, and the relay's peak RSS. (Not
+//!   in the default set.)
+//!
+//! Its statements are `sql/bench.sql` ([`store::BenchStore`]); what it
+//! measured is a [`report::BenchReport`].
+
+mod latency;
+pub mod report;
+pub mod store;
+mod sustained;
+
+use crate::pgcluster::TempCluster;
+use crate::supervisor::{run_together, RelayCommand, TogetherRun};
+use crate::{db, AnyError};
+use postbox::Schema;
+use redis::AsyncCommands;
+use report::{print_table, round2, BenchReport, Drain, Machine, Ordered, Scale};
+use std::time::{Duration, Instant};
+use store::BenchStore;
+
+/// What `postbox bench` runs.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Events for the drain and scale-out runs.
+    pub events: i64,
+    /// Relay batch size (the ceiling uses the same).
+    pub batch_size: u32,
+    /// Sink for the relay runs [default: a Redis list on 127.0.0.1:6379].
+    pub sink: Option<String>,
+    /// Events for the naive relay.
+    pub naive_events: i64,
+    /// Producer rate for the latency run, events/s.
+    pub rate: u64,
+    /// Length of each latency run.
+    pub duration: Duration,
+    /// Poll interval of the polling-only latency run.
+    pub poll_interval: Duration,
+    /// Relay process counts for the scale-out run.
+    pub relays: Vec<usize>,
+    /// Aggregates the ordered run spreads its events over.
+    pub aggregates: i64,
+    /// Producer rate of the sustained run, events/s.
+    pub sustained_rate: u64,
+    /// Length of the sustained run.
+    pub sustained_duration: Duration,
+    /// Which parts to run.
+    pub parts: Vec<Part>,
+    /// Schema the benchmark creates and drops (its name must contain "bench").
+    pub bench_schema: String,
+    /// Print the results as JSON rather than a table.
+    pub json: bool,
+}
+
+/// The parts of a benchmark run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    Drain,
+    Latency,
+    Scale,
+    Ordered,
+    Sustained,
+}
+
+const REDIS_DEFAULT: &str = "redis://127.0.0.1:6379";
+const KEY: &str = "postbox-bench:events";
+
+/// Run the benchmark on `database_url`, or on a throwaway cluster without
+/// one, and print what it measured.
+pub async fn run(database_url: Option<&str>, options: &Options) -> Result<(), AnyError> {
+    if options.events < 1
+        || options.naive_events < 1
+        || options.rate < 1
+        || options.relays.contains(&0)
+        || options.aggregates < 1
+    {
+        return Err(
+            "--events, --naive-events, --rate, --relays and --aggregates must be positive".into(),
+        );
+    }
+    let (cluster, url) = match database_url {
+        Some(url) => (None, url.to_owned()),
+        None => {
+            eprintln!("No DATABASE_URL: benchmarking a throwaway PostgreSQL cluster (fsync off).");
+            let c = TempCluster::start().await?;
+            let url = c.url().to_owned();
+            (Some(c), url)
+        }
+    };
+    let result = run_on(&url, options).await;
+    if let Some(c) = cluster {
+        let _ = c.stop().await;
+    }
+    let report = result?;
+    if options.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&report);
+    }
+    Ok(())
+}
+
+/// One benchmark run: the database, the schema it owns, the sink.
+struct Bench<'a> {
+    url: &'a str,
+    pool: sqlx::PgPool,
+    schema: Schema,
+    store: BenchStore,
+    sink: String,
+    options: &'a Options,
+}
+
+async fn run_on(url: &str, options: &Options) -> Result<BenchReport, AnyError> {
+    let connect = db::options(Some(url), "postbox-bench")?;
+    let pool = db::pool(connect, 56, db::CONNECT_PATIENCE).await?;
+    let sink = options
+        .sink
+        .clone()
+        .unwrap_or_else(|| format!("{REDIS_DEFAULT}?key={KEY}"));
+    let schema = bench_schema(&options.bench_schema)?;
+    let bench = Bench {
+        url,
+        pool: pool.clone(),
+        store: BenchStore::new(pool, &schema),
+        schema,
+        sink: sink.clone(),
+        options,
+    };
+    let mut report = BenchReport {
+        machine: Machine {
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            postgres: bench.store.server_version().await?,
+            sink: postbox_relay::sinks::from_url(&sink, &Default::default())?.describe(),
+        },
+        ..BenchReport::default()
+    };
+    let parts = &options.parts;
+    if parts.contains(&Part::Drain) {
+        report.drain = Some(bench.drain().await?);
+    }
+    if parts.contains(&Part::Latency) {
+        if is_redis_list(&sink) {
+            // LISTEN with the relay's default (synchronous) commits, the same
+            // with asynchronous ones (no flush per claim), polling.
+            for (listen, synchronous) in [(true, true), (true, false), (false, true)] {
+                report
+                    .latency
+                    .push(bench.latency(listen, synchronous).await?);
+            }
+        } else {
+            eprintln!("latency: skipped (it reads the messages back from a Redis list sink)");
+        }
+    }
+    if parts.contains(&Part::Scale) {
+        for &n in &options.relays {
+            report.scale.push(bench.scale(n).await?);
+        }
+    }
+    if parts.contains(&Part::Ordered) {
+        report.ordered = Some(bench.ordered().await?);
+    }
+    if parts.contains(&Part::Sustained) {
+        report.sustained = Some(bench.sustained().await?);
+    }
+    bench.reset().await?;
+    bench.store.drop_schema().await?;
+    clear_redis(&sink).await;
+    Ok(report)
+}
+
+fn bench_schema(name: &str) -> Result<Schema, AnyError> {
+    if !name.contains("bench") {
+        return Err(format!(
+            "--bench-schema {name:?}: the benchmark drops this schema, so its name must contain \"bench\""
+        )
+        .into());
+    }
+    Ok(Schema::new(name)?)
+}
+
+fn is_redis_list(sink: &str) -> bool {
+    (sink.starts_with("redis://") || sink.starts_with("rediss://")) && !sink.contains("mode=stream")
+}
+
+/// The Redis list the relay pushes to, when the sink is one (a key without placeholders).
+fn redis_target(sink: &str) -> Option<(String, String)> {
+    if !is_redis_list(sink) {
+        return None;
+    }
+    let url = url::Url::parse(sink).ok()?;
+    let key = url
+        .query_pairs()
+        .find(|(k, _)| k == "key")
+        .map(|(_, v)| v.into_owned())?;
+    if key.contains('{') {
+        return None;
+    }
+    let mut base = url.clone();
+    base.set_query(None);
+    Some((base.to_string(), key))
+}
+
+async fn clear_redis(sink: &str) {
+    if let Some((url, key)) = redis_target(sink) {
+        if let Ok(client) = redis::Client::open(url) {
+            if let Ok(mut c) = client.get_multiplexed_async_connection().await {
+                let _: Result<(), _> = c.del(&key).await;
+            }
+        }
+    }
+}
+
+impl Bench<'_> {
+    /// A freshly migrated schema and an empty Redis list.
+    async fn reset(&self) -> Result<(), AnyError> {
+        self.store.reset().await?;
+        clear_redis(&self.sink).await;
+        Ok(())
+    }
+
+    /// A fresh schema holding `n` events, each its own aggregate.
+    async fn seeded(&self, n: i64) -> Result<(), AnyError> {
+        self.seeded_over(n, 0).await
+    }
+
+    /// A fresh schema holding `n` events over `aggregates` aggregates (0: one
+    /// aggregate per event).
+    async fn seeded_over(&self, n: i64, aggregates: i64) -> Result<(), AnyError> {
+        self.reset().await?;
+        self.store.seed(n, aggregates).await?;
+        Ok(())
+    }
+
+    /// `postbox relay` on the benchmark's schema.
+    fn relay(&self) -> std::io::Result<RelayCommand> {
+        RelayCommand::new(self.url, &self.schema)
+    }
+
+    /// Run `n` `postbox relay --drain` processes at once; wall time and the largest peak RSS.
+    async fn drain_with_relays(&self, n: usize, extra: &[&str]) -> Result<TogetherRun, AnyError> {
+        let command = self
+            .relay()?
+            .args(["--drain", "--sink", &self.sink])
+            .args([
+                "--batch-size".to_owned(),
+                self.options.batch_size.to_string(),
+            ])
+            .args(extra.iter().copied());
+        run_together(&command, n).await
+    }
+
+    async fn drain(&self) -> Result<Drain, AnyError> {
+        let options = self.options;
+        eprintln!("drain: {} events through the relay…", options.events);
+        self.seeded(options.events).await?;
+        let relay = self.drain_with_relays(1, &[]).await?;
+        let table_after = self.store.table_size().await?;
+
+        eprintln!("drain: the same events through the pure-SQL ceiling…");
+        self.seeded(options.events).await?;
+        let started = Instant::now();
+        self.store.ceiling(options.batch_size).await?;
+        let ceiling = options.events as f64 / started.elapsed().as_secs_f64();
+
+        eprintln!(
+            "drain: {} events through the naive relay…",
+            options.naive_events
+        );
+        self.seeded(options.naive_events).await?;
+        let naive_key = format!("{}:naive", self.schema.name());
+        let naive = naive_relay(&self.store, options.naive_events, &naive_key).await?;
+
+        let relay_rate = options.events as f64 / relay.elapsed.as_secs_f64();
+        Ok(Drain {
+            events: options.events,
+            batch_size: options.batch_size,
+            relay_events_per_s: relay_rate.round(),
+            relay_peak_rss_mb: relay.peak_rss_mb,
+            ceiling_events_per_s: ceiling.round(),
+            naive_events: options.naive_events,
+            naive_events_per_s: naive.round(),
+            relay_vs_ceiling: round2(relay_rate / ceiling),
+            relay_vs_naive: round2(relay_rate / naive),
+            table_after,
+        })
+    }
+
+    async fn scale(&self, n: usize) -> Result<Scale, AnyError> {
+        let events = self.options.events;
+        eprintln!("scale: {events} events through {n} relay process(es)…");
+        self.seeded(events).await?;
+        let run = self.drain_with_relays(n, &[]).await?;
+        Ok(Scale {
+            relays: n,
+            events,
+            events_per_s: (events as f64 / run.elapsed.as_secs_f64()).round(),
+            peak_rss_mb: run.peak_rss_mb,
+        })
+    }
+
+    async fn ordered(&self) -> Result<Ordered, AnyError> {
+        let (events, aggregates) = (self.options.events, self.options.aggregates);
+        let mut rates = [0.0; 2];
+        for (rate, extra) in rates.iter_mut().zip([&[][..], &["--ordered"][..]]) {
+            eprintln!(
+                "ordered: {events} events over {aggregates} aggregates, relay {}…",
+                if extra.is_empty() {
+                    "unordered"
+                } else {
+                    "--ordered"
+                }
+            );
+            self.seeded_over(events, aggregates).await?;
+            let run = self.drain_with_relays(1, extra).await?;
+            *rate = events as f64 / run.elapsed.as_secs_f64();
+        }
+        Ok(Ordered {
+            events,
+            aggregates,
+            unordered_events_per_s: rates[0].round(),
+            ordered_events_per_s: rates[1].round(),
+            ordered_vs_unordered: round2(rates[1] / rates[0]),
+        })
+    }
+
+    /// A relay config file for one run, in the temporary directory.
+    fn write_config(&self, name: &str, toml: String) -> std::io::Result<std::path::PathBuf> {
+        let path = std::env::temp_dir().join(format!("{name}-{}.toml", std::process::id()));
+        std::fs::write(&path, toml)?;
+        Ok(path)
+    }
+}
+
+/// The naive relay: 100 rows at a time, then LPUSH + UPDATE + COMMIT per row.
+async fn naive_relay(store: &BenchStore, n: i64, key: &str) -> Result<f64, AnyError> {
+    let client = redis::Client::open(REDIS_DEFAULT)?;
+    let mut redis = client.get_multiplexed_async_connection().await?;
+    let _: () = redis.del(key).await?;
+    let started = Instant::now();
+    let mut done = 0_i64;
+    loop {
+        let rows = store.naive_select().await?;
+        if rows.is_empty() {
+            break;
+        }
+        for (id, payload) in rows {
+            let _: () = redis.lpush(key, payload).await?;
+            store.naive_mark(id).await?;
+            done += 1;
+        }
+    }
+    let rate = done as f64 / started.elapsed().as_secs_f64();
+    let _: () = redis.del(key).await?;
+    if done != n {
+        return Err(format!("naive relay moved {done} of {n} events").into());
+    }
+    Ok(rate)
+}
+
+/// How long a relay stopped after a timed run may take to exit.
+const RELAY_GRACE: Duration = Duration::from_secs(35);

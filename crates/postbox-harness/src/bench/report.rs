@@ -1,0 +1,185 @@
+//! What `postbox bench` measured, and how it is printed: a table, or JSON
+//! (`--json`; the field names are the JSON keys).
+
+use super::store::TableSize;
+use serde::Serialize;
+
+#[derive(Debug, Default, Serialize)]
+pub struct BenchReport {
+    pub machine: Machine,
+    pub drain: Option<Drain>,
+    pub latency: Vec<Latency>,
+    pub scale: Vec<Scale>,
+    pub ordered: Option<Ordered>,
+    pub sustained: Option<Sustained>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Sustained {
+    pub rate: u64,
+    pub duration_s: f64,
+    pub events: u64,
+    /// Samples of the outbox table: seconds since the start, sizes, pending.
+    pub samples: Vec<Sample>,
+    pub relay_peak_rss_mb: f64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Sample {
+    pub at_s: f64,
+    pub table_bytes: i64,
+    pub index_bytes: i64,
+    pub dead_tuples: i64,
+    pub pending: i64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Ordered {
+    pub events: i64,
+    pub aggregates: i64,
+    pub unordered_events_per_s: f64,
+    pub ordered_events_per_s: f64,
+    pub ordered_vs_unordered: f64,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Machine {
+    pub cpus: usize,
+    pub postgres: String,
+    pub sink: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Drain {
+    pub events: i64,
+    pub batch_size: u32,
+    pub relay_events_per_s: f64,
+    pub relay_peak_rss_mb: f64,
+    pub ceiling_events_per_s: f64,
+    pub naive_events: i64,
+    pub naive_events_per_s: f64,
+    pub relay_vs_ceiling: f64,
+    pub relay_vs_naive: f64,
+    pub table_after: TableSize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Latency {
+    pub mode: String,
+    pub rate: u64,
+    /// Events per second the producers committed (each commit waits for a flush).
+    pub achieved_rate: f64,
+    pub events: usize,
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Scale {
+    pub relays: usize,
+    pub events: i64,
+    pub events_per_s: f64,
+    pub peak_rss_mb: f64,
+}
+
+pub(super) fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+pub(super) fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+pub(super) fn print_table(r: &BenchReport) {
+    println!(
+        "postbox bench: {} CPUs, PostgreSQL {}, sink {}",
+        r.machine.cpus, r.machine.postgres, r.machine.sink
+    );
+    if let Some(d) = &r.drain {
+        println!();
+        println!("drain ({} events, batch {})", d.events, d.batch_size);
+        println!(
+            "  relay → sink               {:>9.0} events/s   peak RSS {:.1} MB",
+            d.relay_events_per_s, d.relay_peak_rss_mb
+        );
+        println!(
+            "  pure-SQL ceiling           {:>9.0} events/s   relay = {:.2} × ceiling",
+            d.ceiling_events_per_s, d.relay_vs_ceiling
+        );
+        println!(
+            "  naive relay ({:>6} ev.)   {:>9.0} events/s   relay = {:.1} × naive",
+            d.naive_events, d.naive_events_per_s, d.relay_vs_naive
+        );
+        println!(
+            "  outbox after the drain: table {:.1} MB, indexes {:.1} MB, {} dead tuples",
+            d.table_after.table_bytes as f64 / 1e6,
+            d.table_after.index_bytes as f64 / 1e6,
+            d.table_after.dead_tuples
+        );
+    }
+    if !r.latency.is_empty() {
+        println!();
+        println!("commit-to-Redis latency (target rate)            committed/s   events   p50 ms   p95 ms   p99 ms   max ms");
+        for l in &r.latency {
+            println!(
+                "  {:<46} {:>11.0} {:>8} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
+                format!("{} ({}/s)", l.mode, l.rate),
+                l.achieved_rate,
+                l.events,
+                l.p50_ms,
+                l.p95_ms,
+                l.p99_ms,
+                l.max_ms
+            );
+        }
+    }
+    if let Some(o) = &r.ordered {
+        println!();
+        println!(
+            "ordered ({} events over {} aggregates)",
+            o.events, o.aggregates
+        );
+        println!(
+            "  unordered                  {:>9.0} events/s",
+            o.unordered_events_per_s
+        );
+        println!(
+            "  --ordered                  {:>9.0} events/s   = {:.2} × unordered",
+            o.ordered_events_per_s, o.ordered_vs_unordered
+        );
+    }
+    if let Some(s) = &r.sustained {
+        println!();
+        println!(
+            "sustained ({} events/s for {:.0} s, {} events, retention on; relay peak RSS {:.1} MB)",
+            s.rate, s.duration_s, s.events, s.relay_peak_rss_mb
+        );
+        println!("  at s     table MB  indexes MB  dead tuples   pending");
+        for x in &s.samples {
+            println!(
+                "  {:>6.0} {:>10.1} {:>11.1} {:>12} {:>9}",
+                x.at_s,
+                x.table_bytes as f64 / 1e6,
+                x.index_bytes as f64 / 1e6,
+                x.dead_tuples,
+                x.pending
+            );
+        }
+    }
+    if !r.scale.is_empty() {
+        println!();
+        println!("scale-out ({} events)", r.scale[0].events);
+        for s in &r.scale {
+            println!(
+                "  {} relay process(es)       {:>9.0} events/s   peak RSS {:.1} MB each",
+                s.relays, s.events_per_s, s.peak_rss_mb
+            );
+        }
+    }
+}

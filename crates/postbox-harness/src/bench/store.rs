@@ -1,0 +1,146 @@
+//! The statements behind `postbox bench` (`sql/bench.sql`): the benchmark's
+//! schema, seeding, the pure-SQL ceiling on postbox's own schema, the naive
+//! row-at-a-time relay it is compared to, and the outbox's size.
+
+use crate::catalog;
+use postbox::Schema;
+use sqlx::{PgPool, Row};
+
+/// Benchmark-only operations on one schema.
+pub struct BenchStore {
+    pool: PgPool,
+    schema: Schema,
+    server_version: String,
+    drop_schema: String,
+    seed: String,
+    vacuum_analyze: String,
+    ceiling: String,
+    naive_select: String,
+    naive_mark: String,
+    table_size: String,
+    pending: String,
+}
+
+/// Sizes of the outbox table.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct TableSize {
+    pub table_bytes: i64,
+    pub index_bytes: i64,
+    pub dead_tuples: i64,
+}
+
+impl BenchStore {
+    pub fn new(pool: PgPool, schema: &Schema) -> Self {
+        let mut sql = catalog("bench.sql", include_str!("../../sql/bench.sql"));
+        let store = Self {
+            pool,
+            schema: schema.clone(),
+            server_version: sql.take("server_version").to_owned(),
+            drop_schema: sql.render("drop_schema", schema),
+            seed: sql.render("seed", schema),
+            vacuum_analyze: sql.render("vacuum_analyze", schema),
+            ceiling: sql.render("ceiling", schema),
+            naive_select: sql.render("naive_select", schema),
+            naive_mark: sql.render("naive_mark", schema),
+            table_size: sql.render("table_size", schema),
+            pending: sql.render("pending", schema),
+        };
+        sql.finish();
+        store
+    }
+
+    /// The server's version, as `SHOW server_version` has it.
+    pub async fn server_version(&self) -> Result<String, sqlx::Error> {
+        sqlx::query(&self.server_version)
+            .fetch_one(&self.pool)
+            .await?
+            .try_get("server_version")
+    }
+
+    /// A freshly migrated, empty schema.
+    pub async fn reset(&self) -> Result<(), postbox::Error> {
+        self.drop_schema().await?;
+        let mut conn = self.pool.acquire().await?;
+        postbox::sqlx::migrate(&mut conn, &self.schema).await?;
+        Ok(())
+    }
+
+    /// Drop the benchmark's schema.
+    pub async fn drop_schema(&self) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(&self.drop_schema).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Insert `n` committed events, then VACUUM ANALYZE the table.
+    pub async fn seed(&self, n: i64, aggregates: i64) -> Result<(), sqlx::Error> {
+        sqlx::query(&self.seed)
+            .bind(n)
+            .bind(aggregates)
+            .execute(&self.pool)
+            .await?;
+        sqlx::raw_sql(&self.vacuum_analyze)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Drain everything pending with the SQL-only claim/ack loop.
+    pub async fn ceiling(&self, batch: u32) -> Result<(), sqlx::Error> {
+        let sql = self.ceiling.replace("{batch}", &batch.to_string());
+        sqlx::raw_sql(&sql).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Up to 100 pending rows, oldest first: (id, payload).
+    pub async fn naive_select(&self) -> Result<Vec<(i64, String)>, sqlx::Error> {
+        let rows = sqlx::query(&self.naive_select)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get("id")?, r.try_get("payload")?)))
+            .collect()
+    }
+
+    /// Mark one row sent in its own transaction.
+    pub async fn naive_mark(&self, id: i64) -> Result<(), sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(&self.naive_mark)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await
+    }
+
+    /// Events not yet delivered (pending or in flight).
+    pub async fn pending(&self) -> Result<i64, sqlx::Error> {
+        sqlx::query(&self.pending)
+            .fetch_one(&self.pool)
+            .await?
+            .try_get("pending")
+    }
+
+    pub async fn table_size(&self) -> Result<TableSize, sqlx::Error> {
+        let r = sqlx::query(&self.table_size).fetch_one(&self.pool).await?;
+        Ok(TableSize {
+            table_bytes: r.try_get("table_bytes")?,
+            index_bytes: r.try_get("index_bytes")?,
+            dead_tuples: r.try_get("dead_tuples")?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn every_statement_is_in_bench_sql() {
+        // Lazy: never connects. new() takes every entry and finishes.
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+            .unwrap();
+        let store = BenchStore::new(pool, &Schema::new("x_bench").unwrap());
+        assert!(store.ceiling.contains("{batch}"));
+        assert!(store.seed.contains("\"x_bench\".outbox"));
+    }
+}

@@ -1,0 +1,627 @@
+//! The contract check behind `postbox verify`: a self-contained check of the
+//! delivery contract under faults.
+//!
+//! In a schema of its own it runs producers (committed and rolled-back
+//! transactions over many aggregates, each event with a business row in the
+//! same transaction: `workload.rs`), N `postbox relay` child processes (the
+//! [`Supervisor`]), and a consumer that applies every delivery through the
+//! inbox (`consumer.rs`). The relays reach PostgreSQL and the broker
+//! (`broker.rs`) through [`FaultProxy`]s, and on a seeded schedule
+//! (`faults.rs`) relays are SIGKILLed and restarted, stalled past their lease,
+//! and the broker and the database are reset, refused, hung or stalled;
+//! failpoints (cargo feature `failpoints`) add crashes inside the relay. After
+//! the run it drains and checks (`report.rs`): every committed event
+//! delivered, no rolled-back event delivered, every effect applied exactly
+//! once, and (with `--ordered`) each aggregate's events applied in sequence.
+//! Its own tables are `tables.rs` (`sql/contract.sql`).
+
+mod broker;
+mod consumer;
+mod faults;
+mod report;
+mod tables;
+mod workload;
+
+pub use faults::FaultKind;
+
+use crate::pgcluster::TempCluster;
+use crate::proxy::FaultProxy;
+use crate::supervisor::{RelayCommand, Supervisor};
+use crate::{db, error_chain, AnyError, Verdict};
+use broker::{host_port, through, Broker};
+use consumer::{Consumer, Seen};
+use faults::FaultCounters;
+use postbox::{Outbox, Schema};
+use postbox_relay::failpoint;
+use postbox_store::Store;
+use rand::Rng;
+use report::ContractReport;
+use sqlx::PgPool;
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tables::Tables;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use workload::{Ledger, Producer};
+
+/// What a contract run does (the flags of `postbox verify`).
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// How long producers and faults run; then the run drains and is checked.
+    pub duration: Duration,
+    /// Relay processes.
+    pub relays: usize,
+    /// The broker: `redis://HOST:PORT[/DB]` (a stream) or `nats://HOST:PORT` (JetStream).
+    pub sink: String,
+    /// Relays deliver each aggregate's events in sequence, and the consumer checks it.
+    pub ordered: bool,
+    /// Seed of the workload and the fault schedule (random when `None`).
+    pub seed: Option<u64>,
+    /// Events per second, all producers together (about).
+    pub rate: u32,
+    /// Aggregates the events are spread over.
+    pub aggregates: u32,
+    /// Percent of producer transactions rolled back.
+    pub rollback_percent: u32,
+    /// Faults to inject.
+    pub faults: Vec<FaultKind>,
+    /// Mean time between two relay kills.
+    pub kill_every: Duration,
+    /// Mean time between two other faults (stall, sink, db).
+    pub fault_every: Duration,
+    /// The relays' lease (a stalled relay is stopped for longer than this).
+    pub lease: Duration,
+    /// Failpoints armed in the relays and the producers, `NAME=[P%]ACTION,…`.
+    pub failpoints: Option<String>,
+    /// A bug to plant in the relays, to see the check catch it.
+    pub plant: Option<PlantedBug>,
+    /// Longest wait after the run for every committed event to arrive.
+    pub drain_timeout: Duration,
+    /// Keep the schema, the broker's stream and the relay logs even when the checks pass.
+    pub keep: bool,
+    /// Print the report as JSON (and the header and progress on stderr).
+    pub json: bool,
+}
+
+/// Bugs a run can plant in its relays (needs the `failpoints` feature).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlantedBug {
+    /// The relay acknowledges some batches without publishing them.
+    AckBeforePublish,
+}
+
+/// Resolves when the user asks the run to stop (SIGINT, SIGTERM). It is
+/// first polled once the run has started, not before.
+pub type Interrupt = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Run the contract check on `database_url`, or on a throwaway cluster
+/// without one, and print its report: [`Verdict::Fail`] when a check
+/// failed, an error when the run could not be set up or finished.
+pub async fn run(
+    database_url: Option<&str>,
+    options: &Options,
+    interrupt: Interrupt,
+) -> Result<Verdict, AnyError> {
+    if options.relays == 0 {
+        return Err("--relays must be at least 1".into());
+    }
+    if options.rate == 0 || options.aggregates == 0 {
+        return Err("--rate and --aggregates must be at least 1".into());
+    }
+    let spec = arm_failpoints(options)?;
+    let (cluster, url) = match database_url {
+        Some(url) => (None, url.to_owned()),
+        None => {
+            eprintln!("No DATABASE_URL: starting a throwaway PostgreSQL cluster…");
+            let cluster = TempCluster::start().await?;
+            let url = cluster.url().to_owned();
+            (Some(cluster), url)
+        }
+    };
+    let result = run_on(&url, &spec, options, interrupt).await;
+    if let Some(c) = cluster {
+        if let Err(e) = c.stop().await {
+            tracing::warn!(error = %error_chain(&e), "stopping the throwaway cluster failed");
+        }
+    }
+    result
+}
+
+/// The run's failpoints (`--failpoints`, plus the planted bug), armed in
+/// this process too (the producers pass `producer_commit`).
+fn arm_failpoints(options: &Options) -> Result<String, AnyError> {
+    let mut spec = options.failpoints.clone().unwrap_or_default();
+    if let Some(PlantedBug::AckBeforePublish) = options.plant {
+        if !spec.is_empty() {
+            spec.push(',');
+        }
+        spec.push_str("ack_before_publish=10%fail");
+    }
+    let rules = failpoint::parse(&spec)?;
+    if rules.iter().any(|(name, rule)| {
+        name == failpoint::points::PRODUCER_COMMIT && rule.action == failpoint::Action::Exit
+    }) {
+        return Err("--failpoints: producer_commit runs inside verify itself; use fail or sleep(MS) there, not exit".into());
+    }
+    if !spec.is_empty() && !failpoint::ENABLED {
+        return Err(
+            "--failpoints and --plant need a postbox built with failpoints: \
+                    cargo build -p postbox-cli --features failpoints"
+                .into(),
+        );
+    }
+    failpoint::configure(&spec)?;
+    Ok(spec)
+}
+
+async fn run_on(
+    url: &str,
+    spec: &str,
+    options: &Options,
+    interrupt: Interrupt,
+) -> Result<Verdict, AnyError> {
+    let seed = options.seed.unwrap_or_else(|| rand::rng().random());
+    let run_id = format!("{:08x}", rand::rng().random::<u32>());
+    let schema = Schema::new(&format!("postbox_verify_{run_id}"))?;
+    let logs = std::env::temp_dir().join(format!("postbox-verify-{run_id}"));
+    std::fs::create_dir_all(&logs)?;
+
+    let db = RunDatabase::prepare(url, &schema).await?;
+    let (broker, source, broker_proxy) = broker::set_up(&options.sink, &run_id).await?;
+    announce(options, &broker, seed, &schema, spec);
+    let relays = start_relays(options, &db, &broker, spec, &logs, seed)?;
+    let consumer = ConsumerTask::start(options, &db, source, seed)?;
+    let mut producers = Producers::start(options, &db, seed)?;
+
+    let counters = FaultCounters::default();
+    let started = Instant::now();
+    let interrupted = inject_faults(
+        options,
+        seed,
+        &Disturbed {
+            relays: &relays,
+            db: &db.proxy,
+            broker: &broker_proxy,
+        },
+        &counters,
+        &producers,
+        &consumer.seen,
+        interrupt,
+    )
+    .await;
+    producers.join().await;
+    db.proxy.restore();
+    broker_proxy.restore();
+    let ran_for = started.elapsed();
+    if interrupted {
+        relays.shutdown().await;
+        return Err("interrupted".into());
+    }
+
+    let drained = drain(&db, &consumer.seen, options.drain_timeout).await?;
+    let relay_counters = relays.counters.clone();
+    relays.shutdown().await;
+    let seen = consumer.stop_when_quiet().await;
+
+    let mut report =
+        ContractReport::check(&db.tables, &db.direct, &producers.ledger, &seen).await?;
+    report.sink = options.sink.clone();
+    report.relays = options.relays;
+    report.ordered = options.ordered;
+    report.seed = seed;
+    report.duration_seconds = ran_for.as_secs_f64();
+    report.drain_seconds = drained.took.as_secs_f64();
+    report.failpoints = spec.to_owned();
+    report.relay_starts = relay_counters.starts.load(Ordering::Relaxed);
+    report.relay_kills = relay_counters.killed.load(Ordering::Relaxed);
+    report.relay_failpoint_exits = relay_counters.failpoint_exits.load(Ordering::Relaxed);
+    report.relay_unexpected_exits = relay_counters.unexpected_exits.load(Ordering::Relaxed);
+    report.faults = counters;
+    report.dead_letters = drained.dead_letters;
+    report.schema = schema.name().to_owned();
+    report.logs = logs.display().to_string();
+    if options.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.text());
+    }
+    clean_up(&report, options.keep, &db, &broker, &logs).await;
+    Ok(if report.passed {
+        Verdict::Pass
+    } else {
+        Verdict::Fail
+    })
+}
+
+/// The run's database: direct for its own bookkeeping, through a fault
+/// proxy for everyone else.
+struct RunDatabase {
+    direct: PgPool,
+    proxy: FaultProxy,
+    proxied_url: String,
+    schema: Schema,
+    tables: Arc<Tables>,
+}
+
+impl RunDatabase {
+    /// Connect, and create the run's schema: postbox's tables and the run's own.
+    async fn prepare(url: &str, schema: &Schema) -> Result<Self, AnyError> {
+        let db_url = url::Url::parse(url).map_err(|e| format!("DATABASE_URL: {e}"))?;
+        let proxy = FaultProxy::start(&host_port(&db_url, 5432)?).await?;
+        let proxied_url = through(&db_url, proxy.port())?.to_string();
+        let direct = db::pool(
+            db::options(Some(url), "postbox-verify")?,
+            4,
+            db::CONNECT_PATIENCE,
+        )
+        .await?;
+        let tables = Arc::new(Tables::new(schema));
+        let mut conn = direct.acquire().await?;
+        postbox::sqlx::migrate(&mut conn, schema).await?;
+        tables.create(&mut conn).await?;
+        drop(conn);
+        Ok(Self {
+            direct,
+            proxy,
+            proxied_url,
+            schema: schema.clone(),
+            tables,
+        })
+    }
+
+    /// A pool through the fault proxy, connecting on first use.
+    fn proxied_pool(&self, application: &str, size: u32) -> Result<PgPool, AnyError> {
+        let options = db::options(Some(&self.proxied_url), application)?;
+        Ok(sqlx::postgres::PgPoolOptions::new()
+            .max_connections(size)
+            .acquire_timeout(Duration::from_secs(5))
+            // Slow acquisitions are what the faults are for.
+            .acquire_slow_level(tracing::log::LevelFilter::Debug)
+            .connect_lazy_with(options))
+    }
+}
+
+/// The run's first line: on stdout, or on stderr when the report is JSON.
+fn announce(options: &Options, broker: &Broker, seed: u64, schema: &Schema, spec: &str) {
+    let header = format!(
+        "postbox verify: {} ({} through a fault proxy), {} relays, {}{}, seed {seed}, schema {schema}",
+        options.sink,
+        broker.target,
+        options.relays,
+        humantime::format_duration(options.duration),
+        if options.ordered { ", ordered" } else { "" },
+    );
+    if options.json {
+        eprintln!("{header}");
+    } else {
+        println!("{header}");
+    }
+    if !spec.is_empty() {
+        eprintln!("  failpoints: {spec}");
+    }
+}
+
+/// The relays, supervised: through both proxies, with the run's failpoints,
+/// each logging to `relay-N.log` in `logs`.
+fn start_relays(
+    options: &Options,
+    db: &RunDatabase,
+    broker: &Broker,
+    spec: &str,
+    logs: &Path,
+    seed: u64,
+) -> Result<Supervisor, AnyError> {
+    let config_path = logs.join("relay.toml");
+    std::fs::write(
+        &config_path,
+        relay_config_file(&broker.relay_url, options.lease),
+    )?;
+    let mut command = RelayCommand::new(&db.proxied_url, &db.schema)?
+        .config(&config_path)
+        .env(failpoint::ENV, spec)
+        .env("NO_COLOR", "1");
+    if options.ordered {
+        command = command.args(["--ordered"]);
+    }
+    Ok(Supervisor::start(
+        options.relays,
+        command,
+        logs,
+        seed ^ 0x5e1a,
+    ))
+}
+
+/// Relay settings for a run with short leases and retries, no dead letters.
+fn relay_config_file(sink: &str, lease: Duration) -> String {
+    let lease_ms = lease.as_millis().max(1000);
+    format!(
+        "[relay]\n\
+         batch_size = 100\n\
+         lease = \"{lease_ms}ms\"\n\
+         publish_timeout = \"{}ms\"\n\
+         poll_interval = \"500ms\"\n\
+         rescue_interval = \"500ms\"\n\
+         backoff_base = \"50ms\"\n\
+         backoff_max = \"2s\"\n\
+         max_attempts = 1000000\n\
+         shutdown_timeout = \"5s\"\n\
+         [health]\n\
+         enabled = false\n\
+         [sink]\n\
+         url = {}\n",
+        (lease_ms / 3).max(300),
+        toml_string(sink)
+    )
+}
+
+fn toml_string(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// The consumer, running until [`ConsumerTask::stop_when_quiet`].
+struct ConsumerTask {
+    seen: Arc<Seen>,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl ConsumerTask {
+    fn start(
+        options: &Options,
+        db: &RunDatabase,
+        source: consumer::Source,
+        seed: u64,
+    ) -> Result<Self, AnyError> {
+        let consumer = Consumer {
+            pool: db.proxied_pool("postbox-verify-consumer", 2)?,
+            outbox: Outbox::new(db.schema.clone()),
+            tables: db.tables.clone(),
+            ordered: options.ordered,
+            faults: options.faults.contains(&FaultKind::Consumer),
+            seed: seed ^ 0xc0,
+        };
+        let seen = Arc::new(Seen::default());
+        let stop = CancellationToken::new();
+        let task = {
+            let (seen, stop) = (seen.clone(), stop.clone());
+            tokio::spawn(async move { consumer.run(source, &seen, stop).await })
+        };
+        Ok(Self { seen, stop, task })
+    }
+
+    /// Consume late copies (a relay that woke up and published again) until
+    /// the broker has been quiet for a second (10 s at most), then stop.
+    async fn stop_when_quiet(self) -> Arc<Seen> {
+        let quiet_since = Instant::now();
+        while self.seen.quiet_for() < Duration::from_secs(1)
+            && quiet_since.elapsed() < Duration::from_secs(10)
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.stop.cancel();
+        let _ = self.task.await;
+        self.seen
+    }
+}
+
+/// The producers, running until the run's duration is over.
+struct Producers {
+    ledger: Arc<Ledger>,
+    stop: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Producers {
+    fn start(options: &Options, db: &RunDatabase, seed: u64) -> Result<Self, AnyError> {
+        let ledger = Arc::new(Ledger::default());
+        let stop = CancellationToken::new();
+        // One producer per 60 events/s: each waits for its own commits.
+        let n = u64::from(options.rate / 60).clamp(4, 32);
+        // 2.5 events per transaction on average.
+        let period = Duration::from_secs_f64(n as f64 * 2.5 / f64::from(options.rate));
+        let pool = db.proxied_pool("postbox-verify-producer", n as u32 + 1)?;
+        let tasks = (0..n)
+            .map(|p| {
+                let producer = Producer {
+                    index: p,
+                    pool: pool.clone(),
+                    outbox: Outbox::new(db.schema.clone()),
+                    tables: db.tables.clone(),
+                    period,
+                    aggregates: options.aggregates,
+                    rollback_percent: options.rollback_percent,
+                    seed: seed.wrapping_add(p * 7919),
+                };
+                let (ledger, stop) = (ledger.clone(), stop.clone());
+                tokio::spawn(async move { producer.run(&ledger, stop).await })
+            })
+            .collect();
+        Ok(Self {
+            ledger,
+            stop,
+            tasks,
+        })
+    }
+
+    /// Wait for the producers (stopped by [`inject_faults`]) to end.
+    async fn join(&mut self) {
+        for t in self.tasks.drain(..) {
+            let _ = t.await;
+        }
+    }
+}
+
+/// What the fault schedule disturbs.
+struct Disturbed<'a> {
+    relays: &'a Supervisor,
+    db: &'a FaultProxy,
+    broker: &'a FaultProxy,
+}
+
+/// Run the fault schedule for the run's duration (printing progress), then
+/// stop the producers and the faults. True when the user interrupted the run.
+async fn inject_faults(
+    options: &Options,
+    seed: u64,
+    disturbed: &Disturbed<'_>,
+    counters: &FaultCounters,
+    producers: &Producers,
+    seen: &Seen,
+    interrupt: Interrupt,
+) -> bool {
+    let stop_faults = CancellationToken::new();
+    let started = Instant::now();
+    let progress = progress(
+        &producers.ledger,
+        seen,
+        disturbed.relays,
+        counters,
+        started,
+        options.json,
+    );
+    let faulting = async {
+        let killing = async {
+            if options.faults.contains(&FaultKind::Kill) {
+                faults::kill_relays(
+                    disturbed.relays,
+                    options.kill_every,
+                    seed ^ 0x4b,
+                    counters,
+                    stop_faults.clone(),
+                )
+                .await;
+            }
+        };
+        let disturbing = faults::disturb(
+            &options.faults,
+            disturbed.relays,
+            disturbed.db,
+            disturbed.broker,
+            options.lease,
+            options.fault_every,
+            seed ^ 0xd1,
+            counters,
+            stop_faults.clone(),
+        );
+        tokio::join!(killing, disturbing);
+    };
+    let interrupted = CancellationToken::new();
+    tokio::spawn({
+        let interrupted = interrupted.clone();
+        async move {
+            interrupt.await;
+            interrupted.cancel();
+        }
+    });
+    let timer = async {
+        tokio::select! {
+            _ = tokio::time::sleep(options.duration) => {}
+            _ = interrupted.cancelled() => {}
+        }
+        producers.stop.cancel();
+        stop_faults.cancel();
+    };
+    tokio::select! {
+        _ = async { tokio::join!(faulting, timer) } => {}
+        _ = progress => {}
+    }
+    interrupted.is_cancelled()
+}
+
+/// A progress line every 10 s on stderr; never returns.
+async fn progress(
+    ledger: &Ledger,
+    seen: &Seen,
+    relays: &Supervisor,
+    counters: &FaultCounters,
+    started: Instant,
+    quiet: bool,
+) {
+    let mut every = tokio::time::interval(Duration::from_secs(10));
+    every.tick().await;
+    loop {
+        every.tick().await;
+        if quiet {
+            continue;
+        }
+        let c = &relays.counters;
+        eprintln!(
+            "  {:>4}s: {} tx committed, {} applied, {} deliveries, relays killed {} (+{} at failpoints), stalls {}",
+            started.elapsed().as_secs(),
+            ledger.tx_committed.load(Ordering::Relaxed),
+            seen.applied.load(Ordering::Relaxed),
+            seen.deliveries.load(Ordering::Relaxed),
+            c.killed.load(Ordering::Relaxed),
+            c.failpoint_exits.load(Ordering::Relaxed),
+            counters.relay_stalls.load(Ordering::Relaxed),
+        );
+    }
+}
+
+/// How the drain ended.
+struct Drained {
+    dead_letters: i64,
+    took: Duration,
+}
+
+/// Wait until nothing is pending or in flight and the consumer has applied
+/// every committed event (or has gone quiet: some are lost), at most `timeout`.
+async fn drain(db: &RunDatabase, seen: &Seen, timeout: Duration) -> Result<Drained, AnyError> {
+    let started = Instant::now();
+    let committed_rows = db.tables.produced_count(&db.direct).await?;
+    let store = Store::new(db.direct.clone(), db.schema.clone());
+    let dead_letters = loop {
+        let counts = store.status_counts().await?;
+        let idle = counts.pending == 0 && counts.processing == 0;
+        let applied = seen.applied.load(Ordering::Relaxed) as i64;
+        if idle && applied >= committed_rows && seen.quiet_for() > Duration::from_millis(500) {
+            break counts.failed;
+        }
+        if idle && seen.quiet_for() > Duration::from_secs(5) {
+            break counts.failed;
+        }
+        if started.elapsed() > timeout {
+            eprintln!(
+                "  drain timed out after {}: {} pending, {} in flight",
+                humantime::format_duration(timeout),
+                counts.pending,
+                counts.processing
+            );
+            break counts.failed;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    Ok(Drained {
+        dead_letters,
+        took: started.elapsed(),
+    })
+}
+
+/// After a pass (unless `keep`): drop the schema, the broker's stream and
+/// the logs. After a failure: say what was kept.
+async fn clean_up(
+    report: &ContractReport,
+    keep: bool,
+    db: &RunDatabase,
+    broker: &Broker,
+    logs: &Path,
+) {
+    if report.passed && !keep {
+        let _ = db.tables.drop_schema(&db.direct).await;
+        if let Err(e) = broker.cleanup.run().await {
+            tracing::warn!(error = %error_chain(e.as_ref()), "could not delete {}", broker.cleanup.describe());
+        }
+        let _ = std::fs::remove_dir_all(logs);
+    } else if !report.passed {
+        eprintln!(
+            "kept for inspection: schema {}, {}, relay logs in {}",
+            db.schema,
+            broker.cleanup.describe(),
+            logs.display()
+        );
+    }
+}

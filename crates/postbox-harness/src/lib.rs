@@ -1,0 +1,80 @@
+//! What `postbox verify`, `postbox bench` and `postbox demo` run, shipped
+//! with the `postbox` binary (these are user-facing commands, not tests).
+//!
+//! - [`proxy`]: the TCP fault proxy (also what `postbox_testkit::proxy`
+//!   wraps for test suites; it is all this crate offers without its default
+//!   `workloads` feature).
+//! - [`contract`] (`postbox verify`), [`bench`] (`postbox bench`) and
+//!   [`demo`] (`postbox demo`): the workloads. Each takes plain options and
+//!   prints what the command prints; the CLI only parses flags.
+//! - [`pgcluster`]: a throwaway PostgreSQL cluster when no database is given;
+//!   [`db`]: connecting to PostgreSQL (the CLI's commands connect through it
+//!   too).
+//! - [`process`]: child processes (waited for, signalled, their peak memory
+//!   read); [`supervisor`]: `postbox relay` children run to their end or kept
+//!   running; [`os`]: the one place that calls libc.
+//!
+//! Statements live in `sql/*.sql` (named entries, read with
+//! [`postbox::statements::Catalog`]); rows are read by column name.
+
+pub mod proxy;
+
+#[cfg(feature = "workloads")]
+pub mod bench;
+#[cfg(feature = "workloads")]
+pub mod contract;
+#[cfg(feature = "workloads")]
+pub mod db;
+#[cfg(feature = "workloads")]
+pub mod demo;
+#[cfg(feature = "workloads")]
+pub mod os;
+#[cfg(feature = "workloads")]
+pub mod pgcluster;
+#[cfg(feature = "workloads")]
+pub mod process;
+#[cfg(feature = "workloads")]
+pub mod supervisor;
+
+/// Any error, with its chain of sources.
+#[cfg(feature = "workloads")]
+pub type AnyError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Whether a workload's checks held.
+#[cfg(feature = "workloads")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Pass,
+    Fail,
+}
+
+/// An error and its chain of causes on one line, without repeats, with any
+/// credentials masked.
+#[cfg(feature = "workloads")]
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    postbox::redact::mask_secrets(&text)
+}
+
+/// Lock `m`, taking the data of a poisoned lock as it is.
+#[cfg(feature = "workloads")]
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The named statements of one of the `sql/*.sql` files embedded in this
+/// crate. They are part of the binary, so a file that does not parse is a
+/// programming error (the crate's tests parse every one).
+#[cfg(feature = "workloads")]
+pub(crate) fn catalog(file: &'static str, text: &'static str) -> postbox::statements::Catalog {
+    postbox::statements::Catalog::parse(file, text).unwrap_or_else(|e| panic!("{e}"))
+}
