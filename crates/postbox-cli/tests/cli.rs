@@ -492,3 +492,55 @@ async fn the_relay_fans_out_to_configured_destinations_and_orders_on_request() {
     let _ = std::fs::remove_dir_all(&dir);
     db.drop_schema().await;
 }
+
+#[tokio::test]
+async fn log_mode_from_migrate_to_a_drained_relay_and_back() {
+    let db = TestDb::empty().await;
+    let migrated = ok(postbox(&db, &["migrate", "--mode", "log"]));
+    assert!(migrated.contains("producers write into the log"), "{migrated}");
+    let mut committed = HashSet::new();
+    for i in 0..25 {
+        let id = ok(postbox(
+            &db,
+            &[
+                "enqueue",
+                "--type",
+                "order.created",
+                "--aggregate-type",
+                "order",
+                "--aggregate-id",
+                &format!("o-{i}"),
+                "--payload",
+                r#"{"n": 1}"#,
+            ],
+        ));
+        committed.insert(id.trim().to_owned());
+    }
+    assert_eq!(db.count("SELECT count(*) FROM {schema}.log").await, 25);
+    let refused = postbox(&db, &["migrate", "--mode", "claim"]);
+    assert!(!refused.status.success());
+    assert!(stderr(&refused).contains("has not read"), "{}", stderr(&refused));
+
+    let prefix = unique("test:cli:log:");
+    let sink = format!("{}?key={prefix}", redis_url());
+    let summary = ok(postbox(
+        &db,
+        &["relay", "--mode", "log", "--sink", &sink, "--drain", "--batch-size", "7"],
+    ));
+    assert!(summary.contains("drained: 25 delivered"), "{summary}");
+    let mut r = postbox_testkit::redis().await;
+    let got: Vec<String> = redis::AsyncCommands::lrange(&mut r, &prefix, 0, -1)
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 25);
+    let _: () = redis::AsyncCommands::del(&mut r, &prefix).await.unwrap();
+
+    let status = ok(postbox(&db, &["status"]));
+    assert!(status.contains("write into the log"), "{status}");
+    assert!(status.contains("default"), "a cursor line: {status}");
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(postbox(&db, &["status", "--json"]))).unwrap();
+    assert_eq!(json["log_cursors"][0]["lag_events"], 0, "{json}");
+    assert!(ok(postbox(&db, &["migrate", "--mode", "claim"])).contains("into the outbox"));
+    db.drop_schema().await;
+}

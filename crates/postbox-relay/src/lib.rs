@@ -19,7 +19,6 @@ pub mod retention;
 pub mod router;
 pub mod sink;
 pub mod sinks;
-pub mod store;
 
 /// Secret masking and payload redaction (shared with the console and the CLI).
 pub use postbox::redact;

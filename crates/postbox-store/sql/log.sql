@@ -168,3 +168,11 @@ SELECT c.destination,
           AND NOT pg_visible_in_snapshot(l.txid, c.lo)) AS lag_seconds
 FROM {schema}.log_cursors c
 ORDER BY c.destination;
+
+-- name: unread
+-- Events in the log some cursor has not read yet (every event, when no
+-- cursor exists).
+SELECT count(*) AS unread FROM {schema}.log l
+WHERE NOT EXISTS (SELECT 1 FROM {schema}.log_cursors)
+   OR EXISTS (SELECT 1 FROM {schema}.log_cursors c
+              WHERE NOT pg_visible_in_snapshot(l.txid, c.lo));

@@ -116,6 +116,7 @@ struct Queries {
     rotate: String,
     truncate: String,
     cursor_lag: String,
+    unread: String,
 }
 
 impl Queries {
@@ -134,6 +135,7 @@ impl Queries {
             rotate: file.render("rotate", schema),
             truncate: file.render("truncate", schema),
             cursor_lag: file.render("cursor_lag", schema),
+            unread: file.render("unread", schema),
         };
         file.finish();
         queries
@@ -386,6 +388,14 @@ impl Log {
     pub async fn cursor_lag(&self) -> Result<Vec<CursorLag>, sqlx::Error> {
         sqlx::query_as(&self.sql.cursor_lag)
             .fetch_all(&self.pool)
+            .await
+    }
+
+    /// Events in the log some cursor has not read (all of them when no
+    /// cursor exists yet).
+    pub async fn unread(&self) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(&self.sql.unread)
+            .fetch_one(&self.pool)
             .await
     }
 

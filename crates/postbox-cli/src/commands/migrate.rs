@@ -3,8 +3,8 @@
 
 use crate::context::{AnyError, Settings};
 use clap::Args;
-use postbox_relay::Store;
-use postbox_store::Roles;
+use postbox_relay::{ReadMode, Store};
+use postbox_store::{ProducerTarget, Roles};
 use std::process::ExitCode;
 
 #[derive(Args, Debug)]
@@ -17,6 +17,16 @@ pub struct MigrateArgs {
     /// With --create-roles: print the roles' SQL and exit, without connecting
     #[arg(long, requires = "create_roles")]
     pub print_sql: bool,
+    /// Where producers write: claim (the outbox table, read by `relay --mode
+    /// claim`) or log (the append-only log, read by `relay --mode log`).
+    /// Unchanged when not given. Going back to claim is refused while the
+    /// log holds events a relay has not read.
+    #[arg(long, value_name = "MODE", value_parser = parse_mode)]
+    pub mode: Option<ReadMode>,
+}
+
+fn parse_mode(s: &str) -> Result<ReadMode, String> {
+    s.parse()
 }
 
 pub async fn run(settings: &Settings, args: MigrateArgs) -> Result<ExitCode, AnyError> {
@@ -39,6 +49,29 @@ pub async fn run(settings: &Settings, args: MigrateArgs) -> Result<ExitCode, Any
         );
     }
     drop(conn);
+    if let Some(mode) = args.mode {
+        let log = Store::new(pool.clone(), settings.schema.clone()).log();
+        let target = match mode {
+            ReadMode::Claim => ProducerTarget::Outbox,
+            ReadMode::Log => ProducerTarget::Log,
+        };
+        if target == ProducerTarget::Outbox && log.producer_target().await? == ProducerTarget::Log {
+            let unread = log.unread().await?;
+            if unread > 0 {
+                return Err(format!(
+                    "--mode claim: the log holds {unread} event(s) a relay has not read; \
+                     drain them first (postbox relay --mode log --drain), then switch"
+                )
+                .into());
+            }
+        }
+        log.set_producer_target(target).await?;
+        println!(
+            "schema {}: producers write into the {}",
+            settings.schema,
+            target.as_str()
+        );
+    }
     if args.create_roles {
         let roles = Store::new(pool, settings.schema.clone())
             .create_roles()

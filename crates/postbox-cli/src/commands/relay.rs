@@ -8,7 +8,9 @@ use clap::Args;
 use postbox::Schema;
 use postbox_harness::db;
 use postbox_relay::sinks;
-use postbox_relay::{Destination, PoisonPolicy, Relay, RelayConfig, Router, RunMode, Store};
+use postbox_relay::{
+    Destination, PoisonPolicy, ReadMode, Relay, RelayConfig, Router, RunMode, Store,
+};
 use std::process::ExitCode;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -18,9 +20,14 @@ const GAUGE_INTERVAL: Duration = Duration::from_secs(5);
 
 #[derive(Args, Debug)]
 pub struct RelayArgs {
-    /// Where to deliver: redis://HOST:PORT[/DB][?mode=list|stream&key=TEMPLATE] or stdout
-    #[arg(long, env = "POSTBOX_SINK", hide_env_values = true)]
+    /// Where to deliver: a sink URL (--help lists every scheme)
+    #[arg(long, env = "POSTBOX_SINK", hide_env_values = true, long_help = sink_help())]
     pub sink: Option<String>,
+    /// How to read events: claim (the outbox table) or log (the append-only
+    /// log, for a schema migrated with --mode log) [default: relay.mode in the
+    /// config file, or claim]
+    #[arg(long, value_name = "MODE", value_parser = parse_mode)]
+    pub mode: Option<ReadMode>,
     /// Events per claim [default: 500, or relay.batch_size in the config file]
     #[arg(long, env = "POSTBOX_BATCH_SIZE")]
     pub batch_size: Option<u32>,
@@ -43,6 +50,17 @@ pub struct RelayArgs {
     pub poison: Option<PoisonPolicy>,
 }
 
+fn sink_help() -> String {
+    format!(
+        "Where to deliver, one of the sinks built into this binary:\n{}",
+        postbox_relay::sinks::scheme_help()
+    )
+}
+
+fn parse_mode(s: &str) -> Result<ReadMode, String> {
+    s.parse()
+}
+
 fn parse_poison(s: &str) -> Result<PoisonPolicy, String> {
     match s {
         "block" => Ok(PoisonPolicy::Block),
@@ -62,6 +80,9 @@ pub fn resolve_relay(
     let mut config = file.relay.clone();
     if let Some(b) = args.batch_size {
         config.batch_size = b;
+    }
+    if let Some(mode) = args.mode {
+        config.mode = mode;
     }
     config.validate()?;
     let source = args.source.clone();

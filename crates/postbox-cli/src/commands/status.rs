@@ -5,7 +5,7 @@ use crate::context::{cancel_on_signal, AnyError, Settings};
 use clap::Args;
 use postbox::Schema;
 use postbox_relay::Store;
-use postbox_store::{AttemptsCount, DestinationCounts, StatusCounts};
+use postbox_store::{AttemptsCount, CursorLag, DestinationCounts, StatusCounts};
 use std::process::ExitCode;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -77,6 +77,10 @@ struct StatusReport {
     pending_attempts: Vec<AttemptsCount>,
     /// Fan-out events' retries and dead letters per destination.
     destinations: Vec<DestinationCounts>,
+    /// Where producers write: `outbox` (claim mode) or `log`.
+    producers_write_into: &'static str,
+    /// Log mode: each cursor's lag.
+    log_cursors: Vec<CursorLag>,
 }
 
 async fn status_report(store: &Store) -> Result<StatusReport, sqlx::Error> {
@@ -84,7 +88,12 @@ async fn status_report(store: &Store) -> Result<StatusReport, sqlx::Error> {
     let gauges = store.gauges().await?;
     let pending_attempts = store.pending_attempts().await?;
     let destinations = store.destination_counts().await?;
+    let log = store.log();
+    let producers_write_into = log.producer_target().await?.as_str();
+    let log_cursors = log.cursor_lag().await?;
     Ok(StatusReport {
+        producers_write_into,
+        log_cursors,
         dead_letters: counts.failed,
         counts,
         oldest_pending_event_id: gauges.oldest_pending_event_id,
@@ -105,6 +114,7 @@ fn render_status(schema: &Schema, r: &StatusReport) -> String {
     let c = &r.counts;
     let mut out = String::new();
     let _ = writeln!(out, "schema      {schema}");
+    let _ = writeln!(out, "producers   write into the {}", r.producers_write_into);
     let _ = writeln!(out, "pending     {}", c.pending);
     let _ = writeln!(out, "processing  {}", c.processing);
     let _ = writeln!(out, "sent        {}", c.sent);
@@ -124,6 +134,23 @@ fn render_status(schema: &Schema, r: &StatusReport) -> String {
             .map(|a| format!("{}: {}", a.attempts, a.count))
             .collect();
         let _ = writeln!(out, "pending by attempts  {}", parts.join(", "));
+    }
+    if !r.log_cursors.is_empty() {
+        let _ = writeln!(
+            out,
+            "log cursors  (unread events / oldest unread / delivered / held by a relay)"
+        );
+        for c in &r.log_cursors {
+            let _ = writeln!(
+                out,
+                "  {:<20} {} / {} / {} / {}",
+                c.destination,
+                c.lag_events,
+                format_age(c.lag_seconds),
+                c.delivered,
+                if c.held { "yes" } else { "no" }
+            );
+        }
     }
     if !r.destinations.is_empty() {
         let _ = writeln!(out, "fan-out by destination  (retrying / dead letters / delivered after a retry / most attempts)");
