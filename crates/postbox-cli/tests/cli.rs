@@ -497,7 +497,10 @@ async fn the_relay_fans_out_to_configured_destinations_and_orders_on_request() {
 async fn log_mode_from_migrate_to_a_drained_relay_and_back() {
     let db = TestDb::empty().await;
     let migrated = ok(postbox(&db, &["migrate", "--mode", "log"]));
-    assert!(migrated.contains("producers write into the log"), "{migrated}");
+    assert!(
+        migrated.contains("producers write into the log"),
+        "{migrated}"
+    );
     let mut committed = HashSet::new();
     for i in 0..25 {
         let id = ok(postbox(
@@ -519,13 +522,26 @@ async fn log_mode_from_migrate_to_a_drained_relay_and_back() {
     assert_eq!(db.count("SELECT count(*) FROM {schema}.log").await, 25);
     let refused = postbox(&db, &["migrate", "--mode", "claim"]);
     assert!(!refused.status.success());
-    assert!(stderr(&refused).contains("has not read"), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("has not read"),
+        "{}",
+        stderr(&refused)
+    );
 
     let prefix = unique("test:cli:log:");
     let sink = format!("{}?key={prefix}", redis_url());
     let summary = ok(postbox(
         &db,
-        &["relay", "--mode", "log", "--sink", &sink, "--drain", "--batch-size", "7"],
+        &[
+            "relay",
+            "--mode",
+            "log",
+            "--sink",
+            &sink,
+            "--drain",
+            "--batch-size",
+            "7",
+        ],
     ));
     assert!(summary.contains("drained: 25 delivered"), "{summary}");
     let mut r = postbox_testkit::redis().await;

@@ -39,8 +39,10 @@ RETURNING destination, lo::text AS lo, hi::text AS hi, after_id;
 -- An event of the window either belongs to a transaction that was in
 -- progress at `lo` (its xip list) or to one that started after `lo`
 -- (txid >= xmax of lo); either way it must be visible in `hi`.
+-- A log event is on its first attempt (`attempts` 1): retries happen in the outbox.
 SELECT id, event_id, event_type, aggregate_type, aggregate_id, schema_version,
-       payload::text AS payload, headers::text AS headers, created_at, sequence
+       payload::text AS payload, headers::text AS headers, created_at, sequence,
+       1 AS attempts
 FROM (
     SELECT * FROM {schema}.log
     WHERE txid IN (SELECT pg_snapshot_xip($1::text::pg_snapshot))

@@ -7,10 +7,8 @@
 //! between the two redelivers at most that page.
 
 use crate::catalog;
-use crate::relay::{decode_error, header_map, ClaimedEvent};
-use chrono::{DateTime, Utc};
+use crate::relay::{ClaimedEvent, ClaimedRow};
 use postbox::Schema;
-use serde_json::value::RawValue;
 use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -66,41 +64,6 @@ pub struct LogEvent {
     /// The log row id (the page cursor).
     pub id: i64,
     pub event: ClaimedEvent,
-}
-
-#[derive(sqlx::FromRow)]
-struct LogRow {
-    id: i64,
-    event_id: Uuid,
-    event_type: String,
-    aggregate_type: String,
-    aggregate_id: String,
-    schema_version: i32,
-    payload: String,
-    headers: String,
-    created_at: DateTime<Utc>,
-    sequence: Option<i64>,
-}
-
-impl LogRow {
-    fn decode(self) -> Result<LogEvent, sqlx::Error> {
-        Ok(LogEvent {
-            id: self.id,
-            event: ClaimedEvent {
-                event_id: self.event_id,
-                event_type: self.event_type,
-                aggregate_type: self.aggregate_type,
-                aggregate_id: self.aggregate_id,
-                schema_version: self.schema_version,
-                payload: RawValue::from_string(self.payload)
-                    .map_err(|e| decode_error("payload", e))?,
-                headers: header_map(&self.headers).map_err(|e| decode_error("headers", e))?,
-                created_at: self.created_at,
-                attempt: 1,
-                sequence: self.sequence,
-            },
-        })
-    }
 }
 
 struct Queries {
@@ -225,14 +188,16 @@ impl Log {
 
     /// Up to `limit` events of `window` after its position, in id order.
     pub async fn page(&self, window: &LogWindow, limit: i64) -> Result<Vec<LogEvent>, sqlx::Error> {
-        let rows: Vec<LogRow> = sqlx::query_as(&self.sql.page)
+        let rows: Vec<ClaimedRow> = sqlx::query_as(&self.sql.page)
             .bind(&window.lo)
             .bind(&window.hi)
             .bind(window.after_id)
             .bind(limit)
             .fetch_all(&self.pool)
             .await?;
-        rows.into_iter().map(LogRow::decode).collect()
+        rows.into_iter()
+            .map(|row| row.decode().map(|(id, event)| LogEvent { id, event }))
+            .collect()
     }
 
     /// Record that `window` was published up to `last_id` (`count` events);
@@ -245,15 +210,27 @@ impl Log {
         count: i64,
         done: bool,
     ) -> Result<bool, sqlx::Error> {
-        let advanced: Option<bool> = sqlx::query_scalar(&self.sql.advance)
+        let advanced = self
+            .advance_statement(window, owner, last_id, count, done)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(advanced == Some(true))
+    }
+
+    fn advance_statement<'q>(
+        &'q self,
+        window: &'q LogWindow,
+        owner: Uuid,
+        last_id: i64,
+        count: i64,
+        done: bool,
+    ) -> sqlx::query::QueryScalar<'q, sqlx::Postgres, bool, sqlx::postgres::PgArguments> {
+        sqlx::query_scalar(&self.sql.advance)
             .bind(&window.destination)
             .bind(owner)
             .bind(last_id)
             .bind(count)
             .bind(done)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(advanced.unwrap_or(false))
     }
 
     /// Move the cursor past a published page as [`Log::advance`] does, and
@@ -273,12 +250,8 @@ impl Log {
             return self.advance(window, owner, last_id, count, done).await;
         }
         let mut tx = self.pool.begin().await?;
-        let advanced: Option<bool> = sqlx::query_scalar(&self.sql.advance)
-            .bind(&window.destination)
-            .bind(owner)
-            .bind(last_id)
-            .bind(count)
-            .bind(done)
+        let advanced = self
+            .advance_statement(window, owner, last_id, count, done)
             .fetch_optional(&mut *tx)
             .await?;
         if advanced != Some(true) {

@@ -140,22 +140,22 @@ pub struct ClaimedEvent {
 
 /// A claimed row as the claim statements return it.
 #[derive(sqlx::FromRow)]
-struct ClaimedRow {
-    id: i64,
-    event_id: Uuid,
-    event_type: String,
-    aggregate_type: String,
-    aggregate_id: String,
-    schema_version: i32,
-    payload: String,
-    headers: String,
-    created_at: DateTime<Utc>,
-    attempts: i32,
-    sequence: Option<i64>,
+pub(crate) struct ClaimedRow {
+    pub id: i64,
+    pub event_id: Uuid,
+    pub event_type: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub schema_version: i32,
+    pub payload: String,
+    pub headers: String,
+    pub created_at: DateTime<Utc>,
+    pub attempts: i32,
+    pub sequence: Option<i64>,
 }
 
 impl ClaimedRow {
-    fn decode(self) -> Result<(i64, ClaimedEvent), sqlx::Error> {
+    pub(crate) fn decode(self) -> Result<(i64, ClaimedEvent), sqlx::Error> {
         let event = ClaimedEvent {
             event_id: self.event_id,
             event_type: self.event_type,
@@ -658,7 +658,7 @@ struct DeliveryStateRow {
     due_in_secs: f64,
 }
 
-pub(crate) fn decode_error(column: &str, e: serde_json::Error) -> sqlx::Error {
+fn decode_error(column: &str, e: serde_json::Error) -> sqlx::Error {
     sqlx::Error::ColumnDecode {
         index: column.to_owned(),
         source: Box::new(e),
@@ -670,7 +670,7 @@ pub(crate) fn decode_error(column: &str, e: serde_json::Error) -> sqlx::Error {
 /// Values are read raw first: serde_json reads a raw value of any depth, while
 /// a `Value` stops at 128 levels, and a row that fails to decode fails the
 /// claim of its whole batch. A value too deep for `Value` travels verbatim.
-pub(crate) fn header_map(json: &str) -> Result<BTreeMap<String, String>, serde_json::Error> {
+fn header_map(json: &str) -> Result<BTreeMap<String, String>, serde_json::Error> {
     let map: BTreeMap<String, Box<RawValue>> = serde_json::from_str(json)?;
     map.into_iter()
         .map(|(k, raw)| {
