@@ -24,6 +24,41 @@ SELECT {schema}.uuid_v7(), 'order.created', 'order',
        CASE WHEN $2 > 0 THEN (g - 1) / $2 + 1 ELSE 1 END
 FROM generate_series(1, $1) g;
 
+-- name: seed_log
+-- The same seed appended to the log (log mode): $1 committed events with a payload of about 200 bytes.
+-- With $2 > 0 they belong to $2 aggregates, interleaved (event g is number
+-- (g - 1) / $2 + 1 of aggregate g % $2), as producers of many aggregates write
+-- them; with $2 = 0 each event is its own aggregate.
+INSERT INTO {schema}.log (event_id, event_type, aggregate_type, aggregate_id, payload, sequence)
+SELECT {schema}.uuid_v7(), 'order.created', 'order',
+       CASE WHEN $2 > 0 THEN (g % $2)::text ELSE g::text END,
+       jsonb_build_object('order_id', g, 'account_id', g % 97, 'customer', 'customer-' || (g % 1000),
+                          'currency', 'EUR', 'total_cents', (g * 7919) % 100000,
+                          'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-' || (g % 500), 'qty', 1 + g % 3)),
+                          'note', repeat('x', 48)),
+       CASE WHEN $2 > 0 THEN (g - 1) / $2 + 1 ELSE 1 END
+FROM generate_series(1, $1) g;
+
+-- name: log_analyze
+ANALYZE {schema}.log;
+
+-- name: wal_lsn
+-- Where the WAL is now (for the WAL each drain writes).
+SELECT pg_current_wal_lsn()::text AS lsn;
+
+-- name: wal_since
+-- WAL bytes written since $1.
+SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)::bigint AS bytes;
+
+-- name: log_size
+-- The log's partitions: table and index sizes in bytes, and dead tuples.
+SELECT coalesce(sum(pg_table_size(i.inhrelid)), 0)::bigint AS table_bytes,
+       coalesce(sum(pg_indexes_size(i.inhrelid)), 0)::bigint AS index_bytes,
+       coalesce(sum(s.n_dead_tup), 0)::bigint AS dead_tuples
+FROM pg_inherits i
+LEFT JOIN pg_stat_user_tables s ON s.relid = i.inhrelid
+WHERE i.inhparent = '{schema}.log'::regclass;
+
 -- name: vacuum_analyze
 -- After seeding: the relay starts on a table with fresh statistics.
 VACUUM ANALYZE {schema}.outbox;

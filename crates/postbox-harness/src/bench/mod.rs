@@ -267,8 +267,18 @@ impl Bench<'_> {
         let options = self.options;
         eprintln!("drain: {} events through the relay…", options.events);
         self.seeded(options.events).await?;
+        let lsn = self.store.wal_lsn().await?;
         let relay = self.drain_with_relays(1, &[]).await?;
+        let wal_claim = self.store.wal_since(&lsn).await?;
         let table_after = self.store.table_size().await?;
+
+        eprintln!("drain: the same events through the relay in log mode…");
+        self.reset().await?;
+        self.store.seed_log(options.events, 0).await?;
+        let lsn = self.store.wal_lsn().await?;
+        let log_relay = self.drain_with_relays(1, &["--mode", "log"]).await?;
+        let wal_log = self.store.wal_since(&lsn).await?;
+        let log_after = self.store.log_size().await?;
 
         eprintln!("drain: the same events through the pure-SQL ceiling…");
         self.seeded(options.events).await?;
@@ -285,7 +295,16 @@ impl Bench<'_> {
         let naive = naive_relay(&self.store, options.naive_events, &naive_key).await?;
 
         let relay_rate = options.events as f64 / relay.elapsed.as_secs_f64();
+        let log_rate = options.events as f64 / log_relay.elapsed.as_secs_f64();
+        let per_event = |bytes: i64| round2(bytes as f64 / options.events as f64);
         Ok(Drain {
+            wal_bytes_per_event: per_event(wal_claim),
+            log_relay_events_per_s: log_rate.round(),
+            log_relay_peak_rss_mb: log_relay.peak_rss_mb,
+            log_wal_bytes_per_event: per_event(wal_log),
+            log_vs_claim: round2(log_rate / relay_rate),
+            log_vs_naive: round2(log_rate / naive),
+            log_after,
             events: options.events,
             batch_size: options.batch_size,
             relay_events_per_s: relay_rate.round(),

@@ -61,6 +61,16 @@ pub struct Drain {
     pub relay_vs_ceiling: f64,
     pub relay_vs_naive: f64,
     pub table_after: TableSize,
+    /// WAL the claim-mode drain wrote, per event (relay side).
+    pub wal_bytes_per_event: f64,
+    /// The same events through a relay in log mode.
+    pub log_relay_events_per_s: f64,
+    pub log_relay_peak_rss_mb: f64,
+    pub log_wal_bytes_per_event: f64,
+    pub log_vs_claim: f64,
+    pub log_vs_naive: f64,
+    /// The log's partitions after the log-mode drain.
+    pub log_after: TableSize,
 }
 
 #[derive(Debug, Serialize)]
@@ -117,10 +127,22 @@ pub(super) fn print_table(r: &BenchReport) {
             d.naive_events, d.naive_events_per_s, d.relay_vs_naive
         );
         println!(
-            "  outbox after the drain: table {:.1} MB, indexes {:.1} MB, {} dead tuples",
+            "  outbox after the drain: table {:.1} MB, indexes {:.1} MB, {} dead tuples; WAL {:.0} bytes/event",
             d.table_after.table_bytes as f64 / 1e6,
             d.table_after.index_bytes as f64 / 1e6,
-            d.table_after.dead_tuples
+            d.table_after.dead_tuples,
+            d.wal_bytes_per_event
+        );
+        println!(
+            "  relay in log mode          {:>9.0} events/s   peak RSS {:.1} MB   = {:.2} × claim mode, {:.1} × naive",
+            d.log_relay_events_per_s, d.log_relay_peak_rss_mb, d.log_vs_claim, d.log_vs_naive
+        );
+        println!(
+            "  log after the drain: table {:.1} MB, indexes {:.1} MB, {} dead tuples; WAL {:.0} bytes/event",
+            d.log_after.table_bytes as f64 / 1e6,
+            d.log_after.index_bytes as f64 / 1e6,
+            d.log_after.dead_tuples,
+            d.log_wal_bytes_per_event
         );
     }
     if !r.latency.is_empty() {

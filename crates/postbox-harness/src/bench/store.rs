@@ -13,6 +13,11 @@ pub struct BenchStore {
     server_version: String,
     drop_schema: String,
     seed: String,
+    seed_log: String,
+    log_analyze: String,
+    wal_lsn: String,
+    wal_since: String,
+    log_size: String,
     vacuum_analyze: String,
     ceiling: String,
     naive_select: String,
@@ -38,6 +43,11 @@ impl BenchStore {
             server_version: sql.take("server_version").to_owned(),
             drop_schema: sql.render("drop_schema", schema),
             seed: sql.render("seed", schema),
+            seed_log: sql.render("seed_log", schema),
+            log_analyze: sql.render("log_analyze", schema),
+            wal_lsn: sql.render("wal_lsn", schema),
+            wal_since: sql.render("wal_since", schema),
+            log_size: sql.render("log_size", schema),
             vacuum_analyze: sql.render("vacuum_analyze", schema),
             ceiling: sql.render("ceiling", schema),
             naive_select: sql.render("naive_select", schema),
@@ -82,6 +92,42 @@ impl BenchStore {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+
+    /// Append `n` committed events to the log (log mode), then ANALYZE it.
+    pub async fn seed_log(&self, n: i64, aggregates: i64) -> Result<(), sqlx::Error> {
+        sqlx::query(&self.seed_log)
+            .bind(n)
+            .bind(aggregates)
+            .execute(&self.pool)
+            .await?;
+        sqlx::raw_sql(&self.log_analyze).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// The current WAL position.
+    pub async fn wal_lsn(&self) -> Result<String, sqlx::Error> {
+        sqlx::query_scalar(&self.wal_lsn)
+            .fetch_one(&self.pool)
+            .await
+    }
+
+    /// WAL bytes written since `lsn`.
+    pub async fn wal_since(&self, lsn: &str) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(&self.wal_since)
+            .bind(lsn)
+            .fetch_one(&self.pool)
+            .await
+    }
+
+    /// Sizes of the log's partitions.
+    pub async fn log_size(&self) -> Result<TableSize, sqlx::Error> {
+        let r = sqlx::query(&self.log_size).fetch_one(&self.pool).await?;
+        Ok(TableSize {
+            table_bytes: r.try_get("table_bytes")?,
+            index_bytes: r.try_get("index_bytes")?,
+            dead_tuples: r.try_get("dead_tuples")?,
+        })
     }
 
     /// Drain everything pending with the SQL-only claim/ack loop.
