@@ -342,7 +342,10 @@ async fn bench_runs_on_tiny_inputs() {
         r["drain"]["log_relay_events_per_s"].as_f64().unwrap() > 0.0,
         "the log-mode drain ran: {r}"
     );
-    assert!(r["drain"]["wal_bytes_per_event"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(
+        r["drain"]["wal_bytes_per_event"].as_f64().unwrap() > 0.0,
+        "{r}"
+    );
     assert_eq!(r["drain"]["log_after"]["dead_tuples"], 0, "{r}");
     assert_eq!(r["latency"].as_array().unwrap().len(), 3, "{r}");
     assert!(r["latency"][0]["events"].as_u64().unwrap() > 0, "{r}");
