@@ -57,8 +57,9 @@ pub struct RelayConfig {
     /// Log mode: how long producers write into one segment of the log's ring
     /// of four before moving to the next; a segment every cursor has read
     /// past is emptied (truncated, or archived with `retention.archive`), so
-    /// delivered events leave no dead tuples. Events stay in the log for
-    /// about three times this after they are delivered.
+    /// delivered events leave no dead tuples. An event stays in the log for
+    /// up to about one segment age after it was written, once every cursor
+    /// has read it.
     #[serde(with = "humantime_serde")]
     pub log_segment_age: Duration,
     /// Longest wait between two claims when no notification arrives.

@@ -51,6 +51,11 @@ pub(crate) async fn read_loop(shared: Arc<Shared>, d: usize, owner: Uuid, mode: 
             let done = (page.len() as i64) < batch;
             let last = page.last().map_or(window.after_id, |e| e.id);
             let (delivered, handoffs) = publish_page(&shared, d, &page).await;
+            let delivered_at: Vec<_> = delivered
+                .iter()
+                .map(|&i| page[i].event.created_at)
+                .collect();
+            let delivered = delivered.len();
             let handoffs: Vec<Handoff<'_>> = handoffs
                 .into_iter()
                 .map(|(i, h)| h.into_handoff(&page[i]))
@@ -64,6 +69,7 @@ pub(crate) async fn read_loop(shared: Arc<Shared>, d: usize, owner: Uuid, mode: 
                 return Ok(Round::NotHeld);
             }
             count(&shared, delivered, &handoffs);
+            m::record_commit_to_delivery(delivered_at.into_iter());
             Ok(if !done {
                 Round::More
             } else if page.is_empty() {
@@ -142,13 +148,13 @@ impl Pending {
     }
 }
 
-/// Publish the page's events that route to `d`; returns how many were
-/// delivered and, by page index, the ones to hand off.
+/// Publish the page's events that route to `d`; returns the page indices of
+/// those delivered and, by page index, the ones to hand off.
 async fn publish_page(
     shared: &Shared,
     d: usize,
     page: &[LogEvent],
-) -> (usize, Vec<(usize, Pending)>) {
+) -> (Vec<usize>, Vec<(usize, Pending)>) {
     let router = &shared.router;
     let config = &shared.config;
     let mut mine = Vec::with_capacity(page.len());
@@ -161,14 +167,14 @@ async fn publish_page(
         }
     }
     if mine.is_empty() {
-        return (0, Vec::new());
+        return (Vec::new(), Vec::new());
     }
     let messages: Vec<Message> = mine
         .iter()
         .map(|&i| Message::from(&page[i].event))
         .collect();
     let outcomes = publish_to(shared, d, &messages).await;
-    let mut delivered = 0;
+    let mut delivered = Vec::new();
     let mut handoffs = Vec::new();
     for ((&i, outcome), targets) in mine.iter().zip(outcomes).zip(targets_of) {
         let others = || -> Vec<String> {
@@ -180,7 +186,7 @@ async fn publish_page(
         };
         let pending = match outcome {
             Outcome::Delivered => {
-                delivered += 1;
+                delivered.push(i);
                 continue;
             }
             Outcome::Retry { error, after } => Pending {

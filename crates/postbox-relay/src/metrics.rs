@@ -5,7 +5,9 @@
 //! Prometheus one), so a library user pays nothing. All names start with
 //! `postbox_`; counters end in `_total`, durations are in seconds.
 
-use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, Unit};
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
+};
 use postbox_store::{Gauges, Store};
 
 /// Gauge: events waiting to be claimed (`status = 'pending'`, due or scheduled).
@@ -131,6 +133,17 @@ pub async fn refresh_gauges(store: &Store) -> Result<Gauges, sqlx::Error> {
     let g = store.gauges().await?;
     set_gauges(&g);
     Ok(g)
+}
+
+/// Record commit-to-delivery latency for events created at `created` and
+/// delivered now.
+pub fn record_commit_to_delivery(created: impl Iterator<Item = chrono::DateTime<chrono::Utc>>) {
+    let now = chrono::Utc::now();
+    let latency = histogram!(DELIVERY_LATENCY);
+    for at in created {
+        let secs = (now - at).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6;
+        latency.record(secs.max(0.0));
+    }
 }
 
 /// Refresh log mode's lag gauges, one pair per cursor.

@@ -817,20 +817,17 @@ fn record_delivery_latency(claim: &Claim, acked: &[i64]) {
     if acked.is_empty() {
         return;
     }
-    let now = chrono::Utc::now();
-    let latency = metrics::histogram!(m::DELIVERY_LATENCY);
     // `acked` comes back in any order; both lists are short (one batch).
     let mut acked = acked.to_vec();
     acked.sort_unstable();
-    for (id, message) in claim.ids.iter().zip(&claim.messages) {
-        if acked.binary_search(id).is_ok() {
-            let secs = (now - message.created_at)
-                .num_microseconds()
-                .unwrap_or(i64::MAX) as f64
-                / 1e6;
-            latency.record(secs.max(0.0));
-        }
-    }
+    m::record_commit_to_delivery(
+        claim
+            .ids
+            .iter()
+            .zip(&claim.messages)
+            .filter(|(id, _)| acked.binary_search(id).is_ok())
+            .map(|(_, message)| message.created_at),
+    );
 }
 
 fn lost(shared: &Shared, claim: &Claim, count: usize, what: &str) {

@@ -116,12 +116,20 @@ CREATE FUNCTION {schema}.log_truncate(seg integer, archive boolean) RETURNS bigi
 LANGUAGE plpgsql AS $fn$
 DECLARE
   part regclass := ('{schema}.log_' || seg)::regclass;
+  filled boolean;
   unread boolean;
   n bigint;
 BEGIN
   IF seg = (SELECT segment FROM {schema}.log_settings)
      OR NOT EXISTS (SELECT 1 FROM {schema}.log_cursors) THEN
     RETURN NULL;
+  END IF;
+  -- Nothing to do for an empty segment, and nothing to lock: looked at
+  -- without the lock, a row a producer has not committed yet is simply not
+  -- there, and it stays.
+  EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s)', part) INTO filled;
+  IF NOT filled THEN
+    RETURN 0;
   END IF;
   SET LOCAL lock_timeout = '50ms';
   BEGIN
