@@ -138,7 +138,7 @@ struct Pending {
 impl Pending {
     fn into_handoff(self, event: &LogEvent) -> Handoff<'_> {
         Handoff {
-            event: &event.event,
+            event,
             dead: self.dead,
             delay: self.delay,
             attempts: self.attempts,

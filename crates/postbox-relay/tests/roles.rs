@@ -835,6 +835,113 @@ async fn the_relay_changes_only_delivery_state() {
     r.finish().await;
 }
 
+/// Log mode under the relay role: producers (as the producer role) append to
+/// the log, the relay delivers through its cursors, hands what it could not
+/// deliver to the outbox (copied from the log by migration 10's function),
+/// then rotates and truncates the ring with archiving; and it cannot write
+/// the log, its settings or its segments itself.
+#[tokio::test]
+async fn the_relay_runs_log_mode() {
+    let r = RoleDb::new().await;
+    let owner = store(&r.db).log();
+    owner
+        .set_producer_target(postbox_store::ProducerTarget::Log)
+        .await
+        .unwrap();
+    let producer = r.producer().await;
+    let ids = produce(&producer, &r.outbox(), 40).await;
+    let in_log: i64 = sqlx::query_scalar(&r.db.sql("SELECT count(*) FROM {schema}.log"))
+        .fetch_one(&r.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(in_log, 40, "the producer role appends to the log");
+
+    let (reject, retry) = (ids[0], ids[1]);
+    let sink = ScriptedSink::new(move |m, before| {
+        if m.event_id == reject {
+            Outcome::reject("422 unprocessable")
+        } else if m.event_id == retry && before == 0 {
+            Outcome::retry("503 unavailable")
+        } else {
+            Outcome::Delivered
+        }
+    });
+    let config = RelayConfig {
+        mode: postbox_relay::ReadMode::Log,
+        ..fast_config()
+    };
+    let relay_store = r.relay().await;
+    drain_with(Relay::new(relay_store.clone(), sink.clone(), config).unwrap()).await;
+    let tried = sink.ids();
+    let distinct: std::collections::HashSet<&Uuid> = tried.iter().collect();
+    assert_eq!(distinct.len(), 40, "every event reached the sink");
+    assert_eq!(
+        tried.iter().filter(|id| **id == retry).count(),
+        2,
+        "the handed-off event was retried from the outbox"
+    );
+
+    let handed: Vec<(Uuid, String, String, serde_json::Value)> = sqlx::query_as(&r.db.sql(
+        "SELECT event_id, status::text, event_type, payload FROM {schema}.outbox ORDER BY id",
+    ))
+    .fetch_all(&r.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(handed.len(), 2, "the two events the sink did not take");
+    let by_id: std::collections::HashMap<Uuid, (String, String, serde_json::Value)> = handed
+        .into_iter()
+        .map(|(id, status, t, p)| (id, (status, t, p)))
+        .collect();
+    assert_eq!(by_id[&reject].0, "failed");
+    assert_eq!(by_id[&retry].0, "sent");
+    assert_eq!(by_id[&reject].1, "order.created", "copied from the log");
+    assert_eq!(by_id[&reject].2, serde_json::json!({ "i": 0 }));
+
+    // Maintenance: a rotation (segment age zero), then a truncation of the
+    // segment every cursor has read, archived.
+    let log = relay_store.log();
+    let (rotated, _) = log.maintain(Duration::ZERO, true).await.expect("rotate");
+    assert!(rotated, "the relay role rotates the ring");
+    let (_, removed) = log
+        .maintain(Duration::from_secs(3600), true)
+        .await
+        .expect("truncate");
+    assert_eq!(removed, 40, "the relay role truncates the segment it read");
+    let archived: i64 =
+        sqlx::query_scalar(&r.db.sql("SELECT count(*) FROM {schema}.outbox_archive"))
+            .fetch_one(&r.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(archived, 38, "archived, except the two the outbox holds");
+
+    let pool = relay_store.pool().clone();
+    let refused = [
+        (
+            "appends to the log",
+            "INSERT INTO {schema}.log (event_id, event_type, aggregate_type, aggregate_id, payload) \
+             VALUES (gen_random_uuid(), 't', 'a', '1', '{}')",
+        ),
+        ("rewrites the log", "UPDATE {schema}.log SET payload = '{}'"),
+        ("deletes from the log", "DELETE FROM {schema}.log"),
+        ("truncates a segment", "TRUNCATE {schema}.log_1"),
+        (
+            "reads a segment directly",
+            "SELECT count(*) FROM {schema}.log_1",
+        ),
+        (
+            "moves the producers",
+            "UPDATE {schema}.log_settings SET producer_target = 'outbox'",
+        ),
+    ];
+    for (what, sql) in refused {
+        assert_denied(&format!("the relay {what}"), try_exec(&r, &pool, sql).await);
+    }
+
+    producer.close().await;
+    pool.close().await;
+    r.finish().await;
+}
+
 /// The monitor writes nothing and cannot enqueue.
 #[tokio::test]
 async fn the_monitor_changes_nothing() {

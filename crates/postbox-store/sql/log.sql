@@ -73,73 +73,13 @@ SELECT producer_target FROM {schema}.log_settings;
 UPDATE {schema}.log_settings SET producer_target = $1;
 
 -- name: handoff
--- Events a destination ($1) did not take leave the log for the claim/retry
--- machinery, in the transaction that moves the cursor past them: each
--- becomes an outbox row — pending after its delay, or a dead letter — with
--- attempt 1 and its error. For a fan-out event ($13 true) the outbox row
--- carries per-destination state: this destination's row says what happened,
--- and the other destinations it routes to ($14/$15: event id, destination)
--- get a placeholder marked sent with 0 attempts ($17: attempts so far, 0 for
--- an event the sink deferred without trying), because their own cursors
--- deliver it; a later handoff of the same event by one of them replaces its
--- placeholder and puts the outbox row back to pending (taking it from a
--- claim in flight, which then redelivers where needed).
-WITH h AS (
-    SELECT * FROM unnest($2::uuid[], $3::text[], $4::text[], $5::text[], $6::int4[],
-                         $7::text[], $8::text[], $9::int8[], $10::timestamptz[],
-                         $11::bool[], $12::float8[], $16::text[], $13::bool[], $17::int4[])
-      AS h(event_id, event_type, aggregate_type, aggregate_id, schema_version,
-           payload, headers, sequence, created_at, dead, delay_secs, error, fanout,
-           attempts)),
-inserted AS (
-    INSERT INTO {schema}.outbox
-        (event_id, event_type, aggregate_type, aggregate_id, schema_version, payload, headers,
-         sequence, created_at, status, attempts, available_at, last_error)
-    SELECT event_id, event_type, aggregate_type, aggregate_id, schema_version,
-           payload::jsonb, headers::jsonb, sequence, created_at,
-           CASE WHEN dead THEN 'failed'::{schema}.event_status
-                ELSE 'pending'::{schema}.event_status END,
-           attempts, now() + make_interval(secs => delay_secs), error
-    FROM h
-    ON CONFLICT (event_id) DO NOTHING
-    RETURNING id, event_id),
-rows AS (
-    -- Fan-out events only: those whose outbox row existed before this
-    -- statement, and those it inserted (not visible to a scan of the table).
-    SELECT o.id, h.event_id, h.dead, h.delay_secs, h.error, h.attempts, true AS existed
-    FROM h JOIN {schema}.outbox o ON o.event_id = h.event_id
-    WHERE h.fanout
-    UNION ALL
-    SELECT i.id, h.event_id, h.dead, h.delay_secs, h.error, h.attempts, false
-    FROM inserted i JOIN h ON h.event_id = i.event_id
-    WHERE h.fanout),
-mine AS (
-    INSERT INTO {schema}.deliveries AS d
-        (outbox_id, destination, status, attempts, available_at, last_error, updated_at)
-    SELECT r.id, $1,
-           CASE WHEN r.dead THEN 'failed'::{schema}.event_status
-                ELSE 'pending'::{schema}.event_status END,
-           r.attempts, now() + make_interval(secs => r.delay_secs), r.error, now()
-    FROM rows r
-    ON CONFLICT (outbox_id, destination) DO UPDATE
-    SET status = EXCLUDED.status, attempts = EXCLUDED.attempts,
-        available_at = EXCLUDED.available_at, last_error = EXCLUDED.last_error,
-        updated_at = now()
-    WHERE d.attempts = 0 AND d.status = 'sent'
-    RETURNING d.outbox_id),
-placeholders AS (
-    INSERT INTO {schema}.deliveries
-        (outbox_id, destination, status, attempts, available_at, updated_at)
-    SELECT r.id, p.destination, 'sent'::{schema}.event_status, 0, now(), now()
-    FROM unnest($14::uuid[], $15::text[]) AS p(event_id, destination)
-    JOIN rows r ON r.event_id = p.event_id
-    ON CONFLICT (outbox_id, destination) DO NOTHING)
-UPDATE {schema}.outbox o
-SET status = 'pending', available_at = LEAST(o.available_at, now()),
-    lease_token = NULL, lease_expires_at = NULL
-FROM rows r
-WHERE o.id = r.id AND r.existed AND o.status <> 'pending'
-  AND o.id IN (SELECT outbox_id FROM mine);
+-- Events destination $1 did not take leave the log for the claim/retry
+-- machinery, in the transaction that moves the cursor past them (migration
+-- 10's log_handoff: the events are copied from the log, the relay says only
+-- how their delivery went). $2/$3 log ids and event ids, $4 dead, $5 delay
+-- in seconds, $6 error, $7 fan-out, $8 attempts so far, $9/$10 the other
+-- destinations of fan-out events.
+SELECT {schema}.log_handoff($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 
 -- name: rotate
 -- Move producers to the next segment when the current one is older than $1

@@ -109,7 +109,8 @@ impl Queries {
 /// retry and dead-letter machinery.
 #[derive(Debug)]
 pub struct Handoff<'a> {
-    pub event: &'a ClaimedEvent,
+    /// The log event (its log id and content).
+    pub event: &'a LogEvent,
     /// Rejected or out of attempts: a dead letter now.
     pub dead: bool,
     /// Until the retry (ignored for a dead letter).
@@ -258,49 +259,21 @@ impl Log {
             tx.rollback().await?;
             return Ok(false);
         }
-        let e = |f: fn(&ClaimedEvent) -> String| -> Vec<String> {
-            handoffs.iter().map(|h| f(h.event)).collect()
-        };
-        let headers: Vec<String> = handoffs
-            .iter()
-            .map(|h| serde_json::to_string(&h.event.headers).unwrap_or_else(|_| "{}".into()))
-            .collect();
         let (mut other_ids, mut other_names) = (Vec::new(), Vec::new());
         for h in handoffs {
             for name in &h.others {
-                other_ids.push(h.event.event_id);
+                other_ids.push(h.event.event.event_id);
                 other_names.push(name.as_str());
             }
         }
+        let each = |f: fn(&Handoff<'_>) -> i64| handoffs.iter().map(f).collect::<Vec<_>>();
         sqlx::query(&self.sql.handoff)
             .bind(&window.destination)
+            .bind(each(|h| h.event.id))
             .bind(
                 handoffs
                     .iter()
-                    .map(|h| h.event.event_id)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(e(|v| v.event_type.clone()))
-            .bind(e(|v| v.aggregate_type.clone()))
-            .bind(e(|v| v.aggregate_id.clone()))
-            .bind(
-                handoffs
-                    .iter()
-                    .map(|h| h.event.schema_version)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(e(|v| v.payload.get().to_owned()))
-            .bind(&headers)
-            .bind(
-                handoffs
-                    .iter()
-                    .map(|h| h.event.sequence)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                handoffs
-                    .iter()
-                    .map(|h| h.event.created_at)
+                    .map(|h| h.event.event.event_id)
                     .collect::<Vec<_>>(),
             )
             .bind(handoffs.iter().map(|h| h.dead).collect::<Vec<_>>())
@@ -313,18 +286,18 @@ impl Log {
             .bind(
                 handoffs
                     .iter()
-                    .map(|h| !h.others.is_empty())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(&other_ids)
-            .bind(&other_names)
-            .bind(
-                handoffs
-                    .iter()
                     .map(|h| h.error.as_str())
                     .collect::<Vec<_>>(),
             )
+            .bind(
+                handoffs
+                    .iter()
+                    .map(|h| !h.others.is_empty())
+                    .collect::<Vec<_>>(),
+            )
             .bind(handoffs.iter().map(|h| h.attempts).collect::<Vec<_>>())
+            .bind(&other_ids)
+            .bind(&other_names)
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;

@@ -67,6 +67,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "log_producers",
         sql: include_str!("../migrations/0009_log_producers.sql"),
     },
+    Migration {
+        version: 10,
+        name: "log_privileges",
+        sql: include_str!("../migrations/0010_log_privileges.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.
