@@ -435,6 +435,24 @@ async fn claim_loop(shared: &Shared, mode: RunMode, to_publish: mpsc::Sender<Cla
                         tracing::info!("outbox drained: nothing pending or in flight");
                         return;
                     }
+                    // No retry of ours is due later than backoff_max: events
+                    // due beyond it were scheduled (by hand or by a producer
+                    // with the rights to): report them rather than wait.
+                    let horizon = config.backoff_max + Duration::from_secs(1);
+                    if mode == RunMode::Drain
+                        && idle
+                        && !next.in_flight
+                        && next.pending_in.is_some_and(|d| d > horizon)
+                    {
+                        if let Ok(later) = shared.store.scheduled_later(horizon).await {
+                            tracing::warn!(
+                                events = later.events,
+                                first_due = %later.first_due.map_or_else(String::new, |t| t.to_rfc3339()),
+                                "outbox drained, except events scheduled later than the longest retry delay (relay.backoff_max); not waiting for them"
+                            );
+                            return;
+                        }
+                    }
                     if mode == RunMode::Drain
                         && idle
                         && !next.in_flight

@@ -245,6 +245,42 @@ async fn a_retry_waits_for_its_delay() {
     db.drop_schema().await;
 }
 
+/// An event scheduled far in the future (here year 9999, written by the
+/// schema owner) does not keep `--drain` running: the drain delivers the
+/// rest, reports it and ends; a retry within `backoff_max` is still waited for.
+#[tokio::test]
+async fn a_drain_ends_with_events_scheduled_beyond_the_longest_retry() {
+    let db = TestDb::new().await;
+    let ids = enqueue(&db, 3).await;
+    db.exec("UPDATE {schema}.outbox SET available_at = '9999-01-01' WHERE id = (SELECT min(id) FROM {schema}.outbox)")
+        .await;
+    let sink = ScriptedSink::new(|_, before| {
+        if before == 0 {
+            Outcome::retry("503 once")
+        } else {
+            Outcome::Delivered
+        }
+    });
+    let stats = drain(&db, sink.clone(), fast_config()).await;
+    assert_eq!(stats.delivered, 2, "the two due events, after their retry");
+    assert!(
+        !sink.ids().contains(&ids[0]),
+        "the far-future event is not sent"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM {schema}.outbox WHERE status = 'pending' AND available_at > '9000-01-01'")
+            .await,
+        1,
+        "it stays pending for its time"
+    );
+    let later = store(&db)
+        .scheduled_later(Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(later.events, 1);
+    db.drop_schema().await;
+}
+
 #[tokio::test]
 async fn a_relay_killed_between_publish_and_ack_leads_to_redelivery() {
     let db = TestDb::new().await;

@@ -120,6 +120,13 @@ SELECT extract(epoch FROM (SELECT min(available_at) FROM {schema}.outbox WHERE s
          AS pending_in_secs,
        EXISTS (SELECT 1 FROM {schema}.outbox WHERE status = 'processing') AS in_flight;
 
+-- name: scheduled_later
+-- Pending events due more than $1 seconds from now (a drain does not wait
+-- for them): how many, and when the first is due.
+SELECT count(*) AS events, min(available_at) AS first_due
+FROM {schema}.outbox
+WHERE status = 'pending' AND available_at > now() + make_interval(secs => $1);
+
 -- name: delivery_states
 -- Per-destination state of the events $1 (fan-out events only have rows):
 -- status, attempts so far, and seconds until the destination is due again.

@@ -38,8 +38,8 @@ pub use events::{DeliveryRecord, EventQuery, EventRecord, EventRow, Events, Stat
 pub use log::{CursorLag, Handoff, Log, LogEvent, LogWindow, ProducerTarget};
 pub use relay::{
     AttemptsCount, Claim, ClaimOrder, ClaimedEvent, DbHealth, DeliveryState, DeliveryUpdate,
-    DestinationCounts, Failure, Gauges, NextDue, RelayCommit, Rescued, Settled, StatusCounts,
-    Store,
+    DestinationCounts, Failure, Gauges, NextDue, RelayCommit, Rescued, ScheduledLater, Settled,
+    StatusCounts, Store,
 };
 pub use roles::{CreateRolesError, RoleNameError, Roles};
 

@@ -30,6 +30,7 @@ struct Queries {
     release: String,
     rescue_expired: String,
     next_due: String,
+    scheduled_later: String,
     status_counts: String,
     gauges: String,
     pending_attempts: String,
@@ -82,6 +83,7 @@ impl Queries {
             release: relay.render_with("release", schema, &commit),
             rescue_expired: relay.render_with("rescue_expired", schema, &commit),
             next_due: relay.render("next_due", schema),
+            scheduled_later: relay.render("scheduled_later", schema),
             delivery_states: relay.render("delivery_states", schema),
             record_deliveries: relay.render_with("record_deliveries", schema, &commit),
             notify_probe: relay.render("notify_probe", schema),
@@ -238,6 +240,13 @@ pub struct NextDue {
     pub pending_in: Option<Duration>,
     /// Some event is claimed by a relay (this one or another).
     pub in_flight: bool,
+}
+
+/// Pending events scheduled beyond a horizon (see [`Store::scheduled_later`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct ScheduledLater {
+    pub events: i64,
+    pub first_due: Option<DateTime<Utc>>,
 }
 
 impl Store {
@@ -398,6 +407,15 @@ impl Store {
                 .map(|s| Duration::from_secs_f64(s.max(0.0))),
             in_flight: row.in_flight,
         })
+    }
+
+    /// Pending events due more than `horizon` from now: how many, and when
+    /// the first of them is due.
+    pub async fn scheduled_later(&self, horizon: Duration) -> Result<ScheduledLater, sqlx::Error> {
+        sqlx::query_as(&self.sql.scheduled_later)
+            .bind(horizon.as_secs_f64())
+            .fetch_one(&self.pool)
+            .await
     }
 
     /// Counts by status and the oldest pending age.
