@@ -19,6 +19,7 @@ pub mod retention;
 pub mod router;
 pub mod sink;
 pub mod sinks;
+mod trouble;
 
 /// Secret masking and payload redaction (shared with the console and the CLI).
 pub use postbox::redact;

@@ -31,6 +31,7 @@ use crate::redact::sanitize_error;
 use crate::retention::{self, RetentionConfig};
 use crate::router::{RetryPolicy, Round, Router};
 use crate::sink::{Message, Outcome, Sink};
+use crate::trouble::{whole_seconds, Report};
 use futures::FutureExt;
 use postbox_store::{ClaimOrder, DeliveryUpdate, Failure, RelayCommit, Store};
 use std::panic::AssertUnwindSafe;
@@ -116,6 +117,8 @@ pub(crate) struct Shared {
     in_flight: AtomicUsize,
     /// Cancelled on SIGTERM: stop claiming, release what was not published.
     pub(crate) shutdown: CancellationToken,
+    /// Per destination (by index): its current run of failures, if any.
+    trouble: Vec<crate::trouble::Trouble>,
 }
 
 impl Shared {
@@ -219,6 +222,12 @@ impl Relay {
             log_wake: tokio::sync::watch::channel(0).0,
             in_flight: AtomicUsize::new(0),
             shutdown,
+            trouble: self
+                .router
+                .destinations()
+                .iter()
+                .map(|_| Default::default())
+                .collect(),
         });
         for d in self.router.destinations() {
             m::init_destination(&d.name);
@@ -693,7 +702,69 @@ pub(crate) async fn publish_to(shared: &Shared, d: usize, messages: &[Message]) 
                 .increment(n);
         }
     }
+    let report = shared.trouble[d].observe(
+        Instant::now(),
+        by_outcome[0] as usize,
+        by_outcome[1] as usize,
+    );
+    speak_up(shared, d, report, &outcomes).await;
     outcomes
+}
+
+/// Say that destination `d` keeps failing (rate-limited by [`Trouble`]) or
+/// that it delivers again.
+///
+/// [`Trouble`]: crate::trouble::Trouble
+async fn speak_up(shared: &Shared, d: usize, report: Report, outcomes: &[Outcome]) {
+    let destination = &shared.router.destinations()[d];
+    match report {
+        Report::Nothing => {}
+        Report::Failing {
+            since,
+            lasting,
+            failed,
+        } => {
+            let error = outcomes
+                .iter()
+                .find_map(|o| match o {
+                    Outcome::Retry { error, .. } => Some(error.as_str()),
+                    _ => None,
+                })
+                .unwrap_or_default();
+            // What waits: the outbox's backlog (claim mode), or this
+            // destination's unread log events (log mode).
+            let waiting = match shared.config.mode {
+                ReadMode::Claim => shared
+                    .store
+                    .gauges()
+                    .await
+                    .ok()
+                    .map(|g| g.pending + g.processing),
+                ReadMode::Log => shared.store.log().cursor_lag().await.ok().and_then(|lags| {
+                    lags.into_iter()
+                        .find(|l| l.destination == destination.name)
+                        .map(|l| l.lag_events)
+                }),
+            };
+            tracing::warn!(
+                destination = %destination.name,
+                since = %humantime::format_rfc3339_seconds(since),
+                failing_for = %whole_seconds(lasting),
+                failed_attempts = failed,
+                events_waiting = %waiting.map_or_else(|| "unknown".to_owned(), |n| n.to_string()),
+                error = %sanitize_error(error),
+                "destination keeps failing; its events wait and are retried (said again every minute while it lasts)"
+            );
+        }
+        Report::Recovered { lasted, failed } => {
+            tracing::info!(
+                destination = %destination.name,
+                failing_for = %whole_seconds(lasted),
+                failed_attempts = failed,
+                "destination delivers again"
+            );
+        }
+    }
 }
 
 async fn settle_loop(shared: Arc<Shared>, mut settled: mpsc::Receiver<Published>) {

@@ -15,6 +15,8 @@ mod redis_sink;
 mod retention_idempotency;
 mod roles;
 mod routing;
+#[cfg(feature = "redis")]
+mod trouble;
 
 #[cfg(feature = "amqp")]
 mod amqp;
