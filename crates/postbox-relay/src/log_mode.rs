@@ -7,14 +7,18 @@
 //! the outbox, where the claim loop (running alongside) retries them with
 //! backoff or keeps them as dead letters. So a poison event never stops the
 //! cursor, a slow destination never holds a fast one back, and a crash
-//! between publishing and moving redelivers at most one page.
+//! between publishing and moving redelivers at most one page. Within a
+//! window the reader keeps the window it moved (opening it once) and reads
+//! the next page while the current one publishes: the page read is the same
+//! whatever publishing does, since a window's events are fixed by its two
+//! snapshots.
 
 use crate::backoff;
 use crate::metrics as m;
 use crate::redact::sanitize_error;
 use crate::relay::{publish_to, RunMode, Shared};
 use crate::sink::{Message, Outcome};
-use postbox_store::{Handoff, LogEvent};
+use postbox_store::{Handoff, Log, LogEvent, LogWindow};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,55 +34,15 @@ pub(crate) async fn read_loop(shared: Arc<Shared>, d: usize, owner: Uuid, mode: 
     let name = shared.router.destinations()[d].name.clone();
     let names = [name.clone()];
     let config = &shared.config;
-    let batch = i64::from(config.batch_size);
-    let mut held_until: Option<Instant> = None;
+    let mut reader = Reader {
+        held_until: None,
+        window: None,
+        ahead: None,
+    };
     let mut failures = 0;
     let mut wake = shared.log_wake.subscribe();
     while !shared.shutdown.is_cancelled() {
-        let round = async {
-            if held_until.is_none_or(|t| Instant::now() >= t) {
-                if log.acquire(owner, &names, config.lease).await?.is_empty() {
-                    held_until = None;
-                    return Ok::<_, sqlx::Error>(Round::NotHeld);
-                }
-                held_until = Some(Instant::now() + config.lease / 3);
-            }
-            let Some(window) = log.window(&name, owner).await? else {
-                held_until = None;
-                return Ok(Round::NotHeld);
-            };
-            let page = log.page(&window, batch).await?;
-            let done = (page.len() as i64) < batch;
-            let last = page.last().map_or(window.after_id, |e| e.id);
-            let (delivered, handoffs) = publish_page(&shared, d, &page).await;
-            let delivered_at: Vec<_> = delivered
-                .iter()
-                .map(|&i| page[i].event.created_at)
-                .collect();
-            let delivered = delivered.len();
-            let handoffs: Vec<Handoff<'_>> = handoffs
-                .into_iter()
-                .map(|(i, h)| h.into_handoff(&page[i]))
-                .collect();
-            let kept = log
-                .settle_page(&window, owner, last, delivered as i64, done, &handoffs)
-                .await?;
-            if !kept {
-                tracing::warn!(destination = %name, "lost the log cursor's lease; another relay reads it now");
-                held_until = None;
-                return Ok(Round::NotHeld);
-            }
-            count(&shared, delivered, &handoffs);
-            m::record_commit_to_delivery(delivered_at.into_iter());
-            Ok(if !done {
-                Round::More
-            } else if page.is_empty() {
-                Round::Idle
-            } else {
-                Round::WindowDone
-            })
-        };
-        match round.await {
+        match reader.round(&shared, &log, d, owner, &names).await {
             Ok(Round::More | Round::WindowDone) => failures = 0,
             Ok(Round::Idle) => {
                 failures = 0;
@@ -92,6 +56,8 @@ pub(crate) async fn read_loop(shared: Arc<Shared>, d: usize, owner: Uuid, mode: 
                 wait(&shared, &mut wake, config.poll_interval).await;
             }
             Err(e) => {
+                // Start again from what the database says.
+                reader.forget();
                 failures += 1;
                 let delay = backoff::full_jitter(failures, DB_RETRY_BASE, DB_RETRY_MAX);
                 tracing::warn!(destination = %name, error = %sanitize_error(&e.to_string()), retry_in = ?delay, "reading the log failed");
@@ -104,6 +70,110 @@ pub(crate) async fn read_loop(shared: Arc<Shared>, d: usize, owner: Uuid, mode: 
     }
     if let Err(e) = log.release(owner, &names).await {
         tracing::debug!(error = %sanitize_error(&e.to_string()), "could not release the log cursors' leases; they expire by themselves");
+    }
+}
+
+/// One destination's reader between rounds.
+struct Reader {
+    /// The lease is renewed when this passes.
+    held_until: Option<Instant>,
+    /// The cursor's open window as this reader last moved it (while it holds
+    /// the lease nobody else moves it), so a window read page by page opens
+    /// once rather than once per page.
+    window: Option<LogWindow>,
+    /// The window's next page, read while the previous one was published.
+    ahead: Option<Vec<LogEvent>>,
+}
+
+impl Reader {
+    fn forget(&mut self) {
+        self.held_until = None;
+        self.window = None;
+        self.ahead = None;
+    }
+
+    /// Read a page, publish it (reading the next page of the window
+    /// meanwhile), then settle it: move the cursor and hand off what the
+    /// destination did not take.
+    async fn round(
+        &mut self,
+        shared: &Shared,
+        log: &Log,
+        d: usize,
+        owner: Uuid,
+        names: &[String; 1],
+    ) -> Result<Round, sqlx::Error> {
+        let config = &shared.config;
+        let batch = i64::from(config.batch_size);
+        if self.held_until.is_none_or(|t| Instant::now() >= t) {
+            if log.acquire(owner, names, config.lease).await?.is_empty() {
+                self.forget();
+                return Ok(Round::NotHeld);
+            }
+            self.held_until = Some(Instant::now() + config.lease / 3);
+        }
+        let window = match self.window.take() {
+            Some(w) => w,
+            None => {
+                self.ahead = None;
+                match log.window(&names[0], owner).await? {
+                    Some(w) => w,
+                    None => {
+                        self.forget();
+                        return Ok(Round::NotHeld);
+                    }
+                }
+            }
+        };
+        let page = match self.ahead.take() {
+            Some(page) => page,
+            None => log.page(&window, batch).await?,
+        };
+        let done = (page.len() as i64) < batch;
+        let last = page.last().map_or(window.after_id, |e| e.id);
+        let next = LogWindow {
+            after_id: last,
+            ..window.clone()
+        };
+        // The next page of the window does not depend on how this one is
+        // published: read it meanwhile. A failed read-ahead is read again.
+        let ((delivered, handoffs), ahead) = if done {
+            (publish_page(shared, d, &page).await, None)
+        } else {
+            let (published, ahead) =
+                tokio::join!(publish_page(shared, d, &page), log.page(&next, batch));
+            (published, ahead.ok())
+        };
+        let delivered_at: Vec<_> = delivered
+            .iter()
+            .map(|&i| page[i].event.created_at)
+            .collect();
+        let delivered = delivered.len();
+        let handoffs: Vec<Handoff<'_>> = handoffs
+            .into_iter()
+            .map(|(i, h)| h.into_handoff(&page[i]))
+            .collect();
+        let kept = log
+            .settle_page(&window, owner, last, delivered as i64, done, &handoffs)
+            .await?;
+        if !kept {
+            tracing::warn!(destination = %names[0], "lost the log cursor's lease; another relay reads it now");
+            self.forget();
+            return Ok(Round::NotHeld);
+        }
+        count(shared, delivered, &handoffs);
+        m::record_commit_to_delivery(delivered_at.into_iter());
+        if !done {
+            self.window = Some(next);
+            self.ahead = ahead;
+        }
+        Ok(if !done {
+            Round::More
+        } else if page.is_empty() {
+            Round::Idle
+        } else {
+            Round::WindowDone
+        })
     }
 }
 
