@@ -91,6 +91,42 @@ BEGIN
 END
 $ceiling$;
 
+-- name: log_ceiling_cursor
+-- The log ceiling's cursor: one window, from nothing to every event
+-- committed now.
+CREATE TABLE IF NOT EXISTS {schema}.ceiling_cursor (
+    lo pg_snapshot NOT NULL, hi pg_snapshot NOT NULL, after_id bigint NOT NULL);
+TRUNCATE {schema}.ceiling_cursor;
+INSERT INTO {schema}.ceiling_cursor VALUES ('1:1:', pg_current_snapshot(), 0);
+
+-- name: log_ceiling
+-- The pure-SQL ceiling of log mode on this schema: read one window holding
+-- every committed log event, page by page of {batch}, with the relay's page
+-- query (its text, headers and payload read out), and move a cursor row once
+-- per page, each page its own transaction (so this statement runs alone,
+-- after log_ceiling_cursor); no broker hop.
+DO $ceiling$
+DECLARE c record; last bigint; n int; bytes bigint;
+BEGIN
+  LOOP
+    SELECT * INTO c FROM {schema}.ceiling_cursor FOR UPDATE;
+    SELECT max(p.id), count(*), sum(length(p.payload) + length(p.headers))
+      INTO last, n, bytes
+    FROM (SELECT id, payload::text AS payload, headers::text AS headers
+          FROM {schema}.log
+          WHERE id > c.after_id
+            AND pg_visible_in_snapshot(txid, c.hi)
+            AND (txid >= pg_snapshot_xmax(c.lo)
+                 OR txid = ANY (ARRAY(SELECT pg_snapshot_xip(c.lo))))
+          ORDER BY id
+          LIMIT {batch}) p;
+    EXIT WHEN n = 0;
+    UPDATE {schema}.ceiling_cursor SET after_id = last;
+    COMMIT;
+  END LOOP;
+END
+$ceiling$;
+
 -- name: naive_select
 -- The naive relay most write-ups start from: 100 unsent rows at a time...
 SELECT id, payload::text AS payload FROM {schema}.outbox WHERE status = 'pending' ORDER BY id LIMIT 100;

@@ -22,20 +22,32 @@ const ARRIVAL_TIMEOUT: Duration = Duration::from_secs(30);
 type Commits = HashMap<Uuid, Instant>;
 
 impl Bench<'_> {
-    /// One latency run: LISTEN/NOTIFY or polling, synchronous or asynchronous relay commits.
+    /// One latency run: LISTEN/NOTIFY or polling, synchronous or
+    /// asynchronous relay commits, claim or log mode (producers then append
+    /// to the log).
     pub(super) async fn latency(
         &self,
         listen: bool,
         synchronous: bool,
+        log: bool,
     ) -> Result<Latency, AnyError> {
         let options = self.options;
-        let mode = mode(listen, synchronous, options.poll_interval);
+        let mut mode = mode(listen, synchronous, options.poll_interval);
+        if log {
+            mode = format!("log mode, {mode}");
+        }
         eprintln!(
             "latency: {} events/s for {} with {mode}…",
             options.rate,
             humantime::format_duration(options.duration)
         );
         self.reset().await?;
+        if log {
+            postbox_store::Store::new(self.pool.clone(), self.schema.clone())
+                .log()
+                .set_producer_target(postbox_store::ProducerTarget::Log)
+                .await?;
+        }
         let (redis_url, key) = redis_target(&self.sink)
             .ok_or("latency needs a Redis list sink with a fixed key (…?key=NAME)")?;
 
@@ -43,7 +55,8 @@ impl Bench<'_> {
         let config = self.write_config(
             "postbox-bench",
             format!(
-                "[relay]\nlisten = {listen}\nsynchronous_commit = {synchronous}\npoll_interval = \"{}\"\nbatch_size = {}\n",
+                "[relay]\nmode = \"{}\"\nlisten = {listen}\nsynchronous_commit = {synchronous}\npoll_interval = \"{}\"\nbatch_size = {}\n",
+                if log { "log" } else { "claim" },
                 humantime::format_duration(options.poll_interval),
                 options.batch_size
             ),

@@ -156,10 +156,16 @@ async fn run_on(url: &str, options: &Options) -> Result<BenchReport, AnyError> {
         if is_redis_list(&sink) {
             // LISTEN with the relay's default (synchronous) commits, the same
             // with asynchronous ones (no flush per claim), polling.
-            for (listen, synchronous) in [(true, true), (true, false), (false, true)] {
+            // And log mode with LISTEN.
+            for (listen, synchronous, log) in [
+                (true, true, false),
+                (true, false, false),
+                (false, true, false),
+                (true, true, true),
+            ] {
                 report
                     .latency
-                    .push(bench.latency(listen, synchronous).await?);
+                    .push(bench.latency(listen, synchronous, log).await?);
             }
         } else {
             eprintln!("latency: skipped (it reads the messages back from a Redis list sink)");
@@ -280,6 +286,13 @@ impl Bench<'_> {
         let wal_log = self.store.wal_since(&lsn).await?;
         let log_after = self.store.log_size().await?;
 
+        eprintln!("drain: the same events through the pure-SQL log ceiling…");
+        self.reset().await?;
+        self.store.seed_log(options.events, 0).await?;
+        let started = Instant::now();
+        self.store.log_ceiling(options.batch_size).await?;
+        let log_ceiling = options.events as f64 / started.elapsed().as_secs_f64();
+
         eprintln!("drain: the same events through the pure-SQL ceiling…");
         self.seeded(options.events).await?;
         let started = Instant::now();
@@ -304,6 +317,8 @@ impl Bench<'_> {
             log_wal_bytes_per_event: per_event(wal_log),
             log_vs_claim: round2(log_rate / relay_rate),
             log_vs_naive: round2(log_rate / naive),
+            log_ceiling_events_per_s: log_ceiling.round(),
+            log_vs_log_ceiling: round2(log_rate / log_ceiling),
             log_after,
             events: options.events,
             batch_size: options.batch_size,

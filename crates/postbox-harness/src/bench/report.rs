@@ -69,6 +69,10 @@ pub struct Drain {
     pub log_wal_bytes_per_event: f64,
     pub log_vs_claim: f64,
     pub log_vs_naive: f64,
+    /// The same events through log mode's page query and cursor moves in
+    /// SQL alone.
+    pub log_ceiling_events_per_s: f64,
+    pub log_vs_log_ceiling: f64,
     /// The log's partitions after the log-mode drain.
     pub log_after: TableSize,
 }
@@ -136,6 +140,10 @@ pub(super) fn print_table(r: &BenchReport) {
         println!(
             "  relay in log mode          {:>9.0} events/s   peak RSS {:.1} MB   = {:.2} × claim mode, {:.1} × naive",
             d.log_relay_events_per_s, d.log_relay_peak_rss_mb, d.log_vs_claim, d.log_vs_naive
+        );
+        println!(
+            "  pure-SQL log ceiling       {:>9.0} events/s   log relay = {:.2} × log ceiling",
+            d.log_ceiling_events_per_s, d.log_vs_log_ceiling
         );
         println!(
             "  log after the drain: table {:.1} MB, indexes {:.1} MB, {} dead tuples; WAL {:.0} bytes/event",

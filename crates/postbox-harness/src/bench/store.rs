@@ -20,6 +20,8 @@ pub struct BenchStore {
     log_size: String,
     vacuum_analyze: String,
     ceiling: String,
+    log_ceiling_cursor: String,
+    log_ceiling: String,
     naive_select: String,
     naive_mark: String,
     table_size: String,
@@ -50,6 +52,8 @@ impl BenchStore {
             log_size: sql.render("log_size", schema),
             vacuum_analyze: sql.render("vacuum_analyze", schema),
             ceiling: sql.render("ceiling", schema),
+            log_ceiling_cursor: sql.render("log_ceiling_cursor", schema),
+            log_ceiling: sql.render("log_ceiling", schema),
             naive_select: sql.render("naive_select", schema),
             naive_mark: sql.render("naive_mark", schema),
             table_size: sql.render("table_size", schema),
@@ -137,6 +141,17 @@ impl BenchStore {
         Ok(())
     }
 
+    /// Read everything in the log with log mode's page query, moving a
+    /// cursor row per page, in SQL alone.
+    pub async fn log_ceiling(&self, batch: u32) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(&self.log_ceiling_cursor)
+            .execute(&self.pool)
+            .await?;
+        let sql = self.log_ceiling.replace("{batch}", &batch.to_string());
+        sqlx::raw_sql(&sql).execute(&self.pool).await?;
+        Ok(())
+    }
+
     /// Up to 100 pending rows, oldest first: (id, payload).
     pub async fn naive_select(&self) -> Result<Vec<(i64, String)>, sqlx::Error> {
         let rows = sqlx::query(&self.naive_select)
@@ -187,6 +202,7 @@ mod tests {
             .unwrap();
         let store = BenchStore::new(pool, &Schema::new("x_bench").unwrap());
         assert!(store.ceiling.contains("{batch}"));
+        assert!(store.log_ceiling.contains("{batch}"));
         assert!(store.seed.contains("\"x_bench\".outbox"));
     }
 }
