@@ -10,6 +10,7 @@ use crate::auth::{self, ClientAddr, Session, SESSION_COOKIE, SIGN_IN_COOKIE};
 use crate::form::FormData;
 use crate::guard::{self, Checked};
 use crate::jobs::JobState;
+use crate::limit::Admit;
 use crate::views::{self, EventSearch};
 use crate::{assets, Console};
 use axum::body::Bytes;
@@ -319,7 +320,7 @@ async fn audit_sign_in(console: &Console, name: &str, ok: bool, outcome: &str, c
 
 async fn sign_in(
     State(console): State<Console>,
-    ClientAddr(client): ClientAddr,
+    client: ClientAddr,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -329,7 +330,7 @@ async fn sign_in(
     let next = auth::safe_next(form.get("next"));
     let expected = auth::cookie(&headers, SIGN_IN_COOKIE).unwrap_or("");
     if !auth::same_secret(form.get("csrf").unwrap_or(""), expected) {
-        audit_sign_in(&console, name, false, "csrf", &client).await;
+        audit_sign_in(&console, name, false, "csrf", &client.addr).await;
         return sign_in_form(
             &console,
             &headers,
@@ -339,14 +340,13 @@ async fn sign_in(
             Some("The sign-in form expired or did not come from this console. Please try again."),
         );
     }
-    let by_client = console.inner.sign_in_by_client.check(&client);
-    let by_name = console
-        .inner
-        .sign_in_by_name
-        .check(&name.to_ascii_lowercase());
-    if let Err(wait) = by_client.and(by_name) {
-        audit_sign_in(&console, name, false, "rate_limited", &client).await;
-        return Fail::TooMany(wait, "Too many sign-in attempts.").into_response();
+    match console.inner.sign_in.admit(name, &client.key) {
+        Admit::Now => {}
+        Admit::After(delay) => tokio::time::sleep(delay).await,
+        Admit::Refuse(wait) => {
+            audit_sign_in(&console, name, false, "rate_limited", &client.addr).await;
+            return Fail::TooMany(wait, "Too many sign-in attempts.").into_response();
+        }
     }
     let user = match console.inner.console.user(name).await {
         Ok(u) => u,
@@ -370,7 +370,8 @@ async fn sign_in(
             } else {
                 "unknown_user"
             };
-            audit_sign_in(&console, name, false, outcome, &client).await;
+            console.inner.sign_in.failed(name, &client.key);
+            audit_sign_in(&console, name, false, outcome, &client.addr).await;
             return sign_in_form(
                 &console,
                 &headers,
@@ -400,7 +401,8 @@ async fn sign_in(
     {
         return internal(&e).into_response();
     }
-    audit_sign_in(&console, name, true, "ok", &client).await;
+    console.inner.sign_in.succeeded(name, &client.key);
+    audit_sign_in(&console, name, true, "ok", &client.addr).await;
     let secure = auth::secure(&console, &headers);
     let mut res = see_other(&next);
     for cookie in [
@@ -417,7 +419,7 @@ async fn sign_in(
 async fn sign_out(
     State(console): State<Console>,
     session: Checked,
-    ClientAddr(client): ClientAddr,
+    client: ClientAddr,
     headers: HeaderMap,
 ) -> Result<Response, Fail> {
     console
@@ -435,7 +437,7 @@ async fn sign_out(
             &serde_json::json!({}),
             1,
             None,
-            &serde_json::json!({ "client": client }),
+            &serde_json::json!({ "client": client.addr }),
         )
         .await
         .map_err(|e| internal(&e))?;
@@ -888,6 +890,7 @@ async fn audit(
             q.get("before").and_then(|b| b.parse().ok()),
             q.get("action"),
             q.get("actor"),
+            (!session.is_operator()).then_some(ACTION_SIGN_IN_FAILED),
             page_size + 1,
         )
         .await
@@ -913,6 +916,7 @@ async fn audit(
         &session,
         &views::AuditView {
             entries: &entries,
+            sign_in_details: session.is_operator(),
             action,
             actor,
             next,

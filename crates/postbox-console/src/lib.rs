@@ -10,7 +10,11 @@
 //!   One guard checks the session, the token and the role in front of every
 //!   state-changing route, from one table ([`state_changing_routes`]); a
 //!   state-changing route without a row is refused. Sign-in attempts and
-//!   replays/discards are rate limited in process.
+//!   replays/discards are rate limited in process; the sign-in limits cannot
+//!   be used to lock a user out (see the README's console section). The client's
+//!   address is the TCP peer's, or, from a trusted proxy only
+//!   ([`ConsoleConfig::trusted_proxies`]), the rightmost untrusted address in
+//!   `X-Forwarded-For`.
 //! - **Pages.** Overview, event search and one event (payload redacted by the
 //!   configured [`PayloadRedactor`]), dead letters with single and bulk
 //!   replay/discard (bulk actions run in the background, batch by batch, and
@@ -25,6 +29,7 @@
 
 mod assets;
 mod auth;
+mod client;
 mod form;
 mod guard;
 mod handlers;
@@ -33,6 +38,7 @@ mod limit;
 mod views;
 
 pub use auth::{hash_password, verify_password, Role};
+pub use client::{Cidr, CidrError};
 pub use guard::{Access, StateChangingRoute};
 pub use limit::RateLimit;
 pub use postbox::redact::PayloadRedactor;
@@ -85,8 +91,16 @@ pub struct ConsoleConfig {
     pub secure_cookies: bool,
     /// How long a session lasts after sign-in.
     pub session_lifetime: Duration,
-    /// Sign-in attempts, per client address and per user name.
+    /// Sign-in attempts per client address; failed sign-ins per user name
+    /// before the name is protected (see the crate's sign-in limits).
     pub sign_in_limit: RateLimit,
+    /// How long an attempt for a protected name waits before its password
+    /// is checked (from an address that has not failed for that name).
+    pub sign_in_delay: Duration,
+    /// Proxies whose `X-Forwarded-For` is believed: only when the TCP peer is
+    /// in one of these is the rightmost address not in them the client's.
+    /// Empty (the default): the peer's address, whatever the headers say.
+    pub trusted_proxies: Vec<Cidr>,
     /// Replay and discard requests, per user.
     pub action_limit: RateLimit,
     /// Dead letters per transaction (and per audit entry) in bulk actions.
@@ -96,8 +110,9 @@ pub struct ConsoleConfig {
 }
 
 impl ConsoleConfig {
-    /// Defaults: 12-hour sessions, 5 sign-in attempts a minute, 20 replay or
-    /// discard requests a minute, batches of 500, pages of 50.
+    /// Defaults: 12-hour sessions, 5 sign-in attempts a minute (2 s delay for
+    /// a protected name), no trusted proxy, 20 replay or discard requests a
+    /// minute, batches of 500, pages of 50.
     pub fn new(schema: Schema) -> Self {
         Self {
             schema,
@@ -105,6 +120,8 @@ impl ConsoleConfig {
             secure_cookies: false,
             session_lifetime: Duration::from_secs(12 * 3600),
             sign_in_limit: RateLimit::per_minute(5),
+            sign_in_delay: Duration::from_secs(2),
+            trusted_proxies: Vec::new(),
             action_limit: RateLimit::per_minute(20),
             batch_size: 500,
             page_size: 50,
@@ -118,8 +135,7 @@ pub(crate) struct Inner {
     pub store: Store,
     pub console: ConsoleStore,
     pub dlq: DeadLetters,
-    pub sign_in_by_client: limit::Limiter,
-    pub sign_in_by_name: limit::Limiter,
+    pub sign_in: limit::SignInLimits,
     pub actions: limit::Limiter,
     pub jobs: jobs::Jobs,
 }
@@ -137,8 +153,7 @@ impl Console {
             console: store.console(),
             dlq: store.dead_letters(),
             store,
-            sign_in_by_client: limit::Limiter::new(config.sign_in_limit),
-            sign_in_by_name: limit::Limiter::new(config.sign_in_limit),
+            sign_in: limit::SignInLimits::new(config.sign_in_limit, config.sign_in_delay),
             actions: limit::Limiter::new(config.action_limit),
             jobs: jobs::Jobs::default(),
             config,

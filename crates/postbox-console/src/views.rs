@@ -641,7 +641,7 @@ pub(crate) fn event(session: &Session, v: &EventView<'_>) -> Markup {
             @if !v.audit.is_empty() {
                 section {
                     h2 { "Audit entries" }
-                    (audit_table(v.audit))
+                    (audit_table(v.audit, true))
                 }
             }
         },
@@ -777,6 +777,9 @@ pub(crate) fn job(session: &Session, job: &Job) -> Markup {
 
 pub(crate) struct AuditView<'a> {
     pub entries: &'a [AuditEntry],
+    /// Show who failed to sign in and why (operators only: the name tried
+    /// and whether it exists are for those who administer the console).
+    pub sign_in_details: bool,
     pub action: &'a str,
     pub actor: &'a str,
     pub next: Option<String>,
@@ -800,6 +803,9 @@ pub(crate) fn audit(session: &Session, v: &AuditView<'_>) -> Markup {
         html! {
             h1 { "Audit log" }
             p.muted { "Every replay, discard and sign-in attempt, newest first. Kept in the database; the console cannot change it." }
+            @if !v.sign_in_details {
+                p.muted.small #sign-in-details-hidden { "Failed sign-ins are listed without the name tried, the address or the reason: operators see those." }
+            }
             form.search method="get" action="/audit" {
                 div.fields {
                     label { "Action"
@@ -816,7 +822,7 @@ pub(crate) fn audit(session: &Session, v: &AuditView<'_>) -> Markup {
             @if v.entries.is_empty() {
                 p.muted { "No entries." }
             } @else {
-                (audit_table(v.entries))
+                (audit_table(v.entries, v.sign_in_details))
             }
             @if let Some(n) = &v.next {
                 p.pager { a href=(n) { "Older entries →" } }
@@ -825,18 +831,27 @@ pub(crate) fn audit(session: &Session, v: &AuditView<'_>) -> Markup {
     )
 }
 
-fn audit_table(entries: &[AuditEntry]) -> Markup {
+fn audit_table(entries: &[AuditEntry], sign_in_details: bool) -> Markup {
     html! {
         div.scroll { table.audit.stack #audit {
             thead { tr { th { "When" } th { "Actor" } th { "Action" } th.num { "Count" } th { "What" } th { "Reason" } } }
             tbody {
                 @for a in entries {
+                    @let hidden = !sign_in_details && a.action == crate::handlers::ACTION_SIGN_IN_FAILED;
                     tr {
                         td.nowrap { (time(a.at)) }
-                        td { (a.actor) }
+                        @if hidden {
+                            td.muted { "(hidden)" }
+                        } @else {
+                            td { (a.actor) }
+                        }
                         td { (a.action) }
                         td.num.count { (a.count) }
-                        td { (audit_what(a)) }
+                        @if hidden {
+                            td.muted { "details for operators" }
+                        } @else {
+                            td { (audit_what(a)) }
+                        }
                         td.reason { (a.reason.as_deref().unwrap_or("")) }
                     }
                 }

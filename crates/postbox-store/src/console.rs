@@ -236,12 +236,15 @@ impl ConsoleStore {
         self.events.deliveries(row).await
     }
 
-    /// Audit entries, newest first: below entry id `before`, of `action` and `actor` when given.
+    /// Audit entries, newest first: below entry id `before`, of `action` and
+    /// `actor` when given. Entries of action `actor_hidden` (when given) never
+    /// match the `actor` filter: for readers who may not see those actors.
     pub async fn audit_page(
         &self,
         before: Option<i64>,
         action: Option<&str>,
         actor: Option<&str>,
+        actor_hidden: Option<&str>,
         limit: i64,
     ) -> Result<Vec<AuditEntry>, sqlx::Error> {
         sqlx::query_as(&self.sql.audit.page)
@@ -249,6 +252,7 @@ impl ConsoleStore {
             .bind(action)
             .bind(actor)
             .bind(limit.max(0))
+            .bind(actor_hidden)
             .fetch_all(&self.pool)
             .await
     }
