@@ -202,6 +202,13 @@ fn limit_actions(console: &Console, session: &Session) -> Result<(), Fail> {
     })
 }
 
+/// How often live pages refresh themselves, in milliseconds.
+fn refresh_ms(console: &Console) -> u64 {
+    u64::try_from(console.inner.config.refresh_every.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(500)
+}
+
 fn parse_id(s: &str) -> Result<Uuid, Fail> {
     s.parse().map_err(|_| Fail::NotFound)
 }
@@ -475,6 +482,7 @@ async fn overview(State(console): State<Console>, session: Session) -> Result<Re
             rate: &minutes_filled(&rate, RATE_MINUTES),
             relays: &relays,
             jobs: &jobs,
+            refresh_ms: refresh_ms(&console),
         },
     )))
 }
@@ -559,6 +567,7 @@ async fn events(
         &rows,
         next,
         error.as_deref(),
+        refresh_ms(&console),
     )))
 }
 
@@ -745,6 +754,7 @@ async fn dead_letters(
             next,
             error: error.as_deref(),
             notice: notice_text(q.get("notice")),
+            refresh_ms: refresh_ms(&console),
         },
     )))
 }

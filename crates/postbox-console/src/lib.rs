@@ -107,12 +107,15 @@ pub struct ConsoleConfig {
     pub batch_size: i64,
     /// Rows per page of lists.
     pub page_size: i64,
+    /// How often the overview and the lists refresh themselves in the
+    /// browser (at least half a second).
+    pub refresh_every: Duration,
 }
 
 impl ConsoleConfig {
     /// Defaults: 12-hour sessions, 5 sign-in attempts a minute (2 s delay for
     /// a protected name), no trusted proxy, 20 replay or discard requests a
-    /// minute, batches of 500, pages of 50.
+    /// minute, batches of 500, pages of 50, pages refreshed every 5 s.
     pub fn new(schema: Schema) -> Self {
         Self {
             schema,
@@ -125,6 +128,7 @@ impl ConsoleConfig {
             action_limit: RateLimit::per_minute(20),
             batch_size: 500,
             page_size: 50,
+            refresh_every: Duration::from_secs(5),
         }
     }
 }

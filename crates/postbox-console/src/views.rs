@@ -104,6 +104,16 @@ fn status_badge(status: Status, resolution: Option<&str>) -> Markup {
     html! { span class={"badge " (class)} { (label) } }
 }
 
+/// The line that says a page keeps itself up to date, and how often; the
+/// script refreshes the page's `data-live` parts in place (see console.js).
+fn live_status(refresh_ms: u64) -> Markup {
+    html! {
+        p.live.muted.small #live-status data-refresh-ms=(refresh_ms) aria-live="polite" {
+            "Updates by itself every " (refresh_ms.div_ceil(1000)) " s (with scripts on)."
+        }
+    }
+}
+
 fn notice(text: Option<&str>) -> Markup {
     html! {
         @if let Some(t) = text {
@@ -166,6 +176,7 @@ pub(crate) struct OverviewView<'a> {
     pub rate: &'a [(DateTime<Utc>, i64)],
     pub relays: &'a [RelaySeen],
     pub jobs: &'a [Job],
+    pub refresh_ms: u64,
 }
 
 pub(crate) fn overview(session: &Session, v: &OverviewView<'_>) -> Markup {
@@ -178,6 +189,8 @@ pub(crate) fn overview(session: &Session, v: &OverviewView<'_>) -> Markup {
         Nav::Overview,
         html! {
             h1 { "Overview " span.sub { "schema " (v.schema) } }
+            (live_status(v.refresh_ms))
+            div #overview-live data-live {
             div.cards {
                 a.card href="/events?status=pending" {
                     span.label { "Pending" } span.value #pending { (c.pending) }
@@ -259,6 +272,7 @@ pub(crate) fn overview(session: &Session, v: &OverviewView<'_>) -> Markup {
                     h2 { "Recent bulk actions" }
                     (jobs_table(v.jobs))
                 }
+            }
             }
         },
     )
@@ -366,6 +380,7 @@ pub(crate) fn events(
     rows: &[EventRow],
     next: Option<String>,
     error: Option<&str>,
+    refresh_ms: u64,
 ) -> Markup {
     layout(
         "Events",
@@ -395,13 +410,16 @@ pub(crate) fn events(
             @if let Some(e) = error {
                 p.error role="alert" { (e) }
             }
-            @if rows.is_empty() {
-                p.muted { "No events match." }
-            } @else {
-                (event_table(rows))
-            }
-            @if let Some(n) = next {
-                p.pager { a href=(n) { "Older events →" } }
+            (live_status(refresh_ms))
+            div #events-live data-live {
+                @if rows.is_empty() {
+                    p.muted { "No events match." }
+                } @else {
+                    (event_table(rows))
+                }
+                @if let Some(n) = next {
+                    p.pager { a href=(n) { "Older events →" } }
+                }
             }
         },
     )
@@ -663,6 +681,7 @@ pub(crate) struct DeadLettersView<'a> {
     pub next: Option<String>,
     pub error: Option<&'a str>,
     pub notice: Option<&'a str>,
+    pub refresh_ms: u64,
 }
 
 pub(crate) fn dead_letters(session: &Session, v: &DeadLettersView<'_>) -> Markup {
@@ -684,7 +703,8 @@ pub(crate) fn dead_letters(session: &Session, v: &DeadLettersView<'_>) -> Markup
             @if let Some(e) = v.error {
                 p.error role="alert" { (e) }
             }
-            p #matching { strong { (v.matching) } " unresolved dead letter(s) match." }
+            (live_status(v.refresh_ms))
+            p #matching data-live { strong { (v.matching) } " unresolved dead letter(s) match." }
             @if !v.rows.is_empty() {
                 form #bulk method="post" action="/dead-letters/action" {
                     input type="hidden" name="csrf" value=(session.csrf);
@@ -697,7 +717,7 @@ pub(crate) fn dead_letters(session: &Session, v: &DeadLettersView<'_>) -> Markup
                             }
                             th { "Created" } th { "Event" } th { "Aggregate" } th.num { "Attempts" } th { "Last error" }
                         } }
-                        tbody {
+                        tbody #dead-letter-rows data-live {
                             @for r in v.rows {
                                 tr.has-select[session.is_operator()] {
                                     @if session.is_operator() {
@@ -712,8 +732,10 @@ pub(crate) fn dead_letters(session: &Session, v: &DeadLettersView<'_>) -> Markup
                             }
                         }
                     } }
-                    @if let Some(n) = &v.next {
-                        p.pager { a href=(n) { "More →" } }
+                    div #dead-letter-pager data-live {
+                        @if let Some(n) = &v.next {
+                            p.pager { a href=(n) { "More →" } }
+                        }
                     }
                     @if session.is_operator() {
                         fieldset.bulk {

@@ -307,6 +307,120 @@ async fn an_operator_finds_a_stuck_event_replays_it_and_sees_the_audit_entry() {
     h.finish().await;
 }
 
+/// The value of a script expression in the page.
+async fn js(b: &Browser, expr: &str) -> serde_json::Value {
+    b.c()
+        .execute(&format!("return {expr};"), vec![])
+        .await
+        .unwrap()
+}
+
+/// Wait until the script expression `expr` is true in the page.
+async fn until_js(b: &Browser, what: &str, expr: &str) {
+    let expr = expr.to_owned();
+    wait_for(what, PATIENCE, || {
+        let expr = expr.clone();
+        async move { js(b, &expr).await == serde_json::Value::Bool(true) }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_overview_and_dead_letters_update_themselves_and_keep_the_selection() {
+    let Some(b) = Browser::start(Screen::Desktop).await else {
+        return;
+    };
+    let h = Harness::with(|c| {
+        c.refresh_every = Duration::from_millis(600);
+        c.page_size = 100;
+    })
+    .await;
+    h.user("alice", Role::Operator).await;
+    let first = dead_letters(&h.db, "order.placed", 60).await;
+    let base = h.url("");
+    b.sign_in(&base, "alice").await;
+    assert_eq!(b.text("#dead-letters").await, "60");
+    // A mark on the window tells a reload (which would drop it) from an update.
+    js(&b, "(window.stayed = 'yes')").await;
+    dead_letters(&h.db, "payment.captured", 5).await;
+    until_js(
+        &b,
+        "the overview to count 65 dead letters",
+        "document.getElementById('dead-letters').textContent === '65'",
+    )
+    .await;
+    assert_eq!(js(&b, "window.stayed").await, "yes", "updated in place");
+
+    // The dead-letter list, scrolled down, one row selected: nothing moves.
+    b.c().goto(&format!("{base}/dead-letters")).await.unwrap();
+    assert!(b.text("#matching").await.starts_with("65 unresolved"));
+    js(&b, "(window.stayed = 'yes')").await;
+    let target = first[10].to_string();
+    js(&b, "window.scrollTo(0, 900)").await;
+    js(
+        &b,
+        &format!("document.querySelector(\"input[value='{target}']\").click()"),
+    )
+    .await;
+    let scrolled = js(&b, "window.scrollY").await;
+    until_js(
+        &b,
+        "updates to pause for the selection",
+        "document.getElementById('live-status').dataset.state === 'paused'",
+    )
+    .await;
+    dead_letters(&h.db, "invoice.issued", 3).await;
+    until_js(
+        &b,
+        "another paused round",
+        "document.getElementById('live-status').textContent.indexOf('rows are selected') > 0",
+    )
+    .await;
+    assert!(
+        b.text("#matching").await.starts_with("65 unresolved"),
+        "held still"
+    );
+    assert_eq!(
+        js(
+            &b,
+            &format!("document.querySelector(\"input[value='{target}']\").checked")
+        )
+        .await,
+        true
+    );
+    assert_eq!(js(&b, "window.scrollY").await, scrolled);
+    // The selection cleared, the list catches up in place: the row under the
+    // operator's eyes stays where it was on the screen.
+    let row_top = format!(
+        "Math.round(document.querySelector(\"input[value='{target}']\").getBoundingClientRect().top)"
+    );
+    js(&b, &format!("document.querySelector(\"input[value='{target}']\").scrollIntoView({{block: 'center'}})")).await;
+    js(
+        &b,
+        &format!("document.querySelector(\"input[value='{target}']\").click()"),
+    )
+    .await;
+    let top = js(&b, &row_top).await;
+    until_js(
+        &b,
+        "the list to show 68",
+        "document.getElementById('matching').textContent.indexOf('68 unresolved') === 0",
+    )
+    .await;
+    assert_eq!(js(&b, "window.stayed").await, "yes", "updated in place");
+    assert_eq!(
+        js(
+            &b,
+            "document.querySelectorAll('#dead-letter-rows tr').length"
+        )
+        .await,
+        68
+    );
+    assert_eq!(js(&b, &row_top).await, top, "the place is kept");
+    b.close().await;
+    h.finish().await;
+}
+
 #[tokio::test]
 async fn on_a_phone_a_bulk_replay_shows_its_progress_until_done() {
     let Some(b) = Browser::start(Screen::Phone).await else {
