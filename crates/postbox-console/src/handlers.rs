@@ -473,6 +473,13 @@ async fn overview(State(console): State<Console>, session: Session) -> Result<Re
         .map_err(|e| internal(&e))?;
     let relays = i.console.relays().await.map_err(|e| internal(&e))?;
     let jobs = i.jobs.recent(10);
+    // The chart's history ends with the backlog as it is now.
+    let backlog = i.console.backlog().await.map_err(|e| internal(&e))?;
+    let mut history = i.samples.all();
+    history.push(crate::samples::Sample {
+        at: Utc::now(),
+        backlog,
+    });
     Ok(page(views::overview(
         &session,
         &views::OverviewView {
@@ -482,6 +489,7 @@ async fn overview(State(console): State<Console>, session: Session) -> Result<Re
             rate: &minutes_filled(&rate, RATE_MINUTES),
             relays: &relays,
             jobs: &jobs,
+            history: &history,
             refresh_ms: refresh_ms(&console),
         },
     )))

@@ -35,6 +35,7 @@ mod guard;
 mod handlers;
 mod jobs;
 mod limit;
+mod samples;
 mod views;
 
 pub use auth::{hash_password, verify_password, Role};
@@ -110,12 +111,16 @@ pub struct ConsoleConfig {
     /// How often the overview and the lists refresh themselves in the
     /// browser (at least half a second).
     pub refresh_every: Duration,
+    /// How often the console samples the backlog for the overview's history
+    /// chart (the last 30 minutes are kept, in memory).
+    pub sample_every: Duration,
 }
 
 impl ConsoleConfig {
     /// Defaults: 12-hour sessions, 5 sign-in attempts a minute (2 s delay for
     /// a protected name), no trusted proxy, 20 replay or discard requests a
-    /// minute, batches of 500, pages of 50, pages refreshed every 5 s.
+    /// minute, batches of 500, pages of 50, pages refreshed every 5 s, the
+    /// backlog sampled every 10 s.
     pub fn new(schema: Schema) -> Self {
         Self {
             schema,
@@ -129,6 +134,7 @@ impl ConsoleConfig {
             batch_size: 500,
             page_size: 50,
             refresh_every: Duration::from_secs(5),
+            sample_every: Duration::from_secs(10),
         }
     }
 }
@@ -142,6 +148,7 @@ pub(crate) struct Inner {
     pub sign_in: limit::SignInLimits,
     pub actions: limit::Limiter,
     pub jobs: jobs::Jobs,
+    pub samples: samples::Samples,
 }
 
 /// The console application over one pool and schema.
@@ -160,6 +167,7 @@ impl Console {
             sign_in: limit::SignInLimits::new(config.sign_in_limit, config.sign_in_delay),
             actions: limit::Limiter::new(config.action_limit),
             jobs: jobs::Jobs::default(),
+            samples: samples::Samples::default(),
             config,
         };
         Self {
@@ -179,13 +187,19 @@ impl Console {
     }
 
     /// Serve on `listener` until `shutdown` is cancelled; bulk actions still
-    /// running are cancelled too (each stops after its current batch).
+    /// running are cancelled too (each stops after its current batch). The
+    /// backlog is sampled for the overview's chart meanwhile.
     pub async fn serve(
         self,
         listener: tokio::net::TcpListener,
         shutdown: CancellationToken,
     ) -> Result<(), ConsoleError> {
         let jobs = self.inner.jobs.clone();
+        tokio::spawn(self.inner.samples.clone().run(
+            self.inner.console.clone(),
+            self.inner.config.sample_every,
+            shutdown.child_token(),
+        ));
         let app = self
             .router()
             .into_make_service_with_connect_info::<SocketAddr>();

@@ -350,6 +350,31 @@ async fn the_overview_and_dead_letters_update_themselves_and_keep_the_selection(
     )
     .await;
     assert_eq!(js(&b, "window.stayed").await, "yes", "updated in place");
+    // The backlog chart is drawn, with its three lines and its axes.
+    assert_eq!(
+        js(
+            &b,
+            "document.querySelectorAll('#backlog-chart [data-series]').length"
+        )
+        .await,
+        3
+    );
+    assert_eq!(
+        js(
+            &b,
+            "document.getElementById('backlog-chart').getBoundingClientRect().height > 100"
+        )
+        .await,
+        true
+    );
+    assert_eq!(
+        js(
+            &b,
+            "document.querySelectorAll('#backlog-chart text.tick').length"
+        )
+        .await,
+        6
+    );
 
     // The dead-letter list, scrolled down, one row selected: nothing moves.
     b.c().goto(&format!("{base}/dead-letters")).await.unwrap();

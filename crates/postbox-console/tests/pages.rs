@@ -56,6 +56,105 @@ async fn the_overview_shows_counts_rate_and_connected_relays() {
     h.finish().await;
 }
 
+/// The legend's latest value of `series` on the overview page `body`.
+fn legend(body: &str, series: &str) -> Option<String> {
+    let marker = format!("{series}: <strong>");
+    let start = body.find(&marker)? + marker.len();
+    let end = body[start..].find('<')? + start;
+    Some(body[start..end].to_owned())
+}
+
+#[tokio::test]
+async fn the_overview_charts_the_backlog_history_with_axes() {
+    let h = Harness::with(|c| c.sample_every = Duration::from_millis(200)).await;
+    let mut a = h.signed_in("victor", Role::Viewer).await;
+    let first = a.get("/").await.body;
+    assert_eq!(legend(&first, "dead letters").as_deref(), Some("0"));
+    for id in ["backlog-chart", "age-chart", "rate-chart"] {
+        assert!(first.contains(&format!("id=\"{id}\"")), "{id}: {first}");
+    }
+    // Dead letters and retrying events appear; the console's samples record them.
+    h.dead_letters("order.placed", 3).await;
+    let retrying: Vec<NewEvent> = (0..2)
+        .map(|i| {
+            NewEvent::new("order.paid", "order", i.to_string(), &serde_json::json!({})).unwrap()
+        })
+        .collect();
+    h.db.enqueue_events(&retrying).await;
+    h.db.exec(
+        "UPDATE {schema}.outbox SET attempts = 4, available_at = now() + interval '5 minutes', \
+         created_at = now() - interval '90 seconds' WHERE event_type = 'order.paid'",
+    )
+    .await;
+    let url = h.url("/");
+    let cookies = a.cookies.clone();
+    wait_for(
+        "a sample with the dead letters",
+        Duration::from_secs(20),
+        || {
+            let (url, cookies) = (url.clone(), cookies.clone());
+            async move {
+                let page = page_with(&url, &cookies).await;
+                // A line (two samples or more) that ends at three dead letters,
+                // after a sample without them.
+                page.contains("<polyline class=\"s-dead\"")
+                    && legend(&page, "dead letters").as_deref() == Some("3")
+                    && samples_of(&page, "dead letters").first() == Some(&0.0)
+            }
+        },
+    )
+    .await;
+    let page = a.get("/").await.body;
+    assert_eq!(legend(&page, "retrying").as_deref(), Some("2"));
+    assert_eq!(
+        legend(&page, "pending").as_deref(),
+        Some("0"),
+        "retrying are not counted twice"
+    );
+    let oldest = legend(&page, "oldest pending").unwrap();
+    assert!(oldest.starts_with("1m 3"), "{oldest}");
+    assert!(page.contains("2 of them retrying"), "{page}");
+    // Axes: value ticks from 0 to a round top, and times.
+    assert!(page.contains("class=\"tick\""), "{page}");
+    assert!(
+        page.contains(">5</text>"),
+        "dead letters 3 → a top of 5: {page}"
+    );
+    assert!(page.contains(">0</text>"), "{page}");
+    h.finish().await;
+}
+
+async fn page_with(url: &str, cookies: &[(String, String)]) -> String {
+    let cookie = cookies
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    reqwest::Client::new()
+        .get(url)
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The y values (in view-box units, 0 = the bottom line) of a series' points.
+fn samples_of(body: &str, series: &str) -> Vec<f64> {
+    let marker = format!("data-series=\"{series}\" points=\"");
+    let Some(start) = body.find(&marker).map(|i| i + marker.len()) else {
+        return Vec::new();
+    };
+    let end = body[start..].find('"').unwrap() + start;
+    body[start..end]
+        .split(' ')
+        .filter_map(|p| p.split_once(',')?.1.parse::<f64>().ok())
+        .map(|y| 170.0 - y)
+        .collect()
+}
+
 #[tokio::test]
 async fn events_are_searched_by_type_aggregate_status_id_and_time_in_pages() {
     let h = Harness::with(|c| c.page_size = 4).await;

@@ -70,3 +70,22 @@ FROM pg_catalog.pg_stat_activity
 WHERE application_name = $1 AND datname = current_database()
 GROUP BY 1
 ORDER BY 1;
+
+-- name: backlog
+-- The backlog now, for the console's history chart: pending events never
+-- attempted, pending events waiting for a retry (attempted before), events
+-- claimed by a relay, unresolved dead letters, and the oldest pending
+-- event's age. Each part reads a partial index (pending, processing, failed
+-- rows), not the whole table.
+WITH p AS (
+    SELECT count(*) FILTER (WHERE attempts = 0) AS pending,
+           count(*) FILTER (WHERE attempts > 0) AS retrying,
+           min(created_at) AS oldest
+    FROM {schema}.outbox WHERE status = 'pending')
+SELECT p.pending,
+       p.retrying,
+       (SELECT count(*) FROM {schema}.outbox WHERE status = 'processing') AS processing,
+       (SELECT count(*) FROM {schema}.outbox WHERE status = 'failed' AND resolved_at IS NULL)
+         AS dead_letters,
+       extract(epoch FROM now() - p.oldest)::float8 AS oldest_pending_age_seconds
+FROM p;

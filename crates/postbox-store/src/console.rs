@@ -29,6 +29,7 @@ struct Queries {
     session_delete: String,
     delivery_rate: String,
     relays: String,
+    backlog: String,
     audit: AuditQueries,
 }
 
@@ -45,6 +46,7 @@ impl Queries {
             session_delete: file.render("session_delete", schema),
             delivery_rate: file.render("delivery_rate", schema),
             relays: file.render("relays", schema),
+            backlog: file.render("backlog", schema),
             audit: AuditQueries::new(schema),
         };
         file.finish();
@@ -79,6 +81,20 @@ pub struct RelaySeen {
     pub connections: i64,
     pub connected_since: Option<DateTime<Utc>>,
     pub last_active: Option<DateTime<Utc>>,
+}
+
+/// The backlog at one moment (see [`ConsoleStore::backlog`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, sqlx::FromRow)]
+pub struct Backlog {
+    /// Pending, never attempted.
+    pub pending: i64,
+    /// Pending after at least one failed attempt: waiting for the next one.
+    pub retrying: i64,
+    /// Claimed by a relay.
+    pub processing: i64,
+    /// Unresolved dead letters.
+    pub dead_letters: i64,
+    pub oldest_pending_age_seconds: Option<f64>,
 }
 
 /// Events acknowledged in one minute.
@@ -211,6 +227,14 @@ impl ConsoleStore {
             .fetch_all(&self.pool)
             .await?;
         Ok(points.into_iter().map(|p| (p.minute, p.events)).collect())
+    }
+
+    /// The backlog now: pending, retrying, processing, dead letters, the
+    /// oldest pending event's age (reads partial indexes only).
+    pub async fn backlog(&self) -> Result<Backlog, sqlx::Error> {
+        sqlx::query_as(&self.sql.backlog)
+            .fetch_one(&self.pool)
+            .await
     }
 
     /// Relays connected to this database now (sessions named `postbox-relay`).
