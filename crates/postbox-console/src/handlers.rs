@@ -22,7 +22,9 @@ use axum::routing::{on, MethodFilter};
 use axum::Router;
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use maud::Markup;
-use postbox_store::{Action, EventQuery, Filter, Selection, StatusFilter, MAX_REASON_BYTES};
+use postbox_store::{
+    Action, EventQuery, Filter, GroupOf, Selection, StatusFilter, MAX_REASON_BYTES,
+};
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -36,6 +38,9 @@ const RATE_MINUTES: i32 = 30;
 const RATE_WINDOW_ROWS: i64 = 200_000;
 /// Event ids one bulk request may name.
 const MAX_SELECTED: usize = 10_000;
+/// Groups shown on the by-cause page, and dead letters one group action takes.
+const MAX_GROUPS: i64 = 200;
+const MAX_GROUP_EVENTS: i64 = 100_000;
 
 /// Every route the console serves. The router mounts these and nothing else;
 /// each state-changing one needs its row in [`guard::STATE_CHANGING`].
@@ -51,6 +56,8 @@ fn routes() -> Routes {
         .post("/events/{id}/discard", discard_one)
         .get("/dead-letters", dead_letters)
         .post("/dead-letters/action", bulk_action)
+        .get("/groups", groups)
+        .post("/groups/action", group_action)
         .get("/jobs/{id}", job_page)
         .get("/jobs/{id}/progress", job_progress)
         .post("/jobs/{id}/cancel", job_cancel)
@@ -585,6 +592,7 @@ fn notice_text(code: Option<&str>) -> Option<&'static str> {
         "discarded" => Some("Discarded: the event stays in the table, resolved as discarded with your reason."),
         "not-dead" => Some("Nothing was done: the event is not an unresolved dead letter (any more)."),
         "none-selected" => Some("Nothing was done: select at least one dead letter first."),
+        "group-gone" => Some("Nothing was done: that group has no unresolved dead letters any more."),
         _ => None,
     }
 }
@@ -834,6 +842,92 @@ async fn bulk_action(
         .start(
             i.dlq.clone(),
             selection,
+            action,
+            session.actor(),
+            session.user.clone(),
+            what,
+            total,
+            i.config.batch_size,
+        )
+        .map_err(|_| {
+            Fail::TooMany(
+                Duration::from_secs(5),
+                "Several bulk actions are running already; wait for one to finish.",
+            )
+        })?;
+    Ok(see_other(&format!("/jobs/{id}")))
+}
+
+async fn groups(
+    State(console): State<Console>,
+    session: Session,
+    RawQuery(query): RawQuery,
+) -> Result<Response, Fail> {
+    let q = FormData::parse(query.unwrap_or_default().as_bytes());
+    let of = match q.get("status") {
+        Some("retrying") => GroupOf::Retrying,
+        _ => GroupOf::DeadLetters,
+    };
+    let groups = console
+        .inner
+        .console
+        .error_groups(of, MAX_GROUPS)
+        .await
+        .map_err(|e| internal(&e))?;
+    Ok(page(views::groups(
+        &session,
+        &views::GroupsView {
+            of,
+            groups: &groups,
+            notice: notice_text(q.get("notice")),
+            refresh_ms: refresh_ms(&console),
+        },
+    )))
+}
+
+/// Replay or discard every dead letter of one group (same last error, same
+/// destinations), as a bulk action in the background.
+async fn group_action(
+    State(console): State<Console>,
+    session: Checked,
+    body: Bytes,
+) -> Result<Response, Fail> {
+    let form = FormData::parse(&body);
+    let action = match form.get("do") {
+        Some("replay") => Action::Replay,
+        Some("discard") => Action::Discard {
+            reason: check_reason(form.get("reason"))?,
+        },
+        _ => return Err(Fail::BadRequest("Unknown action.".to_owned())),
+    };
+    let key = form
+        .get("key")
+        .filter(|k| k.len() == 32 && k.bytes().all(|b| b.is_ascii_hexdigit()))
+        .ok_or_else(|| Fail::BadRequest("No group was named.".to_owned()))?;
+    let i = &console.inner;
+    let found = i
+        .console
+        .error_group_ids(key, MAX_GROUP_EVENTS)
+        .await
+        .map_err(|e| internal(&e))?;
+    let Some((_, error)) = found.first().cloned() else {
+        return Ok(see_other("/groups?notice=group-gone"));
+    };
+    let ids: Vec<Uuid> = found.into_iter().map(|(id, _)| id).collect();
+    let total = ids.len() as u64;
+    let what = match error {
+        Some(e) => format!(
+            "{total} dead letter(s) that failed with “{}”",
+            views::clip(&e, 80)
+        ),
+        None => format!("{total} dead letter(s) without an error"),
+    };
+    limit_actions(&console, &session)?;
+    let id = i
+        .jobs
+        .start(
+            i.dlq.clone(),
+            Selection::Ids(ids),
             action,
             session.actor(),
             session.user.clone(),

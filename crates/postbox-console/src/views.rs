@@ -7,8 +7,8 @@ use crate::samples::Sample;
 use chrono::{DateTime, Utc};
 use maud::{html, Markup, DOCTYPE};
 use postbox_store::{
-    AuditEntry, DeliveryRecord, DestinationCounts, EventRecord, EventRow, RelaySeen, Status,
-    StatusCounts,
+    AuditEntry, DeliveryRecord, DestinationCounts, ErrorGroup, EventRecord, EventRow, GroupOf,
+    RelaySeen, Status, StatusCounts,
 };
 use serde_json::Value;
 use uuid::Uuid;
@@ -835,6 +835,11 @@ pub(crate) fn dead_letters(session: &Session, v: &DeadLettersView<'_>) -> Markup
         Nav::DeadLetters,
         html! {
             h1 { "Dead letters" }
+            p.tabs {
+                a href="/dead-letters" aria-current="page" { "All dead letters" } " · "
+                a href="/groups" { "Dead letters by cause" } " · "
+                a href="/groups?status=retrying" { "Retrying by cause" }
+            }
             (notice(v.notice))
             form.search method="get" action="/dead-letters" {
                 div.fields {
@@ -898,6 +903,89 @@ pub(crate) fn dead_letters(session: &Session, v: &DeadLettersView<'_>) -> Markup
                             p.muted.small { "Replays keep each event's id, reset its attempts and make it due now. Bulk actions run in batches, each with its own audit entry, and can be cancelled." }
                         }
                     }
+                }
+            }
+        },
+    )
+}
+
+pub(crate) struct GroupsView<'a> {
+    pub of: GroupOf,
+    pub groups: &'a [ErrorGroup],
+    pub notice: Option<&'a str>,
+    pub refresh_ms: u64,
+}
+
+/// Events grouped by cause: one line per (last error, destinations), with
+/// its count and, for dead letters, a replay or discard of the whole group.
+pub(crate) fn groups(session: &Session, v: &GroupsView<'_>) -> Markup {
+    let dead = v.of == GroupOf::DeadLetters;
+    let total: i64 = v.groups.iter().map(|g| g.events).sum();
+    layout(
+        "By cause",
+        Some(session),
+        Nav::DeadLetters,
+        html! {
+            h1 { @if dead { "Dead letters by cause" } @else { "Retrying events by cause" } }
+            p.tabs {
+                a href="/dead-letters" { "All dead letters" } " · "
+                a href="/groups" aria-current=[current(dead)] { "Dead letters by cause" } " · "
+                a href="/groups?status=retrying" aria-current=[current(!dead)] { "Retrying by cause" }
+            }
+            (notice(v.notice))
+            (live_status(v.refresh_ms))
+            div #groups-live data-live {
+                p #group-summary {
+                    strong { (total) } @if dead { " unresolved dead letter(s)" } @else { " event(s) waiting for their next attempt" }
+                    " in " strong { (v.groups.len()) } " group(s) by last error and destination."
+                }
+                @if v.groups.is_empty() {
+                    p.muted { "Nothing to group." }
+                } @else {
+                    div.scroll { table.groups.stack #groups {
+                        thead { tr {
+                            th.num { "Events" } th { "Last error" } th { "Destination" } th { "Types" } th { "Created" }
+                            @if dead && session.is_operator() { th { "Act on the whole group" } }
+                        } }
+                        tbody {
+                            @for g in v.groups {
+                                tr data-key=(g.key) {
+                                    td.num.count { (g.events) }
+                                    td.error-text title=(g.last_error.as_deref().unwrap_or("")) {
+                                        (clip(g.last_error.as_deref().unwrap_or("(no error recorded)"), 200))
+                                        br; a.small href={"/events/" (g.example)} { "oldest event" }
+                                    }
+                                    td { (g.destinations.as_deref().unwrap_or("—")) }
+                                    td { (g.event_types.as_deref().unwrap_or("")) }
+                                    td.nowrap { (time(g.oldest)) br; "to " (time(g.newest)) }
+                                    @if dead && session.is_operator() {
+                                        td.group-actions {
+                                            form method="post" action="/groups/action" {
+                                                input type="hidden" name="csrf" value=(session.csrf);
+                                                input type="hidden" name="key" value=(g.key);
+                                                button.primary type="submit" name="do" value="replay"
+                                                    data-confirm={"Replay the " (g.events) " dead letters of this group?"} { "Replay " (g.events) }
+                                            }
+                                            form method="post" action="/groups/action" {
+                                                input type="hidden" name="csrf" value=(session.csrf);
+                                                input type="hidden" name="key" value=(g.key);
+                                                input type="text" name="reason" placeholder="Reason to discard" required maxlength="2000" aria-label="Reason to discard this group";
+                                                button.danger type="submit" name="do" value="discard"
+                                                    data-confirm={"Discard the " (g.events) " dead letters of this group?"} { "Discard " (g.events) }
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    } }
+                }
+            }
+            p.muted.small {
+                @if dead {
+                    "A group's replay or discard is a bulk action on the dead letters in it when you click (in batches, each with its own audit entry, cancellable)."
+                } @else {
+                    "Retrying events are pending: the relay tries them again at their next attempt time; those that run out of attempts become dead letters."
                 }
             }
         },

@@ -447,6 +447,67 @@ async fn the_overview_and_dead_letters_update_themselves_and_keep_the_selection(
 }
 
 #[tokio::test]
+async fn eight_hundred_identical_failures_are_one_line_replayed_at_once() {
+    let Some(b) = Browser::start(Screen::Desktop).await else {
+        return;
+    };
+    let h = Harness::with(|c| c.batch_size = 200).await;
+    h.user("alice", Role::Operator).await;
+    let refused = dead_letters(&h.db, "order.placed", 800).await;
+    let other = dead_letters(&h.db, "order.shipped", 3).await;
+    sqlx::query(&h.db.sql(
+        "UPDATE {schema}.outbox SET last_error = 'redis: Connection refused (os error 111)' \
+         WHERE event_id = ANY($1)",
+    ))
+    .bind(&refused)
+    .execute(&h.db.pool)
+    .await
+    .unwrap();
+    let base = h.url("");
+    b.sign_in(&base, "alice").await;
+    b.c().goto(&format!("{base}/dead-letters")).await.unwrap();
+    b.click("a[href='/groups']").await;
+    assert!(b
+        .text("#group-summary")
+        .await
+        .starts_with("803 unresolved dead letter(s) in 2 group(s)"));
+    assert_eq!(
+        js(&b, "document.querySelectorAll('#groups tbody tr').length").await,
+        2
+    );
+    assert_eq!(b.text("#groups tbody tr:first-child td.count").await, "800");
+    assert!(b
+        .text("#groups tbody tr:first-child td.error-text")
+        .await
+        .contains("Connection refused"));
+    b.click("#groups tbody tr:first-child button[value=replay]")
+        .await;
+    let c = b.c();
+    wait_for("the confirmation", PATIENCE, || async move {
+        c.get_alert_text().await.is_ok()
+    })
+    .await;
+    assert_eq!(
+        c.get_alert_text().await.unwrap(),
+        "Replay the 800 dead letters of this group?"
+    );
+    c.accept_alert().await.unwrap();
+    wait_for("the job page to say finished", PATIENCE, || async move {
+        match c.find(Locator::Css("#job-state")).await {
+            Ok(e) => e.text().await.is_ok_and(|t| t == "finished"),
+            Err(_) => false,
+        }
+    })
+    .await;
+    assert_eq!(b.text("#job-done").await, "800");
+    assert_eq!(h.status(refused[0]).await.0, "pending");
+    assert_eq!(h.status(refused[799]).await.0, "pending");
+    assert_eq!(h.status(other[0]).await.0, "failed");
+    b.close().await;
+    h.finish().await;
+}
+
+#[tokio::test]
 async fn on_a_phone_a_bulk_replay_shows_its_progress_until_done() {
     let Some(b) = Browser::start(Screen::Phone).await else {
         return;

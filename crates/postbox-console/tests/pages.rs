@@ -547,3 +547,131 @@ async fn the_audit_log_has_its_own_read_only_page() {
     }
     h.finish().await;
 }
+
+#[tokio::test]
+async fn dead_letters_and_retries_are_grouped_by_cause_and_a_group_is_replayed_whole() {
+    let h = Harness::start().await;
+    let refused = "redis: Connection refused (os error 111)";
+    let rejected = h.dead_letters("order.placed", 25).await;
+    let other = h.dead_letters("order.shipped", 5).await;
+    let fan_out = h.dead_letters("order.placed", 1).await;
+    sqlx::query(
+        &h.db
+            .sql("UPDATE {schema}.outbox SET last_error = $1 WHERE event_id = ANY($2)"),
+    )
+    .bind(refused)
+    .bind(&other)
+    .execute(&h.db.pool)
+    .await
+    .unwrap();
+    // The fan-out dead letter failed at one destination: a group of its own.
+    sqlx::query(&h.db.sql(
+        "INSERT INTO {schema}.deliveries (outbox_id, destination, status, attempts, last_error) \
+         SELECT id, 'billing', 'failed', 20, last_error FROM {schema}.outbox WHERE event_id = $1",
+    ))
+    .bind(fan_out[0])
+    .execute(&h.db.pool)
+    .await
+    .unwrap();
+    let waiting: Vec<NewEvent> = (0..4)
+        .map(|i| {
+            NewEvent::new("order.paid", "order", i.to_string(), &serde_json::json!({})).unwrap()
+        })
+        .collect();
+    h.db.enqueue_events(&waiting).await;
+    sqlx::query(&h.db.sql(
+        "UPDATE {schema}.outbox SET attempts = 3, available_at = now() + interval '1 hour', last_error = $1 \
+         WHERE event_type = 'order.paid'",
+    ))
+    .bind(refused)
+    .execute(&h.db.pool)
+    .await
+    .unwrap();
+
+    let mut op = h.signed_in("olga", Role::Operator).await;
+    let page = op.get("/groups").await;
+    assert_eq!(page.status, StatusCode::OK);
+    let b = &page.body;
+    assert!(
+        b.contains("<strong>31</strong> unresolved dead letter(s) in <strong>3</strong> group(s)"),
+        "{b}"
+    );
+    let counts: Vec<&str> = b
+        .split("<td class=\"num count\">")
+        .skip(1)
+        .map(|rest| &rest[..rest.find('<').unwrap()])
+        .collect();
+    assert_eq!(counts, ["25", "5", "1"], "largest first");
+    assert!(b.contains("<td>billing</td>"), "{b}");
+    assert!(b.contains("Replay 25") && b.contains("Discard 5"), "{b}");
+    let retrying = op.get("/groups?status=retrying").await.body;
+    assert!(retrying.contains("<strong>4</strong> event(s) waiting for their next attempt in <strong>1</strong> group(s)"), "{retrying}");
+    assert!(
+        retrying.contains(refused) && !retrying.contains("Replay 4"),
+        "{retrying}"
+    );
+
+    // Replay the 25 as one group.
+    let key = {
+        let start = b.find("data-key=\"").unwrap() + "data-key=\"".len();
+        b[start..start + 32].to_owned()
+    };
+    let csrf = op.csrf.clone();
+    let no_reason = op
+        .post(
+            "/groups/action",
+            &[("csrf", &csrf), ("key", &key), ("do", "discard")],
+        )
+        .await;
+    assert_eq!(no_reason.status, StatusCode::BAD_REQUEST);
+    let r = op
+        .post(
+            "/groups/action",
+            &[("csrf", &csrf), ("key", &key), ("do", "replay")],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+    let job = r.location.unwrap();
+    wait_for(
+        "the group replay to finish",
+        Duration::from_secs(20),
+        || {
+            let url = h.url(&format!("{job}/progress"));
+            let cookies = op.cookies.clone();
+            async move { job_progress(url, cookies).await["finished"] == true }
+        },
+    )
+    .await;
+    for id in &rejected {
+        assert_eq!(h.status(*id).await.0, "pending");
+    }
+    for id in other.iter().chain(&fan_out) {
+        assert_eq!(
+            h.status(*id).await.0,
+            "failed",
+            "other groups are left alone"
+        );
+    }
+    let replayed: i64 = h
+        .db
+        .count("SELECT COALESCE(sum(count), 0)::bigint FROM {schema}.audit_log WHERE action = 'dlq.replay' AND actor = 'console:olga'")
+        .await;
+    assert_eq!(replayed, 25, "audited");
+    let again = op
+        .post(
+            "/groups/action",
+            &[("csrf", &csrf), ("key", &key), ("do", "replay")],
+        )
+        .await;
+    assert_eq!(again.location.as_deref(), Some("/groups?notice=group-gone"));
+
+    // A viewer sees the groups, without the actions.
+    let mut viewer = h.signed_in("victor", Role::Viewer).await;
+    let seen = viewer.get("/groups").await.body;
+    assert!(
+        seen.contains("<strong>6</strong> unresolved dead letter(s)"),
+        "{seen}"
+    );
+    assert!(!seen.contains("/groups/action"), "{seen}");
+    h.finish().await;
+}

@@ -30,6 +30,8 @@ struct Queries {
     delivery_rate: String,
     relays: String,
     backlog: String,
+    error_groups: String,
+    error_group_ids: String,
     audit: AuditQueries,
 }
 
@@ -47,6 +49,8 @@ impl Queries {
             delivery_rate: file.render("delivery_rate", schema),
             relays: file.render("relays", schema),
             backlog: file.render("backlog", schema),
+            error_groups: file.render("error_groups", schema),
+            error_group_ids: file.render("error_group_ids", schema),
             audit: AuditQueries::new(schema),
         };
         file.finish();
@@ -95,6 +99,34 @@ pub struct Backlog {
     /// Unresolved dead letters.
     pub dead_letters: i64,
     pub oldest_pending_age_seconds: Option<f64>,
+}
+
+/// Which events [`ConsoleStore::error_groups`] groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupOf {
+    /// Unresolved dead letters.
+    DeadLetters,
+    /// Pending events that failed at least once (waiting for a retry).
+    Retrying,
+}
+
+/// Events that failed the same way: the same last error, at the same
+/// destinations (fan-out).
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
+pub struct ErrorGroup {
+    /// Names the group for [`ConsoleStore::error_group_ids`] (a hash of the
+    /// error and the destinations).
+    pub key: String,
+    pub last_error: Option<String>,
+    /// The destinations not yet delivered to, comma-separated (fan-out only).
+    pub destinations: Option<String>,
+    pub events: i64,
+    pub oldest: DateTime<Utc>,
+    pub newest: DateTime<Utc>,
+    /// The group's oldest event.
+    pub example: Uuid,
+    /// The event types in the group, comma-separated.
+    pub event_types: Option<String>,
 }
 
 /// Events acknowledged in one minute.
@@ -234,6 +266,38 @@ impl ConsoleStore {
     pub async fn backlog(&self) -> Result<Backlog, sqlx::Error> {
         sqlx::query_as(&self.sql.backlog)
             .fetch_one(&self.pool)
+            .await
+    }
+
+    /// Events grouped by last error and failed destinations, largest group
+    /// first, at most `limit` groups.
+    pub async fn error_groups(
+        &self,
+        of: GroupOf,
+        limit: i64,
+    ) -> Result<Vec<ErrorGroup>, sqlx::Error> {
+        let of = match of {
+            GroupOf::DeadLetters => "dead",
+            GroupOf::Retrying => "retrying",
+        };
+        sqlx::query_as(&self.sql.error_groups)
+            .bind(of)
+            .bind(limit.max(0))
+            .fetch_all(&self.pool)
+            .await
+    }
+
+    /// The unresolved dead letters of the group `key` names, oldest first,
+    /// at most `limit`, with their last error.
+    pub async fn error_group_ids(
+        &self,
+        key: &str,
+        limit: i64,
+    ) -> Result<Vec<(Uuid, Option<String>)>, sqlx::Error> {
+        sqlx::query_as(&self.sql.error_group_ids)
+            .bind(key)
+            .bind(limit.max(0))
+            .fetch_all(&self.pool)
             .await
     }
 

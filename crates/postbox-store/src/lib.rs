@@ -29,7 +29,8 @@ mod relay;
 mod roles;
 
 pub use console::{
-    Backlog, ConsoleStore, RelaySeen, StoredSession, StoredUser, RELAY_APPLICATION_NAME,
+    Backlog, ConsoleStore, ErrorGroup, GroupOf, RelaySeen, StoredSession, StoredUser,
+    RELAY_APPLICATION_NAME,
 };
 pub use dead_letters::{
     Action, Applied, AuditEntry, DeadLetter, DeadLetters, DlqError, Filter, Progress, Selection,
