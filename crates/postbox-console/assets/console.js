@@ -20,6 +20,15 @@
     });
   });
 
+  // How many rows are selected, beside the bulk actions at the top.
+  var counted = function () {
+    document.querySelectorAll("[data-of]").forEach(function (out) {
+      var n = document.querySelectorAll('input[type=checkbox][name="' + out.getAttribute("data-of") + '"]:checked').length;
+      out.textContent = n ? "· " + n + " selected" : "";
+    });
+  };
+  document.addEventListener("change", counted);
+
   // Live pages: every few seconds, fetch this same address and swap each
   // [data-live] part (counters, table bodies) in place, so the scroll
   // position, the page and the filters stay. While the operator has rows

@@ -93,6 +93,37 @@ pub(crate) fn clip(s: &str, max: usize) -> String {
     out
 }
 
+/// A list row's state in words that say what is true now: a pending event
+/// that failed before is retrying (with its next attempt's time), a claimed
+/// one is held by a relay (or its lease ran out).
+fn row_state(r: &EventRow) -> Markup {
+    let now = Utc::now();
+    match r.status {
+        Status::Pending if r.attempts > 0 => html! {
+            span.badge.retry { "retrying" }
+            br;
+            span.small.muted.next-attempt {
+                @if r.available_at > now {
+                    "attempt " (r.attempts) " failed; next at " (r.available_at.format("%H:%M:%S UTC"))
+                } @else {
+                    "attempt " (r.attempts) " failed; next one due now"
+                }
+            }
+        },
+        Status::Processing => html! {
+            span.badge.busy { "claimed" }
+            br;
+            span.small.muted {
+                @match r.lease_expires_at {
+                    Some(t) if t < now => { "lease expired; will be put back" }
+                    _ => { "by a relay, attempt " (r.attempts) }
+                }
+            }
+        },
+        _ => status_badge(r.status, r.resolution.as_deref()),
+    }
+}
+
 fn status_badge(status: Status, resolution: Option<&str>) -> Markup {
     let (class, label) = match (status, resolution) {
         (Status::Failed, Some("discarded")) => ("muted", "discarded"),
@@ -579,7 +610,7 @@ fn event_table(rows: &[EventRow]) -> Markup {
                         td.nowrap { (time(r.created_at)) }
                         td { a href={"/events/" (r.event_id)} { (r.event_type) } br; span.id { (r.event_id) } }
                         td { (r.aggregate_type) "/" (r.aggregate_id) }
-                        td { (status_badge(r.status, r.resolution.as_deref())) }
+                        td.state { (row_state(r)) }
                         td.num.attempts { (r.attempts) }
                         td.error-text { (clip(r.last_error.as_deref().unwrap_or(""), 120)) }
                     }
@@ -700,12 +731,27 @@ fn diagnosis(e: &EventRecord) -> String {
         ),
         (Status::Processing, _) => match e.lease_expires_at {
             Some(t) if t < now => "Claimed, but its lease has expired: the relay that held it stopped or stalled; the rescuer will put it back.".to_owned(),
-            _ => "Being delivered by a relay now.".to_owned(),
+            Some(t) => format!(
+                "Claimed by a relay for attempt {} (lease until {}): it is publishing the event, or recording the outcome.{}",
+                e.attempts,
+                time(t),
+                if e.attempts > 1 { " The attempts before it failed (last error below)." } else { "" }
+            ),
+            None => format!("Claimed by a relay for attempt {}.", e.attempts),
         },
-        (Status::Pending, _) if e.available_at > now => format!(
-            "Waiting for a retry at {} after {} failed attempt(s).",
+        (Status::Pending, _) if e.attempts > 0 && e.available_at > now => format!(
+            "Retrying: attempt {} failed; the next attempt is at {} (in {}). No relay holds it until then.",
+            e.attempts,
             time(e.available_at),
+            age((e.available_at - now).num_milliseconds() as f64 / 1000.0)
+        ),
+        (Status::Pending, _) if e.attempts > 0 => format!(
+            "Retrying: attempt {} failed; the next attempt is due now and waits for a relay to claim it.",
             e.attempts
+        ),
+        (Status::Pending, _) if e.available_at > now => format!(
+            "Scheduled: not due before {}.",
+            time(e.available_at)
         ),
         (Status::Pending, _) => "Due now, waiting for a relay to claim it. If it stays here, check that a relay is connected (Overview) and, for ordered routes, whether an earlier event of its aggregate is stuck.".to_owned(),
     }
@@ -859,6 +905,21 @@ pub(crate) fn dead_letters(session: &Session, v: &DeadLettersView<'_>) -> Markup
                     input type="hidden" name="csrf" value=(session.csrf);
                     input type="hidden" name="type" value=(v.event_type);
                     input type="hidden" name="since" value=(v.since);
+                    @if session.is_operator() {
+                        fieldset.bulk.toolbar #bulk-toolbar {
+                            legend { "Act on dead letters " span.muted.small #selected-count data-of="ids" {} }
+                            div.row {
+                                button.primary type="submit" name="do" value="replay-selected" { "Replay selected" }
+                                button type="submit" name="do" value="replay-all"
+                                    data-confirm={"Replay all " (v.matching) " matching dead letters?"} { "Replay all " (v.matching) " matching" }
+                                input type="text" name="reason" placeholder="Reason (required to discard)" maxlength="2000" aria-label="Reason to discard";
+                                button.danger type="submit" name="do" value="discard-selected" { "Discard selected" }
+                                button.danger type="submit" name="do" value="discard-all"
+                                    data-confirm={"Discard all " (v.matching) " matching dead letters?"} { "Discard all " (v.matching) " matching" }
+                            }
+                            p.muted.small { "Replays keep each event's id, reset its attempts and make it due now. Bulk actions run in batches, each with its own audit entry, and can be cancelled. This bar stays at the top of the screen while you scroll." }
+                        }
+                    }
                     div.scroll { table.events.stack {
                         thead { tr {
                             @if session.is_operator() {
@@ -884,23 +945,6 @@ pub(crate) fn dead_letters(session: &Session, v: &DeadLettersView<'_>) -> Markup
                     div #dead-letter-pager data-live {
                         @if let Some(n) = &v.next {
                             p.pager { a href=(n) { "More →" } }
-                        }
-                    }
-                    @if session.is_operator() {
-                        fieldset.bulk {
-                            legend { "Act on dead letters" }
-                            div.row {
-                                button.primary type="submit" name="do" value="replay-selected" { "Replay selected" }
-                                button type="submit" name="do" value="replay-all"
-                                    data-confirm={"Replay all " (v.matching) " matching dead letters?"} { "Replay all " (v.matching) " matching" }
-                            }
-                            div.row {
-                                input type="text" name="reason" placeholder="Reason (required to discard)" maxlength="2000";
-                                button.danger type="submit" name="do" value="discard-selected" { "Discard selected" }
-                                button.danger type="submit" name="do" value="discard-all"
-                                    data-confirm={"Discard all " (v.matching) " matching dead letters?"} { "Discard all " (v.matching) " matching" }
-                            }
-                            p.muted.small { "Replays keep each event's id, reset its attempts and make it due now. Bulk actions run in batches, each with its own audit entry, and can be cancelled." }
                         }
                     }
                 }

@@ -442,6 +442,45 @@ async fn the_overview_and_dead_letters_update_themselves_and_keep_the_selection(
         68
     );
     assert_eq!(js(&b, &row_top).await, top, "the place is kept");
+
+    // At the bottom of the page the bulk actions are still on screen.
+    js(&b, "window.scrollTo(0, document.body.scrollHeight)").await;
+    let last = first[0].to_string();
+    js(
+        &b,
+        &format!("document.querySelector(\"input[value='{last}']\").click()"),
+    )
+    .await;
+    assert_eq!(b.text("#selected-count").await, "· 1 selected");
+    let visible = "(function () { var r = document.querySelector(\"#bulk-toolbar button[value='replay-selected']\").getBoundingClientRect(); return r.top >= 0 && r.bottom <= window.innerHeight; })()";
+    assert_eq!(
+        js(&b, visible).await,
+        true,
+        "the toolbar follows the scroll"
+    );
+    let before = js(&b, "window.scrollY").await;
+    b.c()
+        .find(Locator::Css(
+            "#bulk-toolbar button[value='replay-selected']",
+        ))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let c = b.c();
+    wait_for("the job page to say finished", PATIENCE, || async move {
+        match c.find(Locator::Css("#job-state")).await {
+            Ok(e) => e.text().await.is_ok_and(|t| t == "finished"),
+            Err(_) => false,
+        }
+    })
+    .await;
+    assert!(
+        before.as_f64().unwrap() > 1000.0,
+        "it was clicked far down the page"
+    );
+    assert_eq!(h.status(first[0]).await.0, "pending");
     b.close().await;
     h.finish().await;
 }

@@ -675,3 +675,60 @@ async fn dead_letters_and_retries_are_grouped_by_cause_and_a_group_is_replayed_w
     assert!(!seen.contains("/groups/action"), "{seen}");
     h.finish().await;
 }
+
+#[tokio::test]
+async fn a_retrying_event_is_called_retrying_with_its_next_attempt() {
+    let h = Harness::start().await;
+    let events: Vec<NewEvent> = (0..2)
+        .map(|i| {
+            NewEvent::new("order.paid", "order", i.to_string(), &serde_json::json!({})).unwrap()
+        })
+        .collect();
+    let ids = h.db.enqueue_events(&events).await;
+    sqlx::query(&h.db.sql(
+        "UPDATE {schema}.outbox SET attempts = 4, available_at = now() + interval '10 minutes', \
+         last_error = 'redis: Connection refused' WHERE event_id = $1",
+    ))
+    .bind(ids[0])
+    .execute(&h.db.pool)
+    .await
+    .unwrap();
+    let next: String = sqlx::query_scalar(&h.db.sql(
+        "SELECT to_char(available_at AT TIME ZONE 'UTC', 'HH24:MI:SS') FROM {schema}.outbox WHERE event_id = $1",
+    ))
+    .bind(ids[0])
+    .fetch_one(&h.db.pool)
+    .await
+    .unwrap();
+    let mut a = h.signed_in("victor", Role::Viewer).await;
+    let list = a.get("/events").await.body;
+    assert!(
+        list.contains(&format!("attempt 4 failed; next at {next} UTC")),
+        "{list}"
+    );
+    assert_eq!(
+        list.matches(">retrying<").count(),
+        1,
+        "the other one is plainly pending"
+    );
+    let page = a.get(&format!("/events/{}", ids[0])).await.body;
+    assert!(
+        page.contains("Retrying: attempt 4 failed; the next attempt is at"),
+        "{page}"
+    );
+    assert!(!page.contains("Being delivered"), "{page}");
+    // Claimed by a relay: held, for its fifth attempt.
+    h.db.exec(
+        "UPDATE {schema}.outbox SET status = 'processing', attempts = 5, available_at = now(), \
+               lease_expires_at = now() + interval '1 minute', lease_token = gen_random_uuid()",
+    )
+    .await;
+    let page = a.get(&format!("/events/{}", ids[0])).await.body;
+    assert!(
+        page.contains("Claimed by a relay for attempt 5 (lease until"),
+        "{page}"
+    );
+    let list = a.get("/events").await.body;
+    assert!(list.contains("by a relay, attempt 5"), "{list}");
+    h.finish().await;
+}
