@@ -917,7 +917,7 @@ pub(crate) fn dead_letters(session: &Session, v: &DeadLettersView<'_>) -> Markup
                                 button.danger type="submit" name="do" value="discard-all"
                                     data-confirm={"Discard all " (v.matching) " matching dead letters?"} { "Discard all " (v.matching) " matching" }
                             }
-                            p.muted.small { "Replays keep each event's id, reset its attempts and make it due now. Bulk actions run in batches, each with its own audit entry, and can be cancelled. This bar stays at the top of the screen while you scroll." }
+                            p.muted.small { "Replays keep each event's id, reset its attempts and make it due now. Bulk actions run in batches, each with its own audit entry, and can be cancelled. On a wide screen this bar stays in view while you scroll." }
                         }
                     }
                     div.scroll { table.events.stack {
