@@ -15,16 +15,20 @@
 //!   address is the TCP peer's, or, from a trusted proxy only
 //!   ([`ConsoleConfig::trusted_proxies`]), the rightmost untrusted address in
 //!   `X-Forwarded-For`.
-//! - **Pages.** Overview, event search and one event (payload redacted by the
-//!   configured [`PayloadRedactor`]), dead letters with single and bulk
+//! - **Pages.** Overview (counts, and charts of the backlog, the oldest
+//!   pending age and deliveries over the last 30 minutes, from samples the
+//!   console takes itself), event search and one event (payload redacted by
+//!   the configured [`PayloadRedactor`]), dead letters with single and bulk
 //!   replay/discard (bulk actions run in the background, batch by batch, and
-//!   can be cancelled), and the audit log, read-only.
+//!   can be cancelled), dead letters and retrying events grouped by cause
+//!   (a whole dead-letter group replayed or discarded at once), and the audit
+//!   log, read-only. The overview and the lists update themselves in place.
 //! - **Storage.** Everything goes through the `postbox-store` crate: the
 //!   dead-letter operations and their audit entries (`store::dlq`) and the
 //!   console's own queries and tables (`store::console`, migration 6).
 //!
 //! The HTML is rendered on the server; one embedded stylesheet and one small
-//! script (progress polling, select-all, confirmations) are served by the
+//! script (live updates, progress polling, select-all, confirmations) are served by the
 //! binary itself, so the console needs nothing from the internet.
 
 mod assets;
