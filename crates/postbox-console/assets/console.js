@@ -96,21 +96,30 @@
       }
       fetch(window.location.href, { credentials: "same-origin", headers: { Accept: "text/html" } })
         .then(function (r) {
-          if (!r.ok || r.redirected) { throw new Error("not signed in"); }
+          if (r.redirected) { throw { stop: "signed out" }; }
+          if (!r.ok) { return Promise.reject(r.status); }
           return r.text();
         })
         .then(function (html) {
           var doc = new DOMParser().parseFromString(html, "text/html");
-          if (!doc.getElementById("live-status")) { throw new Error("not this page"); }
+          if (!doc.getElementById("live-status")) { throw { stop: "not this page" }; }
           if (busy()) { window.setTimeout(tick, every); return; }
           swap(doc);
           live.textContent = "Updated at " + clock() + "; updates every " + Math.round(every / 1000) + " s.";
           live.setAttribute("data-state", "live");
           window.setTimeout(tick, every);
         })
-        .catch(function () {
-          live.textContent = "Could not update at " + clock() + " (signed out, or the console is unreachable); reload the page.";
-          live.setAttribute("data-state", "stopped");
+        .catch(function (why) {
+          if (why && why.stop) {
+            // Signed out (or the page is gone): stop, and say so.
+            live.textContent = "Updates stopped at " + clock() + ": signed out? Reload the page.";
+            live.setAttribute("data-state", "stopped");
+            return;
+          }
+          // The console or its database did not answer: keep trying, less often.
+          live.textContent = "Could not update at " + clock() + "; trying again.";
+          live.setAttribute("data-state", "retrying");
+          window.setTimeout(tick, Math.min(every * 4, 30000));
         });
     };
     window.setTimeout(tick, every);

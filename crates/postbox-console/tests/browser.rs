@@ -481,6 +481,23 @@ async fn the_overview_and_dead_letters_update_themselves_and_keep_the_selection(
         "it was clicked far down the page"
     );
     assert_eq!(h.status(first[0]).await.0, "pending");
+
+    // Signed out meanwhile: the overview stops updating and says so, and
+    // does not turn into the sign-in form.
+    b.c().goto(&format!("{base}/")).await.unwrap();
+    b.text("#dead-letters").await;
+    h.db.exec("DELETE FROM {schema}.console_sessions").await;
+    until_js(
+        &b,
+        "updates to stop",
+        "document.getElementById('live-status').dataset.state === 'stopped'",
+    )
+    .await;
+    assert!(b.text("#live-status").await.contains("signed out?"));
+    assert_eq!(
+        js(&b, "document.getElementById('password') === null").await,
+        true
+    );
     b.close().await;
     h.finish().await;
 }
