@@ -140,7 +140,7 @@ fn status_badge(status: Status, resolution: Option<&str>) -> Markup {
 /// script refreshes the page's `data-live` parts in place (see console.js).
 fn live_status(refresh_ms: u64) -> Markup {
     html! {
-        p.live.muted.small #live-status data-refresh-ms=(refresh_ms) aria-live="polite" {
+        p.live.muted.small #live-status data-refresh-ms=(refresh_ms) {
             "Updates by itself every " (refresh_ms.div_ceil(1000)) " s (with scripts on)."
         }
     }
