@@ -64,6 +64,9 @@ pub struct FileConfig {
     /// `[redact]`: payload paths and headers masked wherever an event is shown.
     #[serde(default)]
     pub redact: RedactSection,
+    /// `[console]`: `postbox console`'s settings (trusted proxies).
+    #[serde(default)]
+    pub console: crate::commands::console::ConsoleSection,
 }
 
 /// `[redact]`: what `postbox dlq show` and the console mask.

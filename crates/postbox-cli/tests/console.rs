@@ -127,7 +127,11 @@ async fn users_come_from_standard_input_and_the_console_serves_them() {
     .await
     .unwrap();
     let config = std::env::temp_dir().join(format!("{}-console.toml", db.schema.name()));
-    std::fs::write(&config, "[redact]\npaths = [\"card.number\"]\n").unwrap();
+    std::fs::write(
+        &config,
+        "[redact]\npaths = [\"card.number\"]\n[console]\ntrusted_proxies = [\"127.0.0.1\"]\n",
+    )
+    .unwrap();
 
     let mut child = console(&db, &["--listen", "127.0.0.1:0", "--config"])
         .arg(&config)
@@ -155,16 +159,27 @@ async fn users_come_from_standard_input_and_the_console_serves_them() {
     let (head, body) = http(&addr, get("/sign-in", "")).await;
     let form_cookie = set_cookie(&head, "postbox_sign_in=");
     let token = hidden(&body, "csrf");
-    let (head, _) = http(
-        &addr,
-        post(
-            "/sign-in",
-            &form_cookie,
-            &format!("csrf={token}&name=alice&password=correct+horse+battery&next=%2F"),
-        ),
+    // From a trusted proxy (the config file's [console]), the forwarded client counts.
+    let sign_in = post(
+        "/sign-in",
+        &form_cookie,
+        &format!("csrf={token}&name=alice&password=correct+horse+battery&next=%2F"),
     )
-    .await;
+    .replacen(
+        "Host: x\r\n",
+        "Host: x\r\nX-Forwarded-For: 198.51.100.9, 203.0.113.50\r\n",
+        1,
+    );
+    let (head, _) = http(&addr, sign_in).await;
     assert!(head.starts_with("http/1.1 303"), "{head}");
+    let client: String =
+        sqlx::query_scalar(&db.sql(
+            "SELECT details->>'client' FROM {schema}.audit_log WHERE action = 'console.sign_in'",
+        ))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(client, "203.0.113.50");
     let session = set_cookie(&head, "postbox_session=");
     let (head, body) = http(&addr, get(&format!("/events/{id}"), &session)).await;
     assert!(head.starts_with("http/1.1 200"), "{head}");
@@ -251,4 +266,19 @@ async fn the_monitor_role_cannot_read_password_hashes_or_sessions() {
         .await
         .unwrap();
     admin.close().await;
+}
+
+#[test]
+fn a_trusted_proxy_that_is_not_an_address_is_refused_by_its_flag() {
+    let out = Command::new(env!("CARGO_BIN_EXE_postbox"))
+        .args(["console", "--trusted-proxy", "proxy.internal"])
+        .env_remove("POSTBOX_CONFIG")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("--trusted-proxy") && err.contains("not an IP address or network"),
+        "{err}"
+    );
 }

@@ -241,19 +241,42 @@ impl FromRequestParts<Console> for Session {
     }
 }
 
-/// The client's address, for per-client sign-in limits and the audit log.
-pub(crate) struct ClientAddr(pub String);
+/// The client's address, for sign-in limits and the audit log: the TCP
+/// peer's, or behind a trusted proxy the one it forwarded (see
+/// [`crate::client`]). `key` is what rate limits count it under.
+pub(crate) struct ClientAddr {
+    pub addr: String,
+    pub key: String,
+}
 
-impl<S: Send + Sync> FromRequestParts<S> for ClientAddr {
+impl FromRequestParts<Console> for ClientAddr {
     type Rejection = std::convert::Infallible;
 
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        Ok(ClientAddr(
-            parts
-                .extensions
-                .get::<ConnectInfo<SocketAddr>>()
-                .map_or_else(|| "unknown".to_owned(), |c| c.0.ip().to_string()),
-        ))
+    async fn from_request_parts(
+        parts: &mut Parts,
+        console: &Console,
+    ) -> Result<Self, Self::Rejection> {
+        let peer = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0.ip());
+        Ok(match peer {
+            Some(peer) => {
+                let ip = crate::client::client_ip(
+                    peer,
+                    &parts.headers,
+                    &console.inner.config.trusted_proxies,
+                );
+                ClientAddr {
+                    addr: ip.to_string(),
+                    key: crate::client::limit_key(ip),
+                }
+            }
+            None => ClientAddr {
+                addr: "unknown".to_owned(),
+                key: "unknown".to_owned(),
+            },
+        })
     }
 }
 

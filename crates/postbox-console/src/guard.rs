@@ -71,6 +71,7 @@ pub(crate) static STATE_CHANGING: &[StateChangingRoute] = &[
     row(Method::POST, "/events/{id}/replay", OPERATOR),
     row(Method::POST, "/events/{id}/discard", OPERATOR),
     row(Method::POST, "/dead-letters/action", OPERATOR),
+    row(Method::POST, "/groups/action", OPERATOR),
     row(Method::POST, "/jobs/{id}/cancel", OPERATOR),
 ];
 

@@ -10,6 +10,7 @@ use crate::auth::{self, ClientAddr, Session, SESSION_COOKIE, SIGN_IN_COOKIE};
 use crate::form::FormData;
 use crate::guard::{self, Checked};
 use crate::jobs::JobState;
+use crate::limit::Admit;
 use crate::views::{self, EventSearch};
 use crate::{assets, Console};
 use axum::body::Bytes;
@@ -21,7 +22,9 @@ use axum::routing::{on, MethodFilter};
 use axum::Router;
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use maud::Markup;
-use postbox_store::{Action, EventQuery, Filter, Selection, StatusFilter, MAX_REASON_BYTES};
+use postbox_store::{
+    Action, EventQuery, Filter, GroupOf, Selection, StatusFilter, MAX_REASON_BYTES,
+};
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -35,6 +38,9 @@ const RATE_MINUTES: i32 = 30;
 const RATE_WINDOW_ROWS: i64 = 200_000;
 /// Event ids one bulk request may name.
 const MAX_SELECTED: usize = 10_000;
+/// Groups shown on the by-cause page, and dead letters one group action takes.
+const MAX_GROUPS: i64 = 200;
+const MAX_GROUP_EVENTS: i64 = 100_000;
 
 /// Every route the console serves. The router mounts these and nothing else;
 /// each state-changing one needs its row in [`guard::STATE_CHANGING`].
@@ -50,6 +56,8 @@ fn routes() -> Routes {
         .post("/events/{id}/discard", discard_one)
         .get("/dead-letters", dead_letters)
         .post("/dead-letters/action", bulk_action)
+        .get("/groups", groups)
+        .post("/groups/action", group_action)
         .get("/jobs/{id}", job_page)
         .get("/jobs/{id}/progress", job_progress)
         .post("/jobs/{id}/cancel", job_cancel)
@@ -201,6 +209,13 @@ fn limit_actions(console: &Console, session: &Session) -> Result<(), Fail> {
     })
 }
 
+/// How often live pages refresh themselves, in milliseconds.
+fn refresh_ms(console: &Console) -> u64 {
+    u64::try_from(console.inner.config.refresh_every.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(500)
+}
+
 fn parse_id(s: &str) -> Result<Uuid, Fail> {
     s.parse().map_err(|_| Fail::NotFound)
 }
@@ -319,7 +334,7 @@ async fn audit_sign_in(console: &Console, name: &str, ok: bool, outcome: &str, c
 
 async fn sign_in(
     State(console): State<Console>,
-    ClientAddr(client): ClientAddr,
+    client: ClientAddr,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -329,7 +344,7 @@ async fn sign_in(
     let next = auth::safe_next(form.get("next"));
     let expected = auth::cookie(&headers, SIGN_IN_COOKIE).unwrap_or("");
     if !auth::same_secret(form.get("csrf").unwrap_or(""), expected) {
-        audit_sign_in(&console, name, false, "csrf", &client).await;
+        audit_sign_in(&console, name, false, "csrf", &client.addr).await;
         return sign_in_form(
             &console,
             &headers,
@@ -339,14 +354,13 @@ async fn sign_in(
             Some("The sign-in form expired or did not come from this console. Please try again."),
         );
     }
-    let by_client = console.inner.sign_in_by_client.check(&client);
-    let by_name = console
-        .inner
-        .sign_in_by_name
-        .check(&name.to_ascii_lowercase());
-    if let Err(wait) = by_client.and(by_name) {
-        audit_sign_in(&console, name, false, "rate_limited", &client).await;
-        return Fail::TooMany(wait, "Too many sign-in attempts.").into_response();
+    match console.inner.sign_in.admit(name, &client.key) {
+        Admit::Now => {}
+        Admit::After(delay) => tokio::time::sleep(delay).await,
+        Admit::Refuse(wait) => {
+            audit_sign_in(&console, name, false, "rate_limited", &client.addr).await;
+            return Fail::TooMany(wait, "Too many sign-in attempts.").into_response();
+        }
     }
     let user = match console.inner.console.user(name).await {
         Ok(u) => u,
@@ -370,7 +384,8 @@ async fn sign_in(
             } else {
                 "unknown_user"
             };
-            audit_sign_in(&console, name, false, outcome, &client).await;
+            console.inner.sign_in.failed(name, &client.key);
+            audit_sign_in(&console, name, false, outcome, &client.addr).await;
             return sign_in_form(
                 &console,
                 &headers,
@@ -400,7 +415,8 @@ async fn sign_in(
     {
         return internal(&e).into_response();
     }
-    audit_sign_in(&console, name, true, "ok", &client).await;
+    console.inner.sign_in.succeeded(name, &client.key);
+    audit_sign_in(&console, name, true, "ok", &client.addr).await;
     let secure = auth::secure(&console, &headers);
     let mut res = see_other(&next);
     for cookie in [
@@ -417,7 +433,7 @@ async fn sign_in(
 async fn sign_out(
     State(console): State<Console>,
     session: Checked,
-    ClientAddr(client): ClientAddr,
+    client: ClientAddr,
     headers: HeaderMap,
 ) -> Result<Response, Fail> {
     console
@@ -435,7 +451,7 @@ async fn sign_out(
             &serde_json::json!({}),
             1,
             None,
-            &serde_json::json!({ "client": client }),
+            &serde_json::json!({ "client": client.addr }),
         )
         .await
         .map_err(|e| internal(&e))?;
@@ -464,6 +480,13 @@ async fn overview(State(console): State<Console>, session: Session) -> Result<Re
         .map_err(|e| internal(&e))?;
     let relays = i.console.relays().await.map_err(|e| internal(&e))?;
     let jobs = i.jobs.recent(10);
+    // The chart's history ends with the backlog as it is now.
+    let backlog = i.console.backlog().await.map_err(|e| internal(&e))?;
+    let mut history = i.samples.all();
+    history.push(crate::samples::Sample {
+        at: Utc::now(),
+        backlog,
+    });
     Ok(page(views::overview(
         &session,
         &views::OverviewView {
@@ -473,6 +496,8 @@ async fn overview(State(console): State<Console>, session: Session) -> Result<Re
             rate: &minutes_filled(&rate, RATE_MINUTES),
             relays: &relays,
             jobs: &jobs,
+            history: &history,
+            refresh_ms: refresh_ms(&console),
         },
     )))
 }
@@ -557,6 +582,7 @@ async fn events(
         &rows,
         next,
         error.as_deref(),
+        refresh_ms(&console),
     )))
 }
 
@@ -566,6 +592,7 @@ fn notice_text(code: Option<&str>) -> Option<&'static str> {
         "discarded" => Some("Discarded: the event stays in the table, resolved as discarded with your reason."),
         "not-dead" => Some("Nothing was done: the event is not an unresolved dead letter (any more)."),
         "none-selected" => Some("Nothing was done: select at least one dead letter first."),
+        "group-gone" => Some("Nothing was done: that group has no unresolved dead letters any more."),
         _ => None,
     }
 }
@@ -743,6 +770,7 @@ async fn dead_letters(
             next,
             error: error.as_deref(),
             notice: notice_text(q.get("notice")),
+            refresh_ms: refresh_ms(&console),
         },
     )))
 }
@@ -830,6 +858,92 @@ async fn bulk_action(
     Ok(see_other(&format!("/jobs/{id}")))
 }
 
+async fn groups(
+    State(console): State<Console>,
+    session: Session,
+    RawQuery(query): RawQuery,
+) -> Result<Response, Fail> {
+    let q = FormData::parse(query.unwrap_or_default().as_bytes());
+    let of = match q.get("status") {
+        Some("retrying") => GroupOf::Retrying,
+        _ => GroupOf::DeadLetters,
+    };
+    let groups = console
+        .inner
+        .console
+        .error_groups(of, MAX_GROUPS)
+        .await
+        .map_err(|e| internal(&e))?;
+    Ok(page(views::groups(
+        &session,
+        &views::GroupsView {
+            of,
+            groups: &groups,
+            notice: notice_text(q.get("notice")),
+            refresh_ms: refresh_ms(&console),
+        },
+    )))
+}
+
+/// Replay or discard every dead letter of one group (same last error, same
+/// destinations), as a bulk action in the background.
+async fn group_action(
+    State(console): State<Console>,
+    session: Checked,
+    body: Bytes,
+) -> Result<Response, Fail> {
+    let form = FormData::parse(&body);
+    let action = match form.get("do") {
+        Some("replay") => Action::Replay,
+        Some("discard") => Action::Discard {
+            reason: check_reason(form.get("reason"))?,
+        },
+        _ => return Err(Fail::BadRequest("Unknown action.".to_owned())),
+    };
+    let key = form
+        .get("key")
+        .filter(|k| k.len() == 32 && k.bytes().all(|b| b.is_ascii_hexdigit()))
+        .ok_or_else(|| Fail::BadRequest("No group was named.".to_owned()))?;
+    let i = &console.inner;
+    let found = i
+        .console
+        .error_group_ids(key, MAX_GROUP_EVENTS)
+        .await
+        .map_err(|e| internal(&e))?;
+    let Some((_, error)) = found.first().cloned() else {
+        return Ok(see_other("/groups?notice=group-gone"));
+    };
+    let ids: Vec<Uuid> = found.into_iter().map(|(id, _)| id).collect();
+    let total = ids.len() as u64;
+    let what = match error {
+        Some(e) => format!(
+            "{total} dead letter(s) that failed with “{}”",
+            views::clip(&e, 80)
+        ),
+        None => format!("{total} dead letter(s) without an error"),
+    };
+    limit_actions(&console, &session)?;
+    let id = i
+        .jobs
+        .start(
+            i.dlq.clone(),
+            Selection::Ids(ids),
+            action,
+            session.actor(),
+            session.user.clone(),
+            what,
+            total,
+            i.config.batch_size,
+        )
+        .map_err(|_| {
+            Fail::TooMany(
+                Duration::from_secs(5),
+                "Several bulk actions are running already; wait for one to finish.",
+            )
+        })?;
+    Ok(see_other(&format!("/jobs/{id}")))
+}
+
 /// The bulk action `id` names, or 404.
 fn find_job(console: &Console, id: &str) -> Result<crate::jobs::Job, Fail> {
     console.inner.jobs.get(parse_id(id)?).ok_or(Fail::NotFound)
@@ -888,6 +1002,7 @@ async fn audit(
             q.get("before").and_then(|b| b.parse().ok()),
             q.get("action"),
             q.get("actor"),
+            (!session.is_operator()).then_some(ACTION_SIGN_IN_FAILED),
             page_size + 1,
         )
         .await
@@ -913,6 +1028,7 @@ async fn audit(
         &session,
         &views::AuditView {
             entries: &entries,
+            sign_in_details: session.is_operator(),
             action,
             actor,
             next,

@@ -10,29 +10,40 @@
 //!   One guard checks the session, the token and the role in front of every
 //!   state-changing route, from one table ([`state_changing_routes`]); a
 //!   state-changing route without a row is refused. Sign-in attempts and
-//!   replays/discards are rate limited in process.
-//! - **Pages.** Overview, event search and one event (payload redacted by the
-//!   configured [`PayloadRedactor`]), dead letters with single and bulk
+//!   replays/discards are rate limited in process; the sign-in limits cannot
+//!   be used to lock a user out (see the README's console section). The client's
+//!   address is the TCP peer's, or, from a trusted proxy only
+//!   ([`ConsoleConfig::trusted_proxies`]), the rightmost untrusted address in
+//!   `X-Forwarded-For`.
+//! - **Pages.** Overview (counts, and charts of the backlog, the oldest
+//!   pending age and deliveries over the last 30 minutes, from samples the
+//!   console takes itself), event search and one event (payload redacted by
+//!   the configured [`PayloadRedactor`]), dead letters with single and bulk
 //!   replay/discard (bulk actions run in the background, batch by batch, and
-//!   can be cancelled), and the audit log, read-only.
+//!   can be cancelled), dead letters and retrying events grouped by cause
+//!   (a whole dead-letter group replayed or discarded at once), and the audit
+//!   log, read-only. The overview and the lists update themselves in place.
 //! - **Storage.** Everything goes through the `postbox-store` crate: the
 //!   dead-letter operations and their audit entries (`store::dlq`) and the
 //!   console's own queries and tables (`store::console`, migration 6).
 //!
 //! The HTML is rendered on the server; one embedded stylesheet and one small
-//! script (progress polling, select-all, confirmations) are served by the
+//! script (live updates, progress polling, select-all, confirmations) are served by the
 //! binary itself, so the console needs nothing from the internet.
 
 mod assets;
 mod auth;
+mod client;
 mod form;
 mod guard;
 mod handlers;
 mod jobs;
 mod limit;
+mod samples;
 mod views;
 
 pub use auth::{hash_password, verify_password, Role};
+pub use client::{Cidr, CidrError};
 pub use guard::{Access, StateChangingRoute};
 pub use limit::RateLimit;
 pub use postbox::redact::PayloadRedactor;
@@ -85,19 +96,35 @@ pub struct ConsoleConfig {
     pub secure_cookies: bool,
     /// How long a session lasts after sign-in.
     pub session_lifetime: Duration,
-    /// Sign-in attempts, per client address and per user name.
+    /// Sign-in attempts per client address; failed sign-ins per user name
+    /// before the name is protected (see the crate's sign-in limits).
     pub sign_in_limit: RateLimit,
+    /// How long an attempt for a protected name waits before its password
+    /// is checked (from an address that has not failed for that name).
+    pub sign_in_delay: Duration,
+    /// Proxies whose `X-Forwarded-For` is believed: only when the TCP peer is
+    /// in one of these is the rightmost address not in them the client's.
+    /// Empty (the default): the peer's address, whatever the headers say.
+    pub trusted_proxies: Vec<Cidr>,
     /// Replay and discard requests, per user.
     pub action_limit: RateLimit,
     /// Dead letters per transaction (and per audit entry) in bulk actions.
     pub batch_size: i64,
     /// Rows per page of lists.
     pub page_size: i64,
+    /// How often the overview and the lists refresh themselves in the
+    /// browser (at least half a second).
+    pub refresh_every: Duration,
+    /// How often the console samples the backlog for the overview's history
+    /// chart (the last 30 minutes are kept, in memory).
+    pub sample_every: Duration,
 }
 
 impl ConsoleConfig {
-    /// Defaults: 12-hour sessions, 5 sign-in attempts a minute, 20 replay or
-    /// discard requests a minute, batches of 500, pages of 50.
+    /// Defaults: 12-hour sessions, 5 sign-in attempts a minute (2 s delay for
+    /// a protected name), no trusted proxy, 20 replay or discard requests a
+    /// minute, batches of 500, pages of 50, pages refreshed every 5 s, the
+    /// backlog sampled every 10 s.
     pub fn new(schema: Schema) -> Self {
         Self {
             schema,
@@ -105,9 +132,13 @@ impl ConsoleConfig {
             secure_cookies: false,
             session_lifetime: Duration::from_secs(12 * 3600),
             sign_in_limit: RateLimit::per_minute(5),
+            sign_in_delay: Duration::from_secs(2),
+            trusted_proxies: Vec::new(),
             action_limit: RateLimit::per_minute(20),
             batch_size: 500,
             page_size: 50,
+            refresh_every: Duration::from_secs(5),
+            sample_every: Duration::from_secs(10),
         }
     }
 }
@@ -118,10 +149,10 @@ pub(crate) struct Inner {
     pub store: Store,
     pub console: ConsoleStore,
     pub dlq: DeadLetters,
-    pub sign_in_by_client: limit::Limiter,
-    pub sign_in_by_name: limit::Limiter,
+    pub sign_in: limit::SignInLimits,
     pub actions: limit::Limiter,
     pub jobs: jobs::Jobs,
+    pub samples: samples::Samples,
 }
 
 /// The console application over one pool and schema.
@@ -137,10 +168,10 @@ impl Console {
             console: store.console(),
             dlq: store.dead_letters(),
             store,
-            sign_in_by_client: limit::Limiter::new(config.sign_in_limit),
-            sign_in_by_name: limit::Limiter::new(config.sign_in_limit),
+            sign_in: limit::SignInLimits::new(config.sign_in_limit, config.sign_in_delay),
             actions: limit::Limiter::new(config.action_limit),
             jobs: jobs::Jobs::default(),
+            samples: samples::Samples::default(),
             config,
         };
         Self {
@@ -160,13 +191,19 @@ impl Console {
     }
 
     /// Serve on `listener` until `shutdown` is cancelled; bulk actions still
-    /// running are cancelled too (each stops after its current batch).
+    /// running are cancelled too (each stops after its current batch). The
+    /// backlog is sampled for the overview's chart meanwhile.
     pub async fn serve(
         self,
         listener: tokio::net::TcpListener,
         shutdown: CancellationToken,
     ) -> Result<(), ConsoleError> {
         let jobs = self.inner.jobs.clone();
+        tokio::spawn(self.inner.samples.clone().run(
+            self.inner.console.clone(),
+            self.inner.config.sample_every,
+            shutdown.child_token(),
+        ));
         let app = self
             .router()
             .into_make_service_with_connect_info::<SocketAddr>();

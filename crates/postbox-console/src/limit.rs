@@ -1,11 +1,15 @@
-//! The in-process rate limits: one keyed limiter (`governor`'s GCRA, a
-//! token bucket that refills continuously) per kind of request.
+//! The in-process rate limits: keyed limiters (`governor`'s GCRA, a token
+//! bucket that refills continuously), and the sign-in limits built on them
+//! ([`SignInLimits`]), which keep guessing expensive without letting anyone
+//! lock a user out.
 
-use governor::clock::{Clock, MonotonicClock};
+use governor::clock::{Clock, MonotonicClock, Reference};
 use governor::middleware::NoOpMiddleware;
 use governor::state::keyed::HashMapStateStore;
 use governor::{Quota, RateLimiter};
+use std::collections::HashMap;
 use std::num::NonZeroU32;
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// At most `burst` requests at once, refilled at `burst` per `per`.
@@ -68,6 +72,148 @@ impl<C: Clock> Limiter<C> {
     }
 }
 
+/// How long an address's failure for a name is remembered, in refill
+/// periods of the sign-in limit (15 minutes at the default 5 a minute).
+const PAIR_MEMORY_PERIODS: u32 = 15;
+/// Remembered (name, address) failures beyond this many: the oldest half goes.
+const PAIRS_AT_MOST: usize = 100_000;
+
+/// The sign-in limits.
+///
+/// 1. **Per address**, every attempt takes a token (5 a minute): one address
+///    cannot guess fast, whatever names it tries.
+/// 2. **Per name**, only *failed* attempts take a token, from anywhere (5 a
+///    minute). A failure that finds the bucket empty puts the name **under
+///    protection** until a token is back. Under protection, an address that
+///    already failed for this name in the last 15 minutes is refused, and any
+///    other address is let through after a delay (`delay`): its attempt is
+///    checked, so the right password still signs in. Nobody can lock a user
+///    out by failing on purpose; a guesser gets one guess per address per 15
+///    minutes for a protected name, each one slowed down.
+///
+/// A successful sign-in forgets that address's failures for the name.
+pub(crate) struct SignInLimits<C: Clock = MonotonicClock> {
+    by_client: Limiter<C>,
+    failures_by_name: Limiter<C>,
+    clock: C,
+    pair_memory: Duration,
+    delay: Duration,
+    state: Mutex<SignInState<C::Instant>>,
+}
+
+struct SignInState<I> {
+    /// Names under protection, and until when.
+    protected_until: HashMap<String, I>,
+    /// The last failure of each (name, address key).
+    failed: HashMap<(String, String), I>,
+}
+
+/// What to do with a sign-in attempt.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Admit {
+    /// Check the password now.
+    Now,
+    /// Check it after this delay (the name is under protection).
+    After(Duration),
+    /// Refuse it; another attempt may come after this long.
+    Refuse(Duration),
+}
+
+impl SignInLimits {
+    pub fn new(limit: RateLimit, delay: Duration) -> Self {
+        Self::with_clock(limit, delay, MonotonicClock)
+    }
+}
+
+impl<C: Clock + Clone> SignInLimits<C> {
+    fn with_clock(limit: RateLimit, delay: Duration, clock: C) -> Self {
+        Self {
+            by_client: Limiter::with_clock(limit, clock.clone()),
+            failures_by_name: Limiter::with_clock(limit, clock.clone()),
+            pair_memory: limit.per.max(Duration::from_millis(1)) * PAIR_MEMORY_PERIODS,
+            delay,
+            clock,
+            state: Mutex::new(SignInState {
+                protected_until: HashMap::new(),
+                failed: HashMap::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SignInState<C::Instant>> {
+        match self.state.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    fn key(name: &str, client: &str) -> (String, String) {
+        (name.to_ascii_lowercase(), client.to_owned())
+    }
+
+    /// Whether (and when) to check an attempt for `name` from the address key `client`.
+    pub fn admit(&self, name: &str, client: &str) -> Admit {
+        if let Err(wait) = self.by_client.check(client) {
+            return Admit::Refuse(wait);
+        }
+        let now = self.clock.now();
+        let state = self.lock();
+        let (name, client) = Self::key(name, client);
+        let protected = state
+            .protected_until
+            .get(&name)
+            .is_some_and(|until| *until > now);
+        if !protected {
+            return Admit::Now;
+        }
+        match state.failed.get(&(name, client)) {
+            Some(at) => {
+                let since = Duration::from(now.duration_since(*at));
+                if since < self.pair_memory {
+                    Admit::Refuse(self.pair_memory - since)
+                } else {
+                    Admit::After(self.delay)
+                }
+            }
+            None => Admit::After(self.delay),
+        }
+    }
+
+    /// Record a failed attempt for `name` from `client`.
+    pub fn failed(&self, name: &str, client: &str) {
+        let (name, client) = Self::key(name, client);
+        let refused = self.failures_by_name.check(&name);
+        let now = self.clock.now();
+        let mut state = self.lock();
+        if let Err(wait) = refused {
+            let until = now + governor::nanos::Nanos::from(wait);
+            let entry = state.protected_until.entry(name.clone()).or_insert(until);
+            *entry = (*entry).max(until);
+        }
+        if state.protected_until.len() > SWEEP_ABOVE {
+            state.protected_until.retain(|_, until| *until > now);
+        }
+        state.failed.insert((name, client), now);
+        if state.failed.len() > SWEEP_ABOVE {
+            let memory = self.pair_memory;
+            state
+                .failed
+                .retain(|_, at| Duration::from(now.duration_since(*at)) < memory);
+            if state.failed.len() > PAIRS_AT_MOST {
+                let mut times: Vec<C::Instant> = state.failed.values().copied().collect();
+                times.sort_unstable();
+                let median = times[times.len() / 2];
+                state.failed.retain(|_, at| *at >= median);
+            }
+        }
+    }
+
+    /// Record a successful sign-in: `client`'s failures for `name` are forgotten.
+    pub fn succeeded(&self, name: &str, client: &str) {
+        self.lock().failed.remove(&Self::key(name, client));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,6 +258,70 @@ mod tests {
         clock.advance(Duration::from_secs(120)); // every bucket full again, long since
         assert!(l.check("someone new").is_ok());
         assert_eq!(l.limiter.len(), 1, "only the new key is left");
+    }
+
+    fn sign_in(limit: RateLimit) -> (SignInLimits<FakeRelativeClock>, FakeRelativeClock) {
+        let clock = FakeRelativeClock::default();
+        let delay = Duration::from_secs(2);
+        (SignInLimits::with_clock(limit, delay, clock.clone()), clock)
+    }
+
+    #[test]
+    fn an_attacker_cannot_lock_a_user_out() {
+        let (l, clock) = sign_in(RateLimit::per_minute(3));
+        // One address guesses until its own limit stops it.
+        for _ in 0..3 {
+            assert_eq!(l.admit("alice", "6.6.6.6"), Admit::Now);
+            l.failed("alice", "6.6.6.6");
+        }
+        assert!(matches!(l.admit("alice", "6.6.6.6"), Admit::Refuse(_)));
+        // Many addresses keep failing for the same name: it is protected,
+        // each of them gets one (slowed) guess, then is refused.
+        for i in 0..20 {
+            let addr = format!("7.7.7.{i}");
+            let first = l.admit("Alice", &addr);
+            assert!(
+                first == Admit::Now || first == Admit::After(Duration::from_secs(2)),
+                "{first:?}"
+            );
+            l.failed("Alice", &addr);
+            clock.advance(Duration::from_millis(100));
+            assert!(
+                matches!(l.admit("alice", &addr), Admit::Refuse(w) if w > Duration::from_secs(60)),
+                "{addr} already failed for a protected name"
+            );
+        }
+        // Alice, from an address of her own: checked (after the delay), not refused.
+        assert_eq!(
+            l.admit("alice", "192.0.2.10"),
+            Admit::After(Duration::from_secs(2))
+        );
+        l.succeeded("alice", "192.0.2.10");
+        // Other names are not affected.
+        assert_eq!(l.admit("bob", "192.0.2.11"), Admit::Now);
+    }
+
+    #[test]
+    fn protection_ends_when_failures_stop_and_success_forgets_failures() {
+        let (l, clock) = sign_in(RateLimit::per_minute(2));
+        for addr in ["1.0.0.1", "1.0.0.2", "1.0.0.3"] {
+            assert_eq!(l.admit("alice", addr), Admit::Now);
+            l.failed("alice", addr);
+        }
+        assert!(matches!(l.admit("alice", "1.0.0.3"), Admit::Refuse(_)));
+        clock.advance(Duration::from_secs(31));
+        assert_eq!(l.admit("alice", "1.0.0.3"), Admit::Now, "a token is back");
+        // Protected again; a success from 1.0.0.4 clears its own failure only.
+        l.failed("alice", "1.0.0.4");
+        l.failed("alice", "1.0.0.4");
+        clock.advance(Duration::from_secs(1));
+        assert!(matches!(l.admit("alice", "1.0.0.4"), Admit::Refuse(_)));
+        l.succeeded("alice", "1.0.0.4");
+        assert_eq!(
+            l.admit("alice", "1.0.0.4"),
+            Admit::After(Duration::from_secs(2))
+        );
+        assert!(matches!(l.admit("alice", "1.0.0.1"), Admit::Refuse(_)));
     }
 
     #[test]

@@ -3,11 +3,12 @@
 
 use crate::auth::Session;
 use crate::jobs::{Job, JobState};
+use crate::samples::Sample;
 use chrono::{DateTime, Utc};
 use maud::{html, Markup, DOCTYPE};
 use postbox_store::{
-    AuditEntry, DeliveryRecord, DestinationCounts, EventRecord, EventRow, RelaySeen, Status,
-    StatusCounts,
+    AuditEntry, DeliveryRecord, DestinationCounts, ErrorGroup, EventRecord, EventRow, GroupOf,
+    RelaySeen, Status, StatusCounts,
 };
 use serde_json::Value;
 use uuid::Uuid;
@@ -92,6 +93,37 @@ pub(crate) fn clip(s: &str, max: usize) -> String {
     out
 }
 
+/// A list row's state in words that say what is true now: a pending event
+/// that failed before is retrying (with its next attempt's time), a claimed
+/// one is held by a relay (or its lease ran out).
+fn row_state(r: &EventRow) -> Markup {
+    let now = Utc::now();
+    match r.status {
+        Status::Pending if r.attempts > 0 => html! {
+            span.badge.retry { "retrying" }
+            br;
+            span.small.muted.next-attempt {
+                @if r.available_at > now {
+                    "attempt " (r.attempts) " failed; next at " (r.available_at.format("%H:%M:%S UTC"))
+                } @else {
+                    "attempt " (r.attempts) " failed; next one due now"
+                }
+            }
+        },
+        Status::Processing => html! {
+            span.badge.busy { "claimed" }
+            br;
+            span.small.muted {
+                @match r.lease_expires_at {
+                    Some(t) if t < now => { "lease expired; will be put back" }
+                    _ => { "by a relay, attempt " (r.attempts) }
+                }
+            }
+        },
+        _ => status_badge(r.status, r.resolution.as_deref()),
+    }
+}
+
 fn status_badge(status: Status, resolution: Option<&str>) -> Markup {
     let (class, label) = match (status, resolution) {
         (Status::Failed, Some("discarded")) => ("muted", "discarded"),
@@ -102,6 +134,16 @@ fn status_badge(status: Status, resolution: Option<&str>) -> Markup {
         (Status::Pending, _) => ("wait", "pending"),
     };
     html! { span class={"badge " (class)} { (label) } }
+}
+
+/// The line that says a page keeps itself up to date, and how often; the
+/// script refreshes the page's `data-live` parts in place (see console.js).
+fn live_status(refresh_ms: u64) -> Markup {
+    html! {
+        p.live.muted.small #live-status data-refresh-ms=(refresh_ms) {
+            "Updates by itself every " (refresh_ms.div_ceil(1000)) " s (with scripts on)."
+        }
+    }
 }
 
 fn notice(text: Option<&str>) -> Markup {
@@ -166,10 +208,14 @@ pub(crate) struct OverviewView<'a> {
     pub rate: &'a [(DateTime<Utc>, i64)],
     pub relays: &'a [RelaySeen],
     pub jobs: &'a [Job],
+    /// The backlog's samples, oldest first, the last one taken now.
+    pub history: &'a [Sample],
+    pub refresh_ms: u64,
 }
 
 pub(crate) fn overview(session: &Session, v: &OverviewView<'_>) -> Markup {
     let c = v.counts;
+    let now = v.history.last().map(|s| s.backlog).unwrap_or_default();
     let delivered: i64 = v.rate.iter().map(|(_, n)| n).sum();
     let minutes = v.rate.len();
     layout(
@@ -178,9 +224,12 @@ pub(crate) fn overview(session: &Session, v: &OverviewView<'_>) -> Markup {
         Nav::Overview,
         html! {
             h1 { "Overview " span.sub { "schema " (v.schema) } }
+            (live_status(v.refresh_ms))
+            div #overview-live data-live {
             div.cards {
                 a.card href="/events?status=pending" {
                     span.label { "Pending" } span.value #pending { (c.pending) }
+                    span.hint { (now.retrying) " of them retrying" }
                 }
                 div.card.(if c.oldest_pending_age_seconds.unwrap_or(0.0) > 300.0 { "warn" } else { "" }) {
                     span.label { "Oldest pending" }
@@ -189,7 +238,7 @@ pub(crate) fn overview(session: &Session, v: &OverviewView<'_>) -> Markup {
                     }
                 }
                 a.card href="/events?status=processing" {
-                    span.label { "Processing" } span.value { (c.processing) }
+                    span.label { "Claimed by a relay" } span.value #processing { (c.processing) }
                 }
                 a.card href="/events?status=sent" {
                     span.label { "Sent" } span.value { (c.sent) }
@@ -202,9 +251,19 @@ pub(crate) fn overview(session: &Session, v: &OverviewView<'_>) -> Markup {
                     span.value { (delivered) }
                 }
             }
-            section {
-                h2 { "Delivery rate" }
-                (rate_chart(v.rate))
+            div.charts {
+                section {
+                    h2 { "Backlog" }
+                    (backlog_chart(v.history))
+                }
+                section {
+                    h2 { "Oldest pending event" }
+                    (age_chart(v.history))
+                }
+                section {
+                    h2 { "Delivered per minute" }
+                    (rate_chart(v.rate))
+                }
             }
             section {
                 h2 { "Destinations" }
@@ -260,38 +319,168 @@ pub(crate) fn overview(session: &Session, v: &OverviewView<'_>) -> Markup {
                     (jobs_table(v.jobs))
                 }
             }
+            }
         },
     )
 }
 
+/// A chart's drawing area inside its 600×200 view box: room on the left for
+/// the value axis's labels and at the bottom for the time axis's.
+const CHART_W: f64 = 600.0;
+const CHART_H: f64 = 200.0;
+const PLOT_LEFT: f64 = 76.0;
+const PLOT_RIGHT: f64 = 592.0;
+const PLOT_TOP: f64 = 12.0;
+const PLOT_BOTTOM: f64 = 170.0;
+
+/// The smallest "round" number (1, 2 or 5 × 10ⁿ) at or above `max`, at least 1.
+fn nice_ceiling(max: f64) -> f64 {
+    if max <= 1.0 {
+        return 1.0;
+    }
+    let magnitude = 10_f64.powf(max.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * magnitude)
+        .find(|v| *v >= max)
+        .unwrap_or(10.0 * magnitude)
+}
+
+/// The axes of a chart: value labels (0, half, top) and time labels (start,
+/// middle, end), with light grid lines.
+fn axes(
+    top: f64,
+    label: &dyn Fn(f64) -> String,
+    start: DateTime<Utc>,
+    end: DateTime<Utc>,
+) -> Markup {
+    let mid = start + (end - start) / 2;
+    html! {
+        @for (value, y) in [(0.0, PLOT_BOTTOM), (top / 2.0, (PLOT_TOP + PLOT_BOTTOM) / 2.0), (top, PLOT_TOP)] {
+            line.grid x1=(PLOT_LEFT) y1=(y) x2=(PLOT_RIGHT) y2=(y) {}
+            text.tick x=(PLOT_LEFT - 8.0) y=(y + 6.0) text-anchor="end" { (label(value)) }
+        }
+        line.axis x1=(PLOT_LEFT) y1=(PLOT_TOP) x2=(PLOT_LEFT) y2=(PLOT_BOTTOM) {}
+        line.axis x1=(PLOT_LEFT) y1=(PLOT_BOTTOM) x2=(PLOT_RIGHT) y2=(PLOT_BOTTOM) {}
+        @for (t, x, anchor) in [(start, PLOT_LEFT, "start"), (mid, (PLOT_LEFT + PLOT_RIGHT) / 2.0, "middle"), (end, PLOT_RIGHT, "end")] {
+            text.tick x=(x) y=(CHART_H - 6.0) text-anchor=(anchor) { (t.format("%H:%M")) }
+        }
+    }
+}
+
+/// One line of a line chart.
+struct Series<'a> {
+    name: &'a str,
+    class: &'a str,
+    points: Vec<(DateTime<Utc>, f64)>,
+}
+
+/// Lines over the last [`crate::samples::HISTORY`], up to the last sample.
+fn line_chart(
+    id: &str,
+    label: &str,
+    series: &[Series<'_>],
+    value: &dyn Fn(f64) -> String,
+) -> Markup {
+    let end = series
+        .iter()
+        .filter_map(|s| s.points.last().map(|p| p.0))
+        .max()
+        .unwrap_or_else(Utc::now);
+    let start = end - chrono::Duration::from_std(crate::samples::HISTORY).unwrap_or_default();
+    let span = (end - start).num_milliseconds().max(1) as f64;
+    let max = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.1))
+        .fold(0.0_f64, f64::max);
+    let top = nice_ceiling(max);
+    let x = |t: DateTime<Utc>| {
+        PLOT_LEFT + (t - start).num_milliseconds().max(0) as f64 / span * (PLOT_RIGHT - PLOT_LEFT)
+    };
+    let y = |v: f64| PLOT_BOTTOM - v / top * (PLOT_BOTTOM - PLOT_TOP);
+    html! {
+        figure.chart {
+            svg #(id) viewBox={"0 0 " (CHART_W) " " (CHART_H)} role="img" aria-label=(label) {
+                (axes(top, value, start, end))
+                @for s in series {
+                    @let pts: Vec<String> = s.points.iter().map(|(t, v)| format!("{:.1},{:.1}", x(*t), y(*v))).collect();
+                    @if pts.len() == 1 {
+                        circle class=(s.class) data-series=(s.name) cx=(format!("{:.1}", x(s.points[0].0))) cy=(format!("{:.1}", y(s.points[0].1))) r="3" {}
+                    } @else {
+                        polyline class=(s.class) data-series=(s.name) points=(pts.join(" ")) {}
+                    }
+                }
+            }
+            figcaption.legend {
+                @for s in series {
+                    span { i class={"swatch " (s.class)} {} (s.name) ": " strong { (s.points.last().map_or_else(String::new, |p| value(p.1))) } }
+                }
+            }
+        }
+    }
+}
+
+fn backlog_chart(history: &[Sample]) -> Markup {
+    let series = |name, class, f: fn(&Sample) -> i64| Series {
+        name,
+        class,
+        points: history.iter().map(|s| (s.at, f(s) as f64)).collect(),
+    };
+    line_chart(
+        "backlog-chart",
+        "Pending, retrying and dead-letter events over the last 30 minutes",
+        &[
+            series("pending", "s-pending", |s| s.backlog.pending),
+            series("retrying", "s-retrying", |s| s.backlog.retrying),
+            series("dead letters", "s-dead", |s| s.backlog.dead_letters),
+        ],
+        &|v| format!("{v:.0}"),
+    )
+}
+
+fn age_chart(history: &[Sample]) -> Markup {
+    line_chart(
+        "age-chart",
+        "Age of the oldest pending event over the last 30 minutes",
+        &[Series {
+            name: "oldest pending",
+            class: "s-age",
+            points: history
+                .iter()
+                .map(|s| (s.at, s.backlog.oldest_pending_age_seconds.unwrap_or(0.0)))
+                .collect(),
+        }],
+        &age,
+    )
+}
+
 fn rate_chart(rate: &[(DateTime<Utc>, i64)]) -> Markup {
-    let max = rate.iter().map(|(_, n)| *n).max().unwrap_or(0).max(1);
-    let n = rate.len().max(1);
-    let width = 600.0_f64;
-    let height = 120.0_f64;
-    let slot = width / n as f64;
-    let bar = (slot * 0.8).max(1.0);
     let peak = rate.iter().map(|(_, n)| *n).max().unwrap_or(0);
+    let top = nice_ceiling(peak as f64);
+    let n = rate.len().max(1);
+    let slot = (PLOT_RIGHT - PLOT_LEFT) / n as f64;
+    let bar = (slot * 0.8).max(1.0);
     let label = format!(
         "Events delivered per minute over the last {} minutes; peak {} per minute",
         rate.len(),
         peak
     );
+    let start = rate.first().map_or_else(Utc::now, |r| r.0);
+    let end = rate.last().map_or_else(Utc::now, |r| r.0);
     html! {
         figure.chart {
-            svg viewBox={"0 0 " (width) " " (height + 2.0)} preserveAspectRatio="none" role="img" aria-label=(label) {
-                line.axis x1="0" y1=(height) x2=(width) y2=(height) {}
+            svg #rate-chart viewBox={"0 0 " (CHART_W) " " (CHART_H)} role="img" aria-label=(label) {
+                (axes(top, &|v| format!("{v:.0}"), start, end))
                 @for (i, (minute, count)) in rate.iter().enumerate() {
-                    @let h = if *count == 0 { 0.0 } else { (*count as f64 / max as f64 * (height - 4.0)).max(2.0) };
-                    rect x=(format!("{:.1}", i as f64 * slot + (slot - bar) / 2.0)) y=(format!("{:.1}", height - h))
+                    @let h = if *count == 0 { 0.0 } else { (*count as f64 / top * (PLOT_BOTTOM - PLOT_TOP)).max(2.0) };
+                    rect x=(format!("{:.1}", PLOT_LEFT + i as f64 * slot + (slot - bar) / 2.0)) y=(format!("{:.1}", PLOT_BOTTOM - h))
                         width=(format!("{bar:.1}")) height=(format!("{h:.1}")) {
                         title { (minute.format("%H:%M UTC")) ": " (count) }
                     }
                 }
             }
-            div.axis-labels { span { (rate.len()) " min ago" } span { "now" } }
             figcaption {
-                "Events delivered per minute; peak " strong { (peak) } " per minute."
+                "Events delivered per minute (UTC); peak " strong { (peak) } " per minute."
             }
         }
     }
@@ -366,6 +555,7 @@ pub(crate) fn events(
     rows: &[EventRow],
     next: Option<String>,
     error: Option<&str>,
+    refresh_ms: u64,
 ) -> Markup {
     layout(
         "Events",
@@ -395,13 +585,16 @@ pub(crate) fn events(
             @if let Some(e) = error {
                 p.error role="alert" { (e) }
             }
-            @if rows.is_empty() {
-                p.muted { "No events match." }
-            } @else {
-                (event_table(rows))
-            }
-            @if let Some(n) = next {
-                p.pager { a href=(n) { "Older events →" } }
+            (live_status(refresh_ms))
+            div #events-live data-live {
+                @if rows.is_empty() {
+                    p.muted { "No events match." }
+                } @else {
+                    (event_table(rows))
+                }
+                @if let Some(n) = next {
+                    p.pager { a href=(n) { "Older events →" } }
+                }
             }
         },
     )
@@ -417,7 +610,7 @@ fn event_table(rows: &[EventRow]) -> Markup {
                         td.nowrap { (time(r.created_at)) }
                         td { a href={"/events/" (r.event_id)} { (r.event_type) } br; span.id { (r.event_id) } }
                         td { (r.aggregate_type) "/" (r.aggregate_id) }
-                        td { (status_badge(r.status, r.resolution.as_deref())) }
+                        td.state { (row_state(r)) }
                         td.num.attempts { (r.attempts) }
                         td.error-text { (clip(r.last_error.as_deref().unwrap_or(""), 120)) }
                     }
@@ -538,12 +731,27 @@ fn diagnosis(e: &EventRecord) -> String {
         ),
         (Status::Processing, _) => match e.lease_expires_at {
             Some(t) if t < now => "Claimed, but its lease has expired: the relay that held it stopped or stalled; the rescuer will put it back.".to_owned(),
-            _ => "Being delivered by a relay now.".to_owned(),
+            Some(t) => format!(
+                "Claimed by a relay for attempt {} (lease until {}): it is publishing the event, or recording the outcome.{}",
+                e.attempts,
+                time(t),
+                if e.attempts > 1 { " The attempts before it failed (last error below)." } else { "" }
+            ),
+            None => format!("Claimed by a relay for attempt {}.", e.attempts),
         },
-        (Status::Pending, _) if e.available_at > now => format!(
-            "Waiting for a retry at {} after {} failed attempt(s).",
+        (Status::Pending, _) if e.attempts > 0 && e.available_at > now => format!(
+            "Retrying: attempt {} failed; the next attempt is at {} (in {}). No relay holds it until then.",
+            e.attempts,
             time(e.available_at),
+            age((e.available_at - now).num_milliseconds() as f64 / 1000.0)
+        ),
+        (Status::Pending, _) if e.attempts > 0 => format!(
+            "Retrying: attempt {} failed; the next attempt is due now and waits for a relay to claim it.",
             e.attempts
+        ),
+        (Status::Pending, _) if e.available_at > now => format!(
+            "Scheduled: not due before {}.",
+            time(e.available_at)
         ),
         (Status::Pending, _) => "Due now, waiting for a relay to claim it. If it stays here, check that a relay is connected (Overview) and, for ordered routes, whether an earlier event of its aggregate is stuck.".to_owned(),
     }
@@ -641,7 +849,7 @@ pub(crate) fn event(session: &Session, v: &EventView<'_>) -> Markup {
             @if !v.audit.is_empty() {
                 section {
                     h2 { "Audit entries" }
-                    (audit_table(v.audit))
+                    (audit_table(v.audit, true))
                 }
             }
         },
@@ -663,6 +871,7 @@ pub(crate) struct DeadLettersView<'a> {
     pub next: Option<String>,
     pub error: Option<&'a str>,
     pub notice: Option<&'a str>,
+    pub refresh_ms: u64,
 }
 
 pub(crate) fn dead_letters(session: &Session, v: &DeadLettersView<'_>) -> Markup {
@@ -672,6 +881,11 @@ pub(crate) fn dead_letters(session: &Session, v: &DeadLettersView<'_>) -> Markup
         Nav::DeadLetters,
         html! {
             h1 { "Dead letters" }
+            p.tabs {
+                a href="/dead-letters" aria-current="page" { "All dead letters" } " · "
+                a href="/groups" { "Dead letters by cause" } " · "
+                a href="/groups?status=retrying" { "Retrying by cause" }
+            }
             (notice(v.notice))
             form.search method="get" action="/dead-letters" {
                 div.fields {
@@ -684,12 +898,28 @@ pub(crate) fn dead_letters(session: &Session, v: &DeadLettersView<'_>) -> Markup
             @if let Some(e) = v.error {
                 p.error role="alert" { (e) }
             }
-            p #matching { strong { (v.matching) } " unresolved dead letter(s) match." }
+            (live_status(v.refresh_ms))
+            p #matching data-live { strong { (v.matching) } " unresolved dead letter(s) match." }
             @if !v.rows.is_empty() {
                 form #bulk method="post" action="/dead-letters/action" {
                     input type="hidden" name="csrf" value=(session.csrf);
                     input type="hidden" name="type" value=(v.event_type);
                     input type="hidden" name="since" value=(v.since);
+                    @if session.is_operator() {
+                        fieldset.bulk.toolbar #bulk-toolbar {
+                            legend { "Act on dead letters " span.muted.small #selected-count data-of="ids" {} }
+                            div.row {
+                                button.primary type="submit" name="do" value="replay-selected" { "Replay selected" }
+                                button type="submit" name="do" value="replay-all"
+                                    data-confirm={"Replay all " (v.matching) " matching dead letters?"} { "Replay all " (v.matching) " matching" }
+                                input type="text" name="reason" placeholder="Reason (required to discard)" maxlength="2000" aria-label="Reason to discard";
+                                button.danger type="submit" name="do" value="discard-selected" { "Discard selected" }
+                                button.danger type="submit" name="do" value="discard-all"
+                                    data-confirm={"Discard all " (v.matching) " matching dead letters?"} { "Discard all " (v.matching) " matching" }
+                            }
+                            p.muted.small { "Replays keep each event's id, reset its attempts and make it due now. Bulk actions run in batches, each with its own audit entry, and can be cancelled. On a wide screen this bar stays in view while you scroll." }
+                        }
+                    }
                     div.scroll { table.events.stack {
                         thead { tr {
                             @if session.is_operator() {
@@ -697,7 +927,7 @@ pub(crate) fn dead_letters(session: &Session, v: &DeadLettersView<'_>) -> Markup
                             }
                             th { "Created" } th { "Event" } th { "Aggregate" } th.num { "Attempts" } th { "Last error" }
                         } }
-                        tbody {
+                        tbody #dead-letter-rows data-live {
                             @for r in v.rows {
                                 tr.has-select[session.is_operator()] {
                                     @if session.is_operator() {
@@ -712,26 +942,94 @@ pub(crate) fn dead_letters(session: &Session, v: &DeadLettersView<'_>) -> Markup
                             }
                         }
                     } }
-                    @if let Some(n) = &v.next {
-                        p.pager { a href=(n) { "More →" } }
-                    }
-                    @if session.is_operator() {
-                        fieldset.bulk {
-                            legend { "Act on dead letters" }
-                            div.row {
-                                button.primary type="submit" name="do" value="replay-selected" { "Replay selected" }
-                                button type="submit" name="do" value="replay-all"
-                                    data-confirm={"Replay all " (v.matching) " matching dead letters?"} { "Replay all " (v.matching) " matching" }
-                            }
-                            div.row {
-                                input type="text" name="reason" placeholder="Reason (required to discard)" maxlength="2000";
-                                button.danger type="submit" name="do" value="discard-selected" { "Discard selected" }
-                                button.danger type="submit" name="do" value="discard-all"
-                                    data-confirm={"Discard all " (v.matching) " matching dead letters?"} { "Discard all " (v.matching) " matching" }
-                            }
-                            p.muted.small { "Replays keep each event's id, reset its attempts and make it due now. Bulk actions run in batches, each with its own audit entry, and can be cancelled." }
+                    div #dead-letter-pager data-live {
+                        @if let Some(n) = &v.next {
+                            p.pager { a href=(n) { "More →" } }
                         }
                     }
+                }
+            }
+        },
+    )
+}
+
+pub(crate) struct GroupsView<'a> {
+    pub of: GroupOf,
+    pub groups: &'a [ErrorGroup],
+    pub notice: Option<&'a str>,
+    pub refresh_ms: u64,
+}
+
+/// Events grouped by cause: one line per (last error, destinations), with
+/// its count and, for dead letters, a replay or discard of the whole group.
+pub(crate) fn groups(session: &Session, v: &GroupsView<'_>) -> Markup {
+    let dead = v.of == GroupOf::DeadLetters;
+    let total: i64 = v.groups.iter().map(|g| g.events).sum();
+    layout(
+        "By cause",
+        Some(session),
+        Nav::DeadLetters,
+        html! {
+            h1 { @if dead { "Dead letters by cause" } @else { "Retrying events by cause" } }
+            p.tabs {
+                a href="/dead-letters" { "All dead letters" } " · "
+                a href="/groups" aria-current=[current(dead)] { "Dead letters by cause" } " · "
+                a href="/groups?status=retrying" aria-current=[current(!dead)] { "Retrying by cause" }
+            }
+            (notice(v.notice))
+            (live_status(v.refresh_ms))
+            div #groups-live data-live {
+                p #group-summary {
+                    strong { (total) } @if dead { " unresolved dead letter(s)" } @else { " event(s) waiting for their next attempt" }
+                    " in " strong { (v.groups.len()) } " group(s) by last error and destination."
+                }
+                @if v.groups.is_empty() {
+                    p.muted { "Nothing to group." }
+                } @else {
+                    div.scroll { table.groups.stack #groups {
+                        thead { tr {
+                            th.num { "Events" } th { "Last error" } th { "Destination" } th { "Types" } th { "Created" }
+                            @if dead && session.is_operator() { th { "Act on the whole group" } }
+                        } }
+                        tbody {
+                            @for g in v.groups {
+                                tr data-key=(g.key) {
+                                    td.num.count { (g.events) }
+                                    td.error-text title=(g.last_error.as_deref().unwrap_or("")) {
+                                        (clip(g.last_error.as_deref().unwrap_or("(no error recorded)"), 200))
+                                        br; a.small href={"/events/" (g.example)} { "oldest event" }
+                                    }
+                                    td { (g.destinations.as_deref().unwrap_or("—")) }
+                                    td { (g.event_types.as_deref().unwrap_or("")) }
+                                    td.nowrap { (time(g.oldest)) br; "to " (time(g.newest)) }
+                                    @if dead && session.is_operator() {
+                                        td.group-actions {
+                                            form method="post" action="/groups/action" {
+                                                input type="hidden" name="csrf" value=(session.csrf);
+                                                input type="hidden" name="key" value=(g.key);
+                                                button.primary type="submit" name="do" value="replay"
+                                                    data-confirm={"Replay the " (g.events) " dead letters of this group?"} { "Replay " (g.events) }
+                                            }
+                                            form method="post" action="/groups/action" {
+                                                input type="hidden" name="csrf" value=(session.csrf);
+                                                input type="hidden" name="key" value=(g.key);
+                                                input type="text" name="reason" placeholder="Reason to discard" required maxlength="2000" aria-label="Reason to discard this group";
+                                                button.danger type="submit" name="do" value="discard"
+                                                    data-confirm={"Discard the " (g.events) " dead letters of this group?"} { "Discard " (g.events) }
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    } }
+                }
+            }
+            p.muted.small {
+                @if dead {
+                    "A group's replay or discard is a bulk action on the dead letters in it when you click (in batches, each with its own audit entry, cancellable)."
+                } @else {
+                    "Retrying events are pending: the relay tries them again at their next attempt time; those that run out of attempts become dead letters."
                 }
             }
         },
@@ -777,6 +1075,9 @@ pub(crate) fn job(session: &Session, job: &Job) -> Markup {
 
 pub(crate) struct AuditView<'a> {
     pub entries: &'a [AuditEntry],
+    /// Show who failed to sign in and why (operators only: the name tried
+    /// and whether it exists are for those who administer the console).
+    pub sign_in_details: bool,
     pub action: &'a str,
     pub actor: &'a str,
     pub next: Option<String>,
@@ -800,6 +1101,9 @@ pub(crate) fn audit(session: &Session, v: &AuditView<'_>) -> Markup {
         html! {
             h1 { "Audit log" }
             p.muted { "Every replay, discard and sign-in attempt, newest first. Kept in the database; the console cannot change it." }
+            @if !v.sign_in_details {
+                p.muted.small #sign-in-details-hidden { "Failed sign-ins are listed without the name tried, the address or the reason: operators see those." }
+            }
             form.search method="get" action="/audit" {
                 div.fields {
                     label { "Action"
@@ -816,7 +1120,7 @@ pub(crate) fn audit(session: &Session, v: &AuditView<'_>) -> Markup {
             @if v.entries.is_empty() {
                 p.muted { "No entries." }
             } @else {
-                (audit_table(v.entries))
+                (audit_table(v.entries, v.sign_in_details))
             }
             @if let Some(n) = &v.next {
                 p.pager { a href=(n) { "Older entries →" } }
@@ -825,18 +1129,27 @@ pub(crate) fn audit(session: &Session, v: &AuditView<'_>) -> Markup {
     )
 }
 
-fn audit_table(entries: &[AuditEntry]) -> Markup {
+fn audit_table(entries: &[AuditEntry], sign_in_details: bool) -> Markup {
     html! {
         div.scroll { table.audit.stack #audit {
             thead { tr { th { "When" } th { "Actor" } th { "Action" } th.num { "Count" } th { "What" } th { "Reason" } } }
             tbody {
                 @for a in entries {
+                    @let hidden = !sign_in_details && a.action == crate::handlers::ACTION_SIGN_IN_FAILED;
                     tr {
                         td.nowrap { (time(a.at)) }
-                        td { (a.actor) }
+                        @if hidden {
+                            td.muted { "(hidden)" }
+                        } @else {
+                            td { (a.actor) }
+                        }
                         td { (a.action) }
                         td.num.count { (a.count) }
-                        td { (audit_what(a)) }
+                        @if hidden {
+                            td.muted { "details for operators" }
+                        } @else {
+                            td { (audit_what(a)) }
+                        }
                         td.reason { (a.reason.as_deref().unwrap_or("")) }
                     }
                 }

@@ -371,3 +371,204 @@ async fn sessions_expire() {
     assert_eq!(a.get("/").await.status, StatusCode::SEE_OTHER);
     h.finish().await;
 }
+
+#[tokio::test]
+async fn an_attacker_hammering_a_name_cannot_keep_its_user_out() {
+    let h = Harness::with(|c| {
+        c.sign_in_limit = RateLimit::per_minute(3);
+        c.sign_in_delay = Duration::from_millis(300);
+    })
+    .await;
+    h.user("alice", Role::Operator).await;
+    // One address guesses until its own limit refuses it.
+    let mut attacker = Agent::from_address(&h, "127.0.0.2");
+    for _ in 0..3 {
+        let r = attacker.sign_in("alice", "guess").await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(
+        attacker.sign_in("alice", "guess").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // More addresses keep failing for alice: each gets one guess, then 429.
+    for i in 3..7 {
+        let mut more = Agent::from_address(&h, &format!("127.0.0.{i}"));
+        assert_eq!(
+            more.sign_in("alice", "guess").await.status,
+            StatusCode::UNAUTHORIZED
+        );
+        let again = more.sign_in("alice", PASSWORD).await;
+        assert_eq!(
+            again.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "an address that failed for a protected name waits, even with the right password"
+        );
+    }
+    // Alice, from her own address, with the right password: in (after the delay).
+    let mut alice = Agent::from_address(&h, "127.0.0.9");
+    let started = std::time::Instant::now();
+    let ok = alice.sign_in("alice", PASSWORD).await;
+    assert_eq!(ok.status, StatusCode::SEE_OTHER, "{}", ok.body);
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    alice.refresh_csrf().await;
+    // The attack goes on: she signs in again, and so does anyone else who knows a password.
+    let mut alice_again = Agent::from_address(&h, "127.0.0.9");
+    assert_eq!(
+        alice_again.sign_in("alice", PASSWORD).await.status,
+        StatusCode::SEE_OTHER
+    );
+    let clients: Vec<String> = sqlx::query_scalar(&h.db.sql(
+        "SELECT details->>'client' FROM {schema}.audit_log WHERE action = 'console.sign_in' ORDER BY id",
+    ))
+    .fetch_all(&h.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(clients, ["127.0.0.9", "127.0.0.9"]);
+    h.finish().await;
+}
+
+async fn sign_in_clients(h: &Harness) -> Vec<String> {
+    sqlx::query_scalar(&h.db.sql(
+        "SELECT details->>'client' FROM {schema}.audit_log WHERE action LIKE 'console.sign_in%' ORDER BY id",
+    ))
+    .fetch_all(&h.db.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn forwarded_for_is_ignored_from_an_untrusted_peer() {
+    let h = Harness::with(|c| c.sign_in_limit = RateLimit::per_minute(2)).await;
+    h.user("alice", Role::Viewer).await;
+    let mut a = Agent::new(&h);
+    for i in 0..2 {
+        a.extra = vec![("x-forwarded-for".into(), format!("203.0.113.{i}"))];
+        assert_eq!(
+            a.sign_in("alice", "guess").await.status,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    a.extra = vec![("x-forwarded-for".into(), "203.0.113.77".into())];
+    assert_eq!(
+        a.sign_in("alice", "guess").await.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "a forged header does not buy a fresh bucket"
+    );
+    assert_eq!(sign_in_clients(&h).await, ["127.0.0.1"; 3]);
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn forwarded_for_is_honoured_from_a_trusted_proxy() {
+    let h = Harness::with(|c| {
+        c.sign_in_limit = RateLimit::per_minute(2);
+        c.trusted_proxies = vec!["127.0.0.1".parse().unwrap(), "10.0.0.0/8".parse().unwrap()];
+    })
+    .await;
+    h.user("alice", Role::Viewer).await;
+    h.user("bob", Role::Viewer).await;
+    // Behind the proxy, one client fills its own bucket...
+    let mut a = Agent::new(&h);
+    a.extra = vec![(
+        "x-forwarded-for".into(),
+        "198.51.100.1, 203.0.113.5, 10.0.0.3".into(),
+    )];
+    for _ in 0..2 {
+        assert_eq!(
+            a.sign_in("bob", "guess").await.status,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    assert_eq!(
+        a.sign_in("bob", "guess").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // ...and another client behind the same proxy still signs in.
+    let mut b = Agent::new(&h);
+    b.extra = vec![("x-forwarded-for".into(), "203.0.113.6".into())];
+    assert_eq!(
+        b.sign_in("alice", PASSWORD).await.status,
+        StatusCode::SEE_OTHER
+    );
+    // A peer that is not a trusted proxy is its own client, header or not.
+    let mut c = Agent::from_address(&h, "127.0.0.2");
+    c.extra = vec![("x-forwarded-for".into(), "203.0.113.6".into())];
+    assert_eq!(
+        c.sign_in("alice", PASSWORD).await.status,
+        StatusCode::SEE_OTHER
+    );
+    assert_eq!(
+        sign_in_clients(&h).await,
+        [
+            "203.0.113.5",
+            "203.0.113.5",
+            "203.0.113.5",
+            "203.0.113.6",
+            "127.0.0.2"
+        ]
+    );
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn only_operators_see_who_failed_to_sign_in_and_why() {
+    let h = Harness::start().await;
+    h.user("alice", Role::Operator).await;
+    let mut stranger = Agent::new(&h);
+    stranger.sign_in("alice", "not the password").await;
+    stranger.sign_in("zed-unknown", "not the password").await;
+
+    let mut viewer = h.signed_in("victor", Role::Viewer).await;
+    let page = viewer.get("/audit").await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(
+        page.body.contains("console.sign_in_failed"),
+        "{}",
+        page.body
+    );
+    for secret in [
+        "zed-unknown",
+        "console:alice",
+        "wrong_password",
+        "unknown_user",
+    ] {
+        assert!(
+            !page.body.contains(secret),
+            "a viewer sees {secret}: {}",
+            page.body
+        );
+    }
+    assert!(
+        page.body.contains("console:victor"),
+        "their own sign-in shows"
+    );
+    assert_eq!(page.body.matches("details for operators").count(), 2);
+    // Filtering by a name does not reveal failures either.
+    for q in [
+        "/audit?actor=console%3Azed-unknown",
+        "/audit?actor=console%3Azed-unknown&action=console.sign_in_failed",
+        "/audit?actor=console%3Aalice",
+    ] {
+        let r = viewer.get(q).await;
+        assert!(r.body.contains("No entries."), "{q}: {}", r.body);
+    }
+
+    let mut op = h.signed_in("olga", Role::Operator).await;
+    let page = op.get("/audit").await;
+    for shown in [
+        "console:zed-unknown",
+        "console:alice",
+        "wrong_password",
+        "unknown_user",
+        "from 127.0.0.1",
+    ] {
+        assert!(
+            page.body.contains(shown),
+            "an operator misses {shown}: {}",
+            page.body
+        );
+    }
+    let r = op.get("/audit?actor=console%3Azed-unknown").await;
+    assert!(r.body.contains("unknown_user"), "{}", r.body);
+    h.finish().await;
+}

@@ -307,6 +307,262 @@ async fn an_operator_finds_a_stuck_event_replays_it_and_sees_the_audit_entry() {
     h.finish().await;
 }
 
+/// The value of a script expression in the page.
+async fn js(b: &Browser, expr: &str) -> serde_json::Value {
+    b.c()
+        .execute(&format!("return {expr};"), vec![])
+        .await
+        .unwrap()
+}
+
+/// Wait until the script expression `expr` is true in the page.
+async fn until_js(b: &Browser, what: &str, expr: &str) {
+    let expr = expr.to_owned();
+    wait_for(what, PATIENCE, || {
+        let expr = expr.clone();
+        async move { js(b, &expr).await == serde_json::Value::Bool(true) }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_overview_and_dead_letters_update_themselves_and_keep_the_selection() {
+    let Some(b) = Browser::start(Screen::Desktop).await else {
+        return;
+    };
+    let h = Harness::with(|c| {
+        c.refresh_every = Duration::from_millis(600);
+        c.page_size = 100;
+    })
+    .await;
+    h.user("alice", Role::Operator).await;
+    let first = dead_letters(&h.db, "order.placed", 60).await;
+    let base = h.url("");
+    b.sign_in(&base, "alice").await;
+    assert_eq!(b.text("#dead-letters").await, "60");
+    // A mark on the window tells a reload (which would drop it) from an update.
+    js(&b, "(window.stayed = 'yes')").await;
+    dead_letters(&h.db, "payment.captured", 5).await;
+    until_js(
+        &b,
+        "the overview to count 65 dead letters",
+        "document.getElementById('dead-letters').textContent === '65'",
+    )
+    .await;
+    assert_eq!(js(&b, "window.stayed").await, "yes", "updated in place");
+    // The backlog chart is drawn, with its three lines and its axes.
+    assert_eq!(
+        js(
+            &b,
+            "document.querySelectorAll('#backlog-chart [data-series]').length"
+        )
+        .await,
+        3
+    );
+    assert_eq!(
+        js(
+            &b,
+            "document.getElementById('backlog-chart').getBoundingClientRect().height > 100"
+        )
+        .await,
+        true
+    );
+    assert_eq!(
+        js(
+            &b,
+            "document.querySelectorAll('#backlog-chart text.tick').length"
+        )
+        .await,
+        6
+    );
+
+    // The dead-letter list, scrolled down, one row selected: nothing moves.
+    b.c().goto(&format!("{base}/dead-letters")).await.unwrap();
+    assert!(b.text("#matching").await.starts_with("65 unresolved"));
+    js(&b, "(window.stayed = 'yes')").await;
+    let target = first[10].to_string();
+    js(&b, "window.scrollTo(0, 900)").await;
+    js(
+        &b,
+        &format!("document.querySelector(\"input[value='{target}']\").click()"),
+    )
+    .await;
+    let scrolled = js(&b, "window.scrollY").await;
+    until_js(
+        &b,
+        "updates to pause for the selection",
+        "document.getElementById('live-status').dataset.state === 'paused'",
+    )
+    .await;
+    dead_letters(&h.db, "invoice.issued", 3).await;
+    until_js(
+        &b,
+        "another paused round",
+        "document.getElementById('live-status').textContent.indexOf('rows are selected') > 0",
+    )
+    .await;
+    assert!(
+        b.text("#matching").await.starts_with("65 unresolved"),
+        "held still"
+    );
+    assert_eq!(
+        js(
+            &b,
+            &format!("document.querySelector(\"input[value='{target}']\").checked")
+        )
+        .await,
+        true
+    );
+    assert_eq!(js(&b, "window.scrollY").await, scrolled);
+    // The selection cleared, the list catches up in place: the row under the
+    // operator's eyes stays where it was on the screen.
+    let row_top = format!(
+        "Math.round(document.querySelector(\"input[value='{target}']\").getBoundingClientRect().top)"
+    );
+    js(&b, &format!("document.querySelector(\"input[value='{target}']\").scrollIntoView({{block: 'center'}})")).await;
+    js(
+        &b,
+        &format!("document.querySelector(\"input[value='{target}']\").click()"),
+    )
+    .await;
+    let top = js(&b, &row_top).await;
+    until_js(
+        &b,
+        "the list to show 68",
+        "document.getElementById('matching').textContent.indexOf('68 unresolved') === 0",
+    )
+    .await;
+    assert_eq!(js(&b, "window.stayed").await, "yes", "updated in place");
+    assert_eq!(
+        js(
+            &b,
+            "document.querySelectorAll('#dead-letter-rows tr').length"
+        )
+        .await,
+        68
+    );
+    assert_eq!(js(&b, &row_top).await, top, "the place is kept");
+
+    // At the bottom of the page the bulk actions are still on screen.
+    js(&b, "window.scrollTo(0, document.body.scrollHeight)").await;
+    let last = first[0].to_string();
+    js(
+        &b,
+        &format!("document.querySelector(\"input[value='{last}']\").click()"),
+    )
+    .await;
+    assert_eq!(b.text("#selected-count").await, "· 1 selected");
+    let visible = "(function () { var r = document.querySelector(\"#bulk-toolbar button[value='replay-selected']\").getBoundingClientRect(); return r.top >= 0 && r.bottom <= window.innerHeight; })()";
+    assert_eq!(
+        js(&b, visible).await,
+        true,
+        "the toolbar follows the scroll"
+    );
+    let before = js(&b, "window.scrollY").await;
+    b.c()
+        .find(Locator::Css(
+            "#bulk-toolbar button[value='replay-selected']",
+        ))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let c = b.c();
+    wait_for("the job page to say finished", PATIENCE, || async move {
+        match c.find(Locator::Css("#job-state")).await {
+            Ok(e) => e.text().await.is_ok_and(|t| t == "finished"),
+            Err(_) => false,
+        }
+    })
+    .await;
+    assert!(
+        before.as_f64().unwrap() > 1000.0,
+        "it was clicked far down the page"
+    );
+    assert_eq!(h.status(first[0]).await.0, "pending");
+
+    // Signed out meanwhile: the overview stops updating and says so, and
+    // does not turn into the sign-in form.
+    b.c().goto(&format!("{base}/")).await.unwrap();
+    b.text("#dead-letters").await;
+    h.db.exec("DELETE FROM {schema}.console_sessions").await;
+    until_js(
+        &b,
+        "updates to stop",
+        "document.getElementById('live-status').dataset.state === 'stopped'",
+    )
+    .await;
+    assert!(b.text("#live-status").await.contains("signed out?"));
+    assert_eq!(
+        js(&b, "document.getElementById('password') === null").await,
+        true
+    );
+    b.close().await;
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn eight_hundred_identical_failures_are_one_line_replayed_at_once() {
+    let Some(b) = Browser::start(Screen::Desktop).await else {
+        return;
+    };
+    let h = Harness::with(|c| c.batch_size = 200).await;
+    h.user("alice", Role::Operator).await;
+    let refused = dead_letters(&h.db, "order.placed", 800).await;
+    let other = dead_letters(&h.db, "order.shipped", 3).await;
+    sqlx::query(&h.db.sql(
+        "UPDATE {schema}.outbox SET last_error = 'redis: Connection refused (os error 111)' \
+         WHERE event_id = ANY($1)",
+    ))
+    .bind(&refused)
+    .execute(&h.db.pool)
+    .await
+    .unwrap();
+    let base = h.url("");
+    b.sign_in(&base, "alice").await;
+    b.c().goto(&format!("{base}/dead-letters")).await.unwrap();
+    b.click("a[href='/groups']").await;
+    assert!(b
+        .text("#group-summary")
+        .await
+        .starts_with("803 unresolved dead letter(s) in 2 group(s)"));
+    assert_eq!(
+        js(&b, "document.querySelectorAll('#groups tbody tr').length").await,
+        2
+    );
+    assert_eq!(b.text("#groups tbody tr:first-child td.count").await, "800");
+    assert!(b
+        .text("#groups tbody tr:first-child td.error-text")
+        .await
+        .contains("Connection refused"));
+    b.click("#groups tbody tr:first-child button[value=replay]")
+        .await;
+    let c = b.c();
+    wait_for("the confirmation", PATIENCE, || async move {
+        c.get_alert_text().await.is_ok()
+    })
+    .await;
+    assert_eq!(
+        c.get_alert_text().await.unwrap(),
+        "Replay the 800 dead letters of this group?"
+    );
+    c.accept_alert().await.unwrap();
+    wait_for("the job page to say finished", PATIENCE, || async move {
+        match c.find(Locator::Css("#job-state")).await {
+            Ok(e) => e.text().await.is_ok_and(|t| t == "finished"),
+            Err(_) => false,
+        }
+    })
+    .await;
+    assert_eq!(b.text("#job-done").await, "800");
+    assert_eq!(h.status(refused[0]).await.0, "pending");
+    assert_eq!(h.status(refused[799]).await.0, "pending");
+    assert_eq!(h.status(other[0]).await.0, "failed");
+    b.close().await;
+    h.finish().await;
+}
+
 #[tokio::test]
 async fn on_a_phone_a_bulk_replay_shows_its_progress_until_done() {
     let Some(b) = Browser::start(Screen::Phone).await else {

@@ -56,6 +56,105 @@ async fn the_overview_shows_counts_rate_and_connected_relays() {
     h.finish().await;
 }
 
+/// The legend's latest value of `series` on the overview page `body`.
+fn legend(body: &str, series: &str) -> Option<String> {
+    let marker = format!("{series}: <strong>");
+    let start = body.find(&marker)? + marker.len();
+    let end = body[start..].find('<')? + start;
+    Some(body[start..end].to_owned())
+}
+
+#[tokio::test]
+async fn the_overview_charts_the_backlog_history_with_axes() {
+    let h = Harness::with(|c| c.sample_every = Duration::from_millis(200)).await;
+    let mut a = h.signed_in("victor", Role::Viewer).await;
+    let first = a.get("/").await.body;
+    assert_eq!(legend(&first, "dead letters").as_deref(), Some("0"));
+    for id in ["backlog-chart", "age-chart", "rate-chart"] {
+        assert!(first.contains(&format!("id=\"{id}\"")), "{id}: {first}");
+    }
+    // Dead letters and retrying events appear; the console's samples record them.
+    h.dead_letters("order.placed", 3).await;
+    let retrying: Vec<NewEvent> = (0..2)
+        .map(|i| {
+            NewEvent::new("order.paid", "order", i.to_string(), &serde_json::json!({})).unwrap()
+        })
+        .collect();
+    h.db.enqueue_events(&retrying).await;
+    h.db.exec(
+        "UPDATE {schema}.outbox SET attempts = 4, available_at = now() + interval '5 minutes', \
+         created_at = now() - interval '90 seconds' WHERE event_type = 'order.paid'",
+    )
+    .await;
+    let url = h.url("/");
+    let cookies = a.cookies.clone();
+    wait_for(
+        "a sample with the dead letters",
+        Duration::from_secs(20),
+        || {
+            let (url, cookies) = (url.clone(), cookies.clone());
+            async move {
+                let page = page_with(&url, &cookies).await;
+                // A line (two samples or more) that ends at three dead letters,
+                // after a sample without them.
+                page.contains("<polyline class=\"s-dead\"")
+                    && legend(&page, "dead letters").as_deref() == Some("3")
+                    && samples_of(&page, "dead letters").first() == Some(&0.0)
+            }
+        },
+    )
+    .await;
+    let page = a.get("/").await.body;
+    assert_eq!(legend(&page, "retrying").as_deref(), Some("2"));
+    assert_eq!(
+        legend(&page, "pending").as_deref(),
+        Some("0"),
+        "retrying are not counted twice"
+    );
+    let oldest = legend(&page, "oldest pending").unwrap();
+    assert!(oldest.starts_with("1m 3"), "{oldest}");
+    assert!(page.contains("2 of them retrying"), "{page}");
+    // Axes: value ticks from 0 to a round top, and times.
+    assert!(page.contains("class=\"tick\""), "{page}");
+    assert!(
+        page.contains(">5</text>"),
+        "dead letters 3 → a top of 5: {page}"
+    );
+    assert!(page.contains(">0</text>"), "{page}");
+    h.finish().await;
+}
+
+async fn page_with(url: &str, cookies: &[(String, String)]) -> String {
+    let cookie = cookies
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    reqwest::Client::new()
+        .get(url)
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The y values (in view-box units, 0 = the bottom line) of a series' points.
+fn samples_of(body: &str, series: &str) -> Vec<f64> {
+    let marker = format!("data-series=\"{series}\" points=\"");
+    let Some(start) = body.find(&marker).map(|i| i + marker.len()) else {
+        return Vec::new();
+    };
+    let end = body[start..].find('"').unwrap() + start;
+    body[start..end]
+        .split(' ')
+        .filter_map(|p| p.split_once(',')?.1.parse::<f64>().ok())
+        .map(|y| 170.0 - y)
+        .collect()
+}
+
 #[tokio::test]
 async fn events_are_searched_by_type_aggregate_status_id_and_time_in_pages() {
     let h = Harness::with(|c| c.page_size = 4).await;
@@ -446,5 +545,190 @@ async fn the_audit_log_has_its_own_read_only_page() {
             .unwrap();
         assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED, "{method}");
     }
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn dead_letters_and_retries_are_grouped_by_cause_and_a_group_is_replayed_whole() {
+    let h = Harness::start().await;
+    let refused = "redis: Connection refused (os error 111)";
+    let rejected = h.dead_letters("order.placed", 25).await;
+    let other = h.dead_letters("order.shipped", 5).await;
+    let fan_out = h.dead_letters("order.placed", 1).await;
+    sqlx::query(
+        &h.db
+            .sql("UPDATE {schema}.outbox SET last_error = $1 WHERE event_id = ANY($2)"),
+    )
+    .bind(refused)
+    .bind(&other)
+    .execute(&h.db.pool)
+    .await
+    .unwrap();
+    // The fan-out dead letter failed at one destination: a group of its own.
+    sqlx::query(&h.db.sql(
+        "INSERT INTO {schema}.deliveries (outbox_id, destination, status, attempts, last_error) \
+         SELECT id, 'billing', 'failed', 20, last_error FROM {schema}.outbox WHERE event_id = $1",
+    ))
+    .bind(fan_out[0])
+    .execute(&h.db.pool)
+    .await
+    .unwrap();
+    let waiting: Vec<NewEvent> = (0..4)
+        .map(|i| {
+            NewEvent::new("order.paid", "order", i.to_string(), &serde_json::json!({})).unwrap()
+        })
+        .collect();
+    h.db.enqueue_events(&waiting).await;
+    sqlx::query(&h.db.sql(
+        "UPDATE {schema}.outbox SET attempts = 3, available_at = now() + interval '1 hour', last_error = $1 \
+         WHERE event_type = 'order.paid'",
+    ))
+    .bind(refused)
+    .execute(&h.db.pool)
+    .await
+    .unwrap();
+
+    let mut op = h.signed_in("olga", Role::Operator).await;
+    let page = op.get("/groups").await;
+    assert_eq!(page.status, StatusCode::OK);
+    let b = &page.body;
+    assert!(
+        b.contains("<strong>31</strong> unresolved dead letter(s) in <strong>3</strong> group(s)"),
+        "{b}"
+    );
+    let counts: Vec<&str> = b
+        .split("<td class=\"num count\">")
+        .skip(1)
+        .map(|rest| &rest[..rest.find('<').unwrap()])
+        .collect();
+    assert_eq!(counts, ["25", "5", "1"], "largest first");
+    assert!(b.contains("<td>billing</td>"), "{b}");
+    assert!(b.contains("Replay 25") && b.contains("Discard 5"), "{b}");
+    let retrying = op.get("/groups?status=retrying").await.body;
+    assert!(retrying.contains("<strong>4</strong> event(s) waiting for their next attempt in <strong>1</strong> group(s)"), "{retrying}");
+    assert!(
+        retrying.contains(refused) && !retrying.contains("Replay 4"),
+        "{retrying}"
+    );
+
+    // Replay the 25 as one group.
+    let key = {
+        let start = b.find("data-key=\"").unwrap() + "data-key=\"".len();
+        b[start..start + 32].to_owned()
+    };
+    let csrf = op.csrf.clone();
+    let no_reason = op
+        .post(
+            "/groups/action",
+            &[("csrf", &csrf), ("key", &key), ("do", "discard")],
+        )
+        .await;
+    assert_eq!(no_reason.status, StatusCode::BAD_REQUEST);
+    let r = op
+        .post(
+            "/groups/action",
+            &[("csrf", &csrf), ("key", &key), ("do", "replay")],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+    let job = r.location.unwrap();
+    wait_for(
+        "the group replay to finish",
+        Duration::from_secs(20),
+        || {
+            let url = h.url(&format!("{job}/progress"));
+            let cookies = op.cookies.clone();
+            async move { job_progress(url, cookies).await["finished"] == true }
+        },
+    )
+    .await;
+    for id in &rejected {
+        assert_eq!(h.status(*id).await.0, "pending");
+    }
+    for id in other.iter().chain(&fan_out) {
+        assert_eq!(
+            h.status(*id).await.0,
+            "failed",
+            "other groups are left alone"
+        );
+    }
+    let replayed: i64 = h
+        .db
+        .count("SELECT COALESCE(sum(count), 0)::bigint FROM {schema}.audit_log WHERE action = 'dlq.replay' AND actor = 'console:olga'")
+        .await;
+    assert_eq!(replayed, 25, "audited");
+    let again = op
+        .post(
+            "/groups/action",
+            &[("csrf", &csrf), ("key", &key), ("do", "replay")],
+        )
+        .await;
+    assert_eq!(again.location.as_deref(), Some("/groups?notice=group-gone"));
+
+    // A viewer sees the groups, without the actions.
+    let mut viewer = h.signed_in("victor", Role::Viewer).await;
+    let seen = viewer.get("/groups").await.body;
+    assert!(
+        seen.contains("<strong>6</strong> unresolved dead letter(s)"),
+        "{seen}"
+    );
+    assert!(!seen.contains("/groups/action"), "{seen}");
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn a_retrying_event_is_called_retrying_with_its_next_attempt() {
+    let h = Harness::start().await;
+    let events: Vec<NewEvent> = (0..2)
+        .map(|i| {
+            NewEvent::new("order.paid", "order", i.to_string(), &serde_json::json!({})).unwrap()
+        })
+        .collect();
+    let ids = h.db.enqueue_events(&events).await;
+    sqlx::query(&h.db.sql(
+        "UPDATE {schema}.outbox SET attempts = 4, available_at = now() + interval '10 minutes', \
+         last_error = 'redis: Connection refused' WHERE event_id = $1",
+    ))
+    .bind(ids[0])
+    .execute(&h.db.pool)
+    .await
+    .unwrap();
+    let next: String = sqlx::query_scalar(&h.db.sql(
+        "SELECT to_char(available_at AT TIME ZONE 'UTC', 'HH24:MI:SS') FROM {schema}.outbox WHERE event_id = $1",
+    ))
+    .bind(ids[0])
+    .fetch_one(&h.db.pool)
+    .await
+    .unwrap();
+    let mut a = h.signed_in("victor", Role::Viewer).await;
+    let list = a.get("/events").await.body;
+    assert!(
+        list.contains(&format!("attempt 4 failed; next at {next} UTC")),
+        "{list}"
+    );
+    assert_eq!(
+        list.matches(">retrying<").count(),
+        1,
+        "the other one is plainly pending"
+    );
+    let page = a.get(&format!("/events/{}", ids[0])).await.body;
+    assert!(
+        page.contains("Retrying: attempt 4 failed; the next attempt is at"),
+        "{page}"
+    );
+    assert!(!page.contains("Being delivered"), "{page}");
+    // Claimed by a relay: held, for its fifth attempt.
+    h.db.exec(
+        "UPDATE {schema}.outbox SET status = 'processing', attempts = 5, available_at = now(), \
+               lease_expires_at = now() + interval '1 minute', lease_token = gen_random_uuid()",
+    )
+    .await;
+    let page = a.get(&format!("/events/{}", ids[0])).await.body;
+    assert!(
+        page.contains("Claimed by a relay for attempt 5 (lease until"),
+        "{page}"
+    );
+    let list = a.get("/events").await.body;
+    assert!(list.contains("by a relay, attempt 5"), "{list}");
     h.finish().await;
 }

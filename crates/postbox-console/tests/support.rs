@@ -136,10 +136,16 @@ pub struct Agent {
 
 impl Agent {
     pub fn new(h: &Harness) -> Agent {
+        Self::from_address(h, "127.0.0.1")
+    }
+
+    /// An agent whose connections come from `local` (any of 127.0.0.0/8).
+    pub fn from_address(h: &Harness, local: &str) -> Agent {
         Agent {
             base: h.url(""),
             client: reqwest::Client::builder()
                 .redirect(reqwest::redirect::Policy::none())
+                .local_address(local.parse::<std::net::IpAddr>().unwrap())
                 .build()
                 .unwrap(),
             cookies: Vec::new(),

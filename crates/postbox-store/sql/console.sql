@@ -70,3 +70,61 @@ FROM pg_catalog.pg_stat_activity
 WHERE application_name = $1 AND datname = current_database()
 GROUP BY 1
 ORDER BY 1;
+
+-- name: backlog
+-- The backlog now, for the console's history chart: pending events never
+-- attempted, pending events waiting for a retry (attempted before), events
+-- claimed by a relay, unresolved dead letters, and the oldest pending
+-- event's age. Each part reads a partial index (pending, processing, failed
+-- rows), not the whole table.
+WITH p AS (
+    SELECT count(*) FILTER (WHERE attempts = 0) AS pending,
+           count(*) FILTER (WHERE attempts > 0) AS retrying,
+           min(created_at) AS oldest
+    FROM {schema}.outbox WHERE status = 'pending')
+SELECT p.pending,
+       p.retrying,
+       (SELECT count(*) FROM {schema}.outbox WHERE status = 'processing') AS processing,
+       (SELECT count(*) FROM {schema}.outbox WHERE status = 'failed' AND resolved_at IS NULL)
+         AS dead_letters,
+       extract(epoch FROM now() - p.oldest)::float8 AS oldest_pending_age_seconds
+FROM p;
+
+-- name: error_groups
+-- Events grouped by cause: unresolved dead letters ($1 = 'dead') or events
+-- waiting for a retry ($1 = 'retrying': pending after a failed attempt), by
+-- last error and the destinations not yet delivered to (fan-out), largest
+-- group first, at most $2 groups. `key` names the group for error_group_ids.
+WITH e AS (
+    SELECT o.id, o.event_id, o.event_type, o.created_at, o.last_error,
+           (SELECT string_agg(d.destination, ', ' ORDER BY d.destination)
+            FROM {schema}.deliveries d
+            WHERE d.outbox_id = o.id AND d.status <> 'sent') AS destinations
+    FROM {schema}.outbox o
+    WHERE ($1::text = 'dead' AND o.status = 'failed' AND o.resolved_at IS NULL)
+       OR ($1::text = 'retrying' AND o.status = 'pending' AND o.attempts > 0))
+SELECT md5(COALESCE(last_error, '') || chr(31) || COALESCE(destinations, '')) AS key,
+       last_error,
+       destinations,
+       count(*) AS events,
+       min(created_at) AS oldest,
+       max(created_at) AS newest,
+       (array_agg(event_id ORDER BY id))[1] AS example,
+       string_agg(DISTINCT event_type, ', ') AS event_types
+FROM e
+GROUP BY last_error, destinations
+ORDER BY count(*) DESC, min(id)
+LIMIT $2;
+
+-- name: error_group_ids
+-- The unresolved dead letters of the group named $1 (its key in
+-- error_groups), oldest first, at most $2: event id and last error.
+SELECT o.event_id, o.last_error
+FROM {schema}.outbox o
+WHERE o.status = 'failed' AND o.resolved_at IS NULL
+  AND md5(COALESCE(o.last_error, '') || chr(31) || COALESCE(
+        (SELECT string_agg(d.destination, ', ' ORDER BY d.destination)
+         FROM {schema}.deliveries d
+         WHERE d.outbox_id = o.id AND d.status <> 'sent'), '')) = $1
+ORDER BY o.id
+LIMIT $2;

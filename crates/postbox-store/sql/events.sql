@@ -16,7 +16,7 @@ WHERE event_id = $1;
 -- or 'dead' for unresolved dead letters, 'discarded' or 'replaced'), created
 -- in [$6, $7), and with row id below $8 (the next page). NULL matches anything.
 SELECT id, event_id, event_type, aggregate_type, aggregate_id, status::text AS status,
-       attempts, created_at, sent_at, last_error, resolution
+       attempts, created_at, available_at, lease_expires_at, sent_at, last_error, resolution
 FROM {schema}.outbox
 WHERE ($1::uuid IS NULL OR event_id = $1)
   AND ($2::text IS NULL OR aggregate_type = $2)

@@ -29,6 +29,9 @@ struct Queries {
     session_delete: String,
     delivery_rate: String,
     relays: String,
+    backlog: String,
+    error_groups: String,
+    error_group_ids: String,
     audit: AuditQueries,
 }
 
@@ -45,6 +48,9 @@ impl Queries {
             session_delete: file.render("session_delete", schema),
             delivery_rate: file.render("delivery_rate", schema),
             relays: file.render("relays", schema),
+            backlog: file.render("backlog", schema),
+            error_groups: file.render("error_groups", schema),
+            error_group_ids: file.render("error_group_ids", schema),
             audit: AuditQueries::new(schema),
         };
         file.finish();
@@ -79,6 +85,48 @@ pub struct RelaySeen {
     pub connections: i64,
     pub connected_since: Option<DateTime<Utc>>,
     pub last_active: Option<DateTime<Utc>>,
+}
+
+/// The backlog at one moment (see [`ConsoleStore::backlog`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, sqlx::FromRow)]
+pub struct Backlog {
+    /// Pending, never attempted.
+    pub pending: i64,
+    /// Pending after at least one failed attempt: waiting for the next one.
+    pub retrying: i64,
+    /// Claimed by a relay.
+    pub processing: i64,
+    /// Unresolved dead letters.
+    pub dead_letters: i64,
+    pub oldest_pending_age_seconds: Option<f64>,
+}
+
+/// Which events [`ConsoleStore::error_groups`] groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupOf {
+    /// Unresolved dead letters.
+    DeadLetters,
+    /// Pending events that failed at least once (waiting for a retry).
+    Retrying,
+}
+
+/// Events that failed the same way: the same last error, at the same
+/// destinations (fan-out).
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
+pub struct ErrorGroup {
+    /// Names the group for [`ConsoleStore::error_group_ids`] (a hash of the
+    /// error and the destinations).
+    pub key: String,
+    pub last_error: Option<String>,
+    /// The destinations not yet delivered to, comma-separated (fan-out only).
+    pub destinations: Option<String>,
+    pub events: i64,
+    pub oldest: DateTime<Utc>,
+    pub newest: DateTime<Utc>,
+    /// The group's oldest event.
+    pub example: Uuid,
+    /// The event types in the group, comma-separated.
+    pub event_types: Option<String>,
 }
 
 /// Events acknowledged in one minute.
@@ -213,6 +261,46 @@ impl ConsoleStore {
         Ok(points.into_iter().map(|p| (p.minute, p.events)).collect())
     }
 
+    /// The backlog now: pending, retrying, processing, dead letters, the
+    /// oldest pending event's age (reads partial indexes only).
+    pub async fn backlog(&self) -> Result<Backlog, sqlx::Error> {
+        sqlx::query_as(&self.sql.backlog)
+            .fetch_one(&self.pool)
+            .await
+    }
+
+    /// Events grouped by last error and failed destinations, largest group
+    /// first, at most `limit` groups.
+    pub async fn error_groups(
+        &self,
+        of: GroupOf,
+        limit: i64,
+    ) -> Result<Vec<ErrorGroup>, sqlx::Error> {
+        let of = match of {
+            GroupOf::DeadLetters => "dead",
+            GroupOf::Retrying => "retrying",
+        };
+        sqlx::query_as(&self.sql.error_groups)
+            .bind(of)
+            .bind(limit.max(0))
+            .fetch_all(&self.pool)
+            .await
+    }
+
+    /// The unresolved dead letters of the group `key` names, oldest first,
+    /// at most `limit`, with their last error.
+    pub async fn error_group_ids(
+        &self,
+        key: &str,
+        limit: i64,
+    ) -> Result<Vec<(Uuid, Option<String>)>, sqlx::Error> {
+        sqlx::query_as(&self.sql.error_group_ids)
+            .bind(key)
+            .bind(limit.max(0))
+            .fetch_all(&self.pool)
+            .await
+    }
+
     /// Relays connected to this database now (sessions named `postbox-relay`).
     pub async fn relays(&self) -> Result<Vec<RelaySeen>, sqlx::Error> {
         sqlx::query_as(&self.sql.relays)
@@ -236,12 +324,15 @@ impl ConsoleStore {
         self.events.deliveries(row).await
     }
 
-    /// Audit entries, newest first: below entry id `before`, of `action` and `actor` when given.
+    /// Audit entries, newest first: below entry id `before`, of `action` and
+    /// `actor` when given. Entries of action `actor_hidden` (when given) never
+    /// match the `actor` filter: for readers who may not see those actors.
     pub async fn audit_page(
         &self,
         before: Option<i64>,
         action: Option<&str>,
         actor: Option<&str>,
+        actor_hidden: Option<&str>,
         limit: i64,
     ) -> Result<Vec<AuditEntry>, sqlx::Error> {
         sqlx::query_as(&self.sql.audit.page)
@@ -249,6 +340,7 @@ impl ConsoleStore {
             .bind(action)
             .bind(actor)
             .bind(limit.max(0))
+            .bind(actor_hidden)
             .fetch_all(&self.pool)
             .await
     }

@@ -184,6 +184,10 @@ pub struct EventRow {
     pub status: Status,
     pub attempts: i32,
     pub created_at: DateTime<Utc>,
+    /// When a pending event is due (its next attempt, after a failure).
+    pub available_at: DateTime<Utc>,
+    /// Until when a relay holds a claimed (`processing`) event.
+    pub lease_expires_at: Option<DateTime<Utc>>,
     pub sent_at: Option<DateTime<Utc>>,
     pub last_error: Option<String>,
     pub resolution: Option<String>,

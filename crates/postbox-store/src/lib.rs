@@ -28,7 +28,10 @@ mod log;
 mod relay;
 mod roles;
 
-pub use console::{ConsoleStore, RelaySeen, StoredSession, StoredUser, RELAY_APPLICATION_NAME};
+pub use console::{
+    Backlog, ConsoleStore, ErrorGroup, GroupOf, RelaySeen, StoredSession, StoredUser,
+    RELAY_APPLICATION_NAME,
+};
 pub use dead_letters::{
     Action, Applied, AuditEntry, DeadLetter, DeadLetters, DlqError, Filter, Progress, Selection,
     ACTION_DISCARD, ACTION_REPLAY, ACTION_REPLAY_NEW_ID, MAX_ACTOR_BYTES, MAX_BATCH,

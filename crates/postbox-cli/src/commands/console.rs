@@ -4,7 +4,7 @@
 
 use crate::context::{cancel_on_signal, AnyError, Settings};
 use clap::{Args, Subcommand};
-use postbox_console::{Console, ConsoleConfig, Role};
+use postbox_console::{Cidr, Console, ConsoleConfig, Role};
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
@@ -37,6 +37,37 @@ pub struct ServeArgs {
     /// How long a session lasts after signing in
     #[arg(long, default_value = "12h", value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub session_lifetime: std::time::Duration,
+    /// A proxy (address or network, e.g. 10.0.0.0/8) whose X-Forwarded-For is believed; repeat for several [config: console.trusted_proxies]
+    #[arg(long = "trusted-proxy", value_name = "CIDR")]
+    pub trusted_proxies: Vec<Cidr>,
+}
+
+/// `[console]` of the config file.
+///
+/// ```toml
+/// [console]
+/// trusted_proxies = ["10.0.0.0/8", "fd00::/8"]   # or --trusted-proxy, repeated
+/// ```
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleSection {
+    /// Proxies whose `X-Forwarded-For` is believed (addresses or networks).
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
+}
+
+impl ConsoleSection {
+    /// The trusted proxies; a bad one is named by its key, e.g. `console.trusted_proxies[1]`.
+    pub fn trusted_proxies(&self) -> Result<Vec<Cidr>, String> {
+        self.trusted_proxies
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                s.parse()
+                    .map_err(|e| format!("console.trusted_proxies[{i}]: {e}"))
+            })
+            .collect()
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -108,6 +139,11 @@ async fn serve(settings: &Settings, args: ServeArgs) -> Result<ExitCode, AnyErro
     config.secure_cookies = args.secure_cookies;
     config.batch_size = args.batch_size;
     config.session_lifetime = args.session_lifetime;
+    config.trusted_proxies = if args.trusted_proxies.is_empty() {
+        settings.file.console.trusted_proxies()?
+    } else {
+        args.trusted_proxies
+    };
     if !(1..=postbox_store::MAX_BATCH).contains(&args.batch_size) {
         return Err(format!(
             "--batch-size must be between 1 and {}",
@@ -127,4 +163,22 @@ async fn serve(settings: &Settings, args: ServeArgs) -> Result<ExitCode, AnyErro
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     console.serve(listener, shutdown).await?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trusted_proxies_are_read_from_the_file_and_named_when_bad() {
+        let ok = ConsoleSection {
+            trusted_proxies: vec!["10.0.0.0/8".into(), "::1".into()],
+        };
+        assert_eq!(ok.trusted_proxies().unwrap().len(), 2);
+        let bad = ConsoleSection {
+            trusted_proxies: vec!["10.0.0.1".into(), "proxy.internal".into()],
+        };
+        let e = bad.trusted_proxies().unwrap_err();
+        assert!(e.starts_with("console.trusted_proxies[1]:"), "{e}");
+    }
 }
