@@ -482,6 +482,9 @@ async fn overview(State(console): State<Console>, session: Session) -> Result<Re
     let jobs = i.jobs.recent(10);
     // The chart's history ends with the backlog as it is now.
     let backlog = i.console.backlog().await.map_err(|e| internal(&e))?;
+    let log = i.store.log();
+    let producers = log.producer_target().await.map_err(|e| internal(&e))?;
+    let cursors = log.cursor_lag().await.map_err(|e| internal(&e))?;
     let mut history = i.samples.all();
     history.push(crate::samples::Sample {
         at: Utc::now(),
@@ -497,6 +500,8 @@ async fn overview(State(console): State<Console>, session: Session) -> Result<Re
             relays: &relays,
             jobs: &jobs,
             history: &history,
+            producers,
+            cursors: &cursors,
             refresh_ms: refresh_ms(&console),
         },
     )))

@@ -7,8 +7,8 @@ use crate::samples::Sample;
 use chrono::{DateTime, Utc};
 use maud::{html, Markup, DOCTYPE};
 use postbox_store::{
-    AuditEntry, DeliveryRecord, DestinationCounts, ErrorGroup, EventRecord, EventRow, GroupOf,
-    RelaySeen, Status, StatusCounts,
+    AuditEntry, CursorLag, DeliveryRecord, DestinationCounts, ErrorGroup, EventRecord, EventRow,
+    GroupOf, ProducerTarget, RelaySeen, Status, StatusCounts,
 };
 use serde_json::Value;
 use uuid::Uuid;
@@ -210,6 +210,9 @@ pub(crate) struct OverviewView<'a> {
     pub jobs: &'a [Job],
     /// The backlog's samples, oldest first, the last one taken now.
     pub history: &'a [Sample],
+    /// Log mode: which table producers write to, and each cursor's lag.
+    pub producers: ProducerTarget,
+    pub cursors: &'a [CursorLag],
     pub refresh_ms: u64,
 }
 
@@ -284,6 +287,29 @@ pub(crate) fn overview(session: &Session, v: &OverviewView<'_>) -> Markup {
                             }
                         }
                     } }
+                }
+            }
+            @if v.producers == ProducerTarget::Log || !v.cursors.is_empty() {
+                section {
+                    h2 { "Log cursors " span.sub { "producers write to the " (v.producers.as_str()) } }
+                    @if v.cursors.is_empty() {
+                        p.muted { "No cursor yet: a relay in log mode creates one per destination when it starts." }
+                    } @else {
+                        div.scroll { table #log-cursors {
+                            thead { tr { th { "Destination" } th { "Held by a relay" } th.num { "Behind (events)" } th { "Oldest unread" } th.num { "Delivered" } } }
+                            tbody {
+                                @for c in v.cursors {
+                                    tr.(if c.lag_seconds.unwrap_or(0.0) > 60.0 { "warn" } else { "" }) {
+                                        td { (c.destination) }
+                                        td { (if c.held { "yes" } else { "no" }) }
+                                        td.num { (c.lag_events) }
+                                        td { (c.lag_seconds.map_or_else(|| "caught up".to_owned(), age)) }
+                                        td.num { (c.delivered) }
+                                    }
+                                }
+                            }
+                        } }
+                    }
                 }
             }
             section {

@@ -732,3 +732,40 @@ async fn a_retrying_event_is_called_retrying_with_its_next_attempt() {
     assert!(list.contains("by a relay, attempt 5"), "{list}");
     h.finish().await;
 }
+
+/// In log mode the overview shows which table producers write to and how
+/// far each destination's cursor is behind.
+#[tokio::test]
+async fn the_overview_shows_log_cursors_in_log_mode() {
+    let h = Harness::start().await;
+    let mut a = h.signed_in("victor", Role::Viewer).await;
+    let page = a.get("/").await;
+    assert!(
+        !page.body.contains("Log cursors"),
+        "no log section in claim mode"
+    );
+
+    let log = postbox_store::Store::new(h.db.pool.clone(), h.db.schema.clone()).log();
+    log.set_producer_target(postbox_store::ProducerTarget::Log)
+        .await
+        .unwrap();
+    let page = a.get("/").await;
+    assert!(page.body.contains("No cursor yet"), "{}", page.body);
+
+    log.ensure_cursors(&["billing".to_owned()]).await.unwrap();
+    let events: Vec<NewEvent> = (0..3)
+        .map(|i| {
+            NewEvent::new("order.paid", "order", i.to_string(), &serde_json::json!({})).unwrap()
+        })
+        .collect();
+    h.db.enqueue_events(&events).await;
+    let page = a.get("/").await;
+    let b = &page.body;
+    assert!(b.contains("producers write to the log"), "{b}");
+    assert!(b.contains("id=\"log-cursors\""), "{b}");
+    assert!(
+        b.contains("<td>billing</td><td>no</td><td class=\"num\">3</td>"),
+        "billing is 3 events behind, held by no relay: {b}"
+    );
+    h.finish().await;
+}
