@@ -292,3 +292,29 @@ async fn errors_name_the_flag_the_user_typed() {
     }
     db.drop_schema().await;
 }
+
+#[tokio::test]
+async fn the_console_warns_at_start_up_when_nothing_is_redacted() {
+    let db = TestDb::new().await;
+    let dir = workdir(None);
+    let mut child = command(&db, &["console", "--listen", "127.0.0.1:0"])
+        .current_dir(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The console says where it listens once it is up: the warning came before.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 16];
+    let _ = stdout.read(&mut first);
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut err = String::new();
+    let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+    assert!(
+        err.contains("WARNING: the console shows payloads and headers in full"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+    db.drop_schema().await;
+}
