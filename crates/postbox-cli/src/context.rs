@@ -49,18 +49,22 @@ pub enum ConfigOrigin {
     DefaultPath(PathBuf),
     /// No file: neither named nor found at the default path.
     None,
+    /// No file, on purpose: `POSTBOX_CONFIG` is set and empty.
+    Off,
 }
 
 impl ConfigOrigin {
     /// Find the configuration the same way for every command: `--config`,
-    /// else `POSTBOX_CONFIG` (when set and not empty), else `./postbox.toml`
-    /// when it exists, else none.
+    /// else `POSTBOX_CONFIG` (set and empty: no file at all), else
+    /// `./postbox.toml` when it exists, else none.
     pub fn discover(flag: Option<&Path>, env: Option<&OsStr>) -> Self {
         if let Some(path) = flag {
             return Self::Flag(path.to_owned());
         }
-        if let Some(path) = env.filter(|v| !v.is_empty()) {
-            return Self::Env(PathBuf::from(path));
+        match env {
+            Some(v) if v.is_empty() => return Self::Off,
+            Some(path) => return Self::Env(PathBuf::from(path)),
+            None => {}
         }
         let default = Path::new(DEFAULT_CONFIG);
         if default.is_file() {
@@ -72,7 +76,7 @@ impl ConfigOrigin {
     pub fn path(&self) -> Option<&Path> {
         match self {
             Self::Flag(p) | Self::Env(p) | Self::DefaultPath(p) => Some(p),
-            Self::None => None,
+            Self::None | Self::Off => None,
         }
     }
 }
@@ -87,6 +91,7 @@ impl std::fmt::Display for ConfigOrigin {
                 f,
                 "no configuration file (no --config, no POSTBOX_CONFIG, no ./{DEFAULT_CONFIG})"
             ),
+            Self::Off => write!(f, "no configuration file (POSTBOX_CONFIG is empty)"),
         }
     }
 }
@@ -217,7 +222,7 @@ pub fn unredacted_warning(file: &FileConfig, origin: &ConfigOrigin, what: &str) 
         return None;
     }
     let why = match origin {
-        ConfigOrigin::None => origin.to_string(),
+        ConfigOrigin::None | ConfigOrigin::Off => origin.to_string(),
         found => format!("the configuration {found} has no [redact] paths or headers"),
     };
     Some(format!(
@@ -297,5 +302,29 @@ pub fn name_the_flag(
         }
         .into(),
         None => error.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flag_beats_the_environment_and_an_empty_variable_means_no_file() {
+        let flag = Path::new("a.toml");
+        let env = OsStr::new("b.toml");
+        assert_eq!(
+            ConfigOrigin::discover(Some(flag), Some(env)),
+            ConfigOrigin::Flag(flag.to_owned())
+        );
+        assert_eq!(
+            ConfigOrigin::discover(None, Some(env)),
+            ConfigOrigin::Env(PathBuf::from("b.toml"))
+        );
+        assert_eq!(
+            ConfigOrigin::discover(None, Some(OsStr::new(""))),
+            ConfigOrigin::Off
+        );
+        assert_eq!(ConfigOrigin::Off.path(), None);
     }
 }

@@ -191,6 +191,15 @@ async fn every_command_finds_the_configuration_the_same_way() {
         "{err}"
     );
 
+    // POSTBOX_CONFIG set and empty: no file at all, not even ./postbox.toml.
+    let out = show_in(&db, &with, Some(Path::new("")), &id);
+    assert!(stdout(&out).contains("4111111111111111"));
+    assert!(
+        stderr(&out).contains("no configuration file (POSTBOX_CONFIG is empty)"),
+        "{}",
+        stderr(&out)
+    );
+
     // ./postbox.toml is read by the other commands too: a broken one is named.
     let broken = workdir(Some("[relay]\nbatch_sise = 5\n"));
     let out = command(&db, &["status"])
