@@ -3,12 +3,15 @@
 //! This file is the clap definitions and the dispatch; each command is a
 //! module of `commands/`, and what they share is `context.rs`.
 
+mod output;
+
 mod commands;
 mod config;
 mod context;
 mod observe;
 
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use commands::{
     bench, console, demo, dlq, enqueue, migrate, purge, receive, relay, status, verify,
 };
@@ -52,28 +55,61 @@ pub enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_logging();
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    if let Some(refusal) = inapplicable_flag(&matches) {
+        output::errln!("error: {refusal}");
+        return ExitCode::from(2);
+    }
+    init_logging(&cli.command);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            output::errln!("error: cannot start the async runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {}", error_chain(e.as_ref()));
+            output::errln!("error: {}", error_chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }
 }
 
+/// The workloads (`bench`, `demo`, `verify`) make their own schemas and take
+/// no config file: a `--schema` or `--config` typed for them is refused
+/// rather than ignored.
+fn inapplicable_flag(matches: &ArgMatches) -> Option<String> {
+    let (name, sub) = matches.subcommand()?;
+    let instead = match name {
+        "bench" => "it benchmarks its own schema, --bench-schema",
+        "demo" | "verify" => "it makes and drops its own schema",
+        _ => return None,
+    };
+    let typed = |id: &str| {
+        [matches, sub]
+            .iter()
+            .any(|m| m.value_source(id) == Some(ValueSource::CommandLine))
+    };
+    ["schema", "config"]
+        .into_iter()
+        .find(|id| typed(id))
+        .map(|id| format!("`postbox {name}` does not use --{id}: {instead}"))
+}
+
 /// Resolve the shared settings, then run the command.
 async fn run(cli: Cli) -> Result<ExitCode, AnyError> {
     let settings = Settings::resolve(&cli.global)?;
-    match cli.command {
+    let on_schema = !matches!(
+        cli.command,
+        Command::Bench(_) | Command::Demo(_) | Command::Verify(_)
+    );
+    let result = match cli.command {
         Command::Migrate(args) => migrate::run(&settings, args).await,
         Command::Enqueue(args) => enqueue::run(&settings, args).await,
         Command::Relay(args) => relay::run(&settings, args).await,
@@ -85,17 +121,78 @@ async fn run(cli: Cli) -> Result<ExitCode, AnyError> {
         Command::Receive(args) => receive::run(&settings, args).await,
         Command::Console(args) => console::run(&settings, args).await,
         Command::Verify(args) => verify::run(&settings, args).await,
+    };
+    match result {
+        // Before `postbox migrate`, say so instead of "relation does not exist".
+        Err(e) if on_schema => Err(settings.explain(e).await),
+        other => other,
     }
 }
 
-fn init_logging() {
+/// The log: stderr, coloured only on a terminal (and not under `NO_COLOR`),
+/// never failing the process when stderr is closed (see `output`).
+fn init_logging(command: &Command) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("POSTBOX_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,lapin=error"));
+        .unwrap_or_else(|_| EnvFilter::new(default_log_filter(command)));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(output::LogWriter)
+        .with_ansi(output::stderr_colour())
+        .log_internal_errors(false)
         .with_target(false)
         .init();
+}
+
+/// The log filter when neither `POSTBOX_LOG` nor `RUST_LOG` is set. The
+/// workloads (`bench`, `demo`, `verify`) migrate throwaway schemas over and
+/// over: their "applied migration" lines would bury the results.
+fn default_log_filter(command: &Command) -> &'static str {
+    match command {
+        Command::Bench(_) | Command::Demo(_) | Command::Verify(_) => {
+            "info,sqlx=warn,lapin=error,postbox::sqlx=warn"
+        }
+        _ => "info,sqlx=warn,lapin=error",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn command(args: &[&str]) -> Command {
+        Cli::try_parse_from(std::iter::once("postbox").chain(args.iter().copied()))
+            .unwrap()
+            .command
+    }
+
+    #[test]
+    fn the_workloads_keep_migration_lines_out_of_their_results() {
+        for args in [&["bench"][..], &["demo"], &["verify"]] {
+            assert!(
+                default_log_filter(&command(args)).contains("postbox::sqlx=warn"),
+                "{args:?}"
+            );
+        }
+        assert!(!default_log_filter(&command(&["migrate"])).contains("postbox::sqlx"));
+    }
+
+    #[test]
+    fn the_workloads_refuse_schema_and_config_typed_for_them() {
+        let refusal = |args: &[&str]| {
+            let matches = Cli::command()
+                .try_get_matches_from(std::iter::once("postbox").chain(args.iter().copied()))
+                .unwrap();
+            inapplicable_flag(&matches)
+        };
+        assert!(refusal(&["bench", "--schema", "x"])
+            .unwrap()
+            .contains("does not use --schema"));
+        assert!(refusal(&["--config", "c.toml", "verify"])
+            .unwrap()
+            .contains("does not use --config"));
+        assert_eq!(refusal(&["status", "--schema", "x"]), None);
+        assert_eq!(refusal(&["--schema", "x", "migrate"]), None);
+    }
 }

@@ -207,7 +207,7 @@ async fn invalid_input_and_config_get_clear_errors() {
                 "--payload".into(),
                 "{oops".into(),
             ],
-            "payload could not be serialized",
+            "--payload could not be parsed as JSON (line 1, column 2)",
         ),
     ];
     for (args, want) in cases {

@@ -3,7 +3,9 @@
 mod cli;
 mod console;
 mod dlq;
+mod guidance;
 mod ops;
+mod pipes;
 mod receive;
 mod restore;
 mod verify;

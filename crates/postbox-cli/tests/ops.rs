@@ -269,7 +269,9 @@ async fn purge_deletes_only_old_sent_rows_in_batches() {
 
     let bad = run(&db, &["purge", "--older-than", "7d", "--batch-size", "0"]);
     assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("retention.batch_size"));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("--batch-size: must be between 1 and 100000")
+    );
     db.drop_schema().await;
 }
 

@@ -45,6 +45,8 @@ impl RelayCommand {
                 ("DATABASE_URL".to_owned(), database_url.to_owned()),
                 ("POSTBOX_SCHEMA".to_owned(), schema.name().to_owned()),
                 ("POSTBOX_LOG".to_owned(), "warn".to_owned()),
+                // Empty: no config file, not even ./postbox.toml (`config` adds one).
+                ("POSTBOX_CONFIG".to_owned(), String::new()),
             ],
         })
     }

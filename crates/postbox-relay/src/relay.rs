@@ -309,7 +309,14 @@ impl Relay {
             let _ = task.await;
         }
         let stats = self.stats.snapshot();
-        tracing::info!(?stats, "relay stopped");
+        tracing::info!(
+            delivered = stats.delivered,
+            retried = stats.retried,
+            dead_lettered = stats.dead_lettered,
+            lost_acks = stats.lost_acks,
+            rescued = stats.rescued,
+            "relay stopped"
+        );
         stats
     }
 }

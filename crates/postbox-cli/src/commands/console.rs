@@ -3,6 +3,7 @@
 //! Only glue: the console itself is the `postbox-console` crate.
 
 use crate::context::{cancel_on_signal, AnyError, Settings};
+use crate::output::{errln, outln};
 use clap::{Args, Subcommand};
 use postbox_console::{Cidr, Console, ConsoleConfig, Role};
 use std::io::{BufRead, Write};
@@ -111,7 +112,7 @@ async fn add_user(settings: &Settings, args: AddUserArgs) -> Result<ExitCode, An
     let pool = settings.pool("postbox-console").await?;
     let created =
         postbox_console::add_user(&pool, &settings.schema, &args.name, role, password).await?;
-    println!(
+    outln!(
         "{} console user {} ({})",
         if created { "created" } else { "updated" },
         args.name,
@@ -123,16 +124,17 @@ async fn add_user(settings: &Settings, args: AddUserArgs) -> Result<ExitCode, An
 async fn remove_user(settings: &Settings, args: RemoveUserArgs) -> Result<ExitCode, AnyError> {
     let pool = settings.pool("postbox-console").await?;
     if postbox_console::remove_user(&pool, &settings.schema, &args.name).await? {
-        println!("removed console user {}", args.name);
+        outln!("removed console user {}", args.name);
         Ok(ExitCode::SUCCESS)
     } else {
-        eprintln!("no console user {}", args.name);
+        errln!("no console user {}", args.name);
         Ok(ExitCode::FAILURE)
     }
 }
 
 async fn serve(settings: &Settings, args: ServeArgs) -> Result<ExitCode, AnyError> {
     let redactor = settings.file.redact.redactor()?;
+    settings.warn_if_unredacted("the console");
     let pool = settings.pool("postbox-console").await?;
     let mut config = ConsoleConfig::new(settings.schema.clone());
     config.redactor = redactor;
@@ -157,7 +159,7 @@ async fn serve(settings: &Settings, args: ServeArgs) -> Result<ExitCode, AnyErro
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr()?;
-    println!("postbox console listening on http://{addr}");
+    outln!("postbox console listening on http://{addr}");
     std::io::stdout().flush()?;
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));

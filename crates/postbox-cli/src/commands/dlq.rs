@@ -4,6 +4,7 @@
 //! `postbox_store::DeadLetters`.
 
 use crate::context::{AnyError, Settings};
+use crate::output::{errln, outln};
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use postbox_relay::redact::PayloadRedactor;
@@ -157,6 +158,7 @@ pub async fn run(settings: &Settings, args: DlqArgs) -> Result<ExitCode, AnyErro
         DlqCommand::List(a) => list(&dlq, a).await,
         DlqCommand::Show(a) => {
             let redactor = settings.file.redact.redactor()?;
+            settings.warn_if_unredacted("`postbox dlq show`");
             show(&dlq, a, &redactor).await
         }
         DlqCommand::Replay(a) => {
@@ -178,16 +180,20 @@ pub async fn run(settings: &Settings, args: DlqArgs) -> Result<ExitCode, AnyErro
 async fn list(dlq: &DeadLetters, args: ListArgs) -> Result<ExitCode, AnyError> {
     let rows = dlq.list(&args.filter.filter(), args.limit).await?;
     if args.json {
-        println!("{}", serde_json::to_string(&rows)?);
+        outln!("{}", serde_json::to_string(&rows)?);
         return Ok(ExitCode::SUCCESS);
     }
     if rows.is_empty() {
-        println!("no dead letters");
+        outln!("no dead letters");
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    outln!(
         "{:<36}  {:<24}  {:<24}  {:>8}  {:<20}  last error",
-        "event id", "type", "aggregate", "attempts", "created"
+        "event id",
+        "type",
+        "aggregate",
+        "attempts",
+        "created"
     );
     for r in &rows {
         print_row(r);
@@ -197,7 +203,7 @@ async fn list(dlq: &DeadLetters, args: ListArgs) -> Result<ExitCode, AnyError> {
 
 fn print_row(r: &DeadLetter) {
     let aggregate = format!("{}/{}", r.aggregate_type, r.aggregate_id);
-    println!(
+    outln!(
         "{:<36}  {:<24}  {:<24}  {:>8}  {:<20}  {}",
         r.event_id,
         clip(&r.event_type, 24),
@@ -222,12 +228,12 @@ async fn show(
     if args.json {
         let mut v = serde_json::to_value(&event)?;
         v["audit"] = serde_json::to_value(&history)?;
-        println!("{v}");
+        outln!("{v}");
         return Ok(ExitCode::SUCCESS);
     }
     print_detail(&event);
     if !history.is_empty() {
-        println!("audit:");
+        outln!("audit:");
         for h in &history {
             print_audit(h);
         }
@@ -242,31 +248,32 @@ fn print_detail(e: &EventRecord) {
         (Some(r), _) => format!("{} ({r})", e.status),
         (None, _) => e.status.to_string(),
     };
-    println!("event id        {}", s.event_id);
-    println!("status          {state}");
-    println!(
+    outln!("event id        {}", s.event_id);
+    outln!("status          {state}");
+    outln!(
         "type            {} (schema version {})",
-        s.event_type, s.schema_version
+        s.event_type,
+        s.schema_version
     );
-    println!("aggregate       {}/{}", s.aggregate_type, s.aggregate_id);
-    println!("attempts        {}", s.attempts);
-    println!("created         {}", s.created_at.to_rfc3339());
-    println!("available       {}", e.available_at.to_rfc3339());
-    println!("last error      {}", s.last_error.as_deref().unwrap_or("-"));
+    outln!("aggregate       {}/{}", s.aggregate_type, s.aggregate_id);
+    outln!("attempts        {}", s.attempts);
+    outln!("created         {}", s.created_at.to_rfc3339());
+    outln!("available       {}", e.available_at.to_rfc3339());
+    outln!("last error      {}", s.last_error.as_deref().unwrap_or("-"));
     if let Some(at) = e.resolved_at {
-        println!("resolved        {}", at.to_rfc3339());
+        outln!("resolved        {}", at.to_rfc3339());
     }
     if let Some(note) = &e.resolution_note {
-        println!("reason          {note}");
+        outln!("reason          {note}");
     }
     if let Some(id) = e.replaced_by {
-        println!("replaced by     {id}");
+        outln!("replaced by     {id}");
     }
     if let Some(id) = e.replay_of {
-        println!("replay of       {id}");
+        outln!("replay of       {id}");
     }
-    println!("headers         {}", e.headers);
-    println!("payload         {}", e.payload);
+    outln!("headers         {}", e.headers);
+    outln!("payload         {}", e.payload);
 }
 
 async fn act(dlq: &DeadLetters, target: &TargetArgs, action: Action) -> Result<ExitCode, AnyError> {
@@ -283,27 +290,28 @@ async fn act(dlq: &DeadLetters, target: &TargetArgs, action: Action) -> Result<E
             &actor,
             target.batch_size,
             |p: Progress| {
-                eprintln!("{verb} {}/{}", p.done, p.total);
+                errln!("{verb} {}/{}", p.done, p.total);
             },
         )
         .await?;
     for (original, copy) in &applied.new_ids {
-        println!("{original} -> {copy}");
+        outln!("{original} -> {copy}");
     }
     let how = match action {
         Action::Replay => " under their own event id",
         Action::ReplayAsNew => " as new events",
         Action::Discard { .. } => "",
     };
-    println!(
+    outln!(
         "{verb} {} dead letter(s){how} in {} batch(es), audited as {actor}",
-        applied.count, applied.batches
+        applied.count,
+        applied.batches
     );
     if applied.skipped.is_empty() {
         return Ok(ExitCode::SUCCESS);
     }
     for id in &applied.skipped {
-        eprintln!("skipped {id}: not an unresolved dead letter");
+        errln!("skipped {id}: not an unresolved dead letter");
     }
     Ok(ExitCode::FAILURE)
 }
@@ -311,9 +319,9 @@ async fn act(dlq: &DeadLetters, target: &TargetArgs, action: Action) -> Result<E
 async fn audit(dlq: &DeadLetters, args: AuditArgs) -> Result<ExitCode, AnyError> {
     let entries = dlq.audit_log(args.limit, args.event).await?;
     if args.json {
-        println!("{}", serde_json::to_string(&entries)?);
+        outln!("{}", serde_json::to_string(&entries)?);
     } else if entries.is_empty() {
-        println!("no audit entries");
+        outln!("no audit entries");
     } else {
         for e in &entries {
             print_audit(e);
@@ -323,7 +331,7 @@ async fn audit(dlq: &DeadLetters, args: AuditArgs) -> Result<ExitCode, AnyError>
 }
 
 fn print_audit(e: &AuditEntry) {
-    println!(
+    outln!(
         "{}  {:<18}  {:<16}  {:>6}  {}{}",
         e.at.format("%Y-%m-%d %H:%M:%S"),
         e.action,

@@ -1,6 +1,7 @@
 //! `postbox enqueue`: one event, in its own transaction.
 
 use crate::context::{AnyError, Settings};
+use crate::output::outln;
 use clap::Args;
 use postbox::{NewEvent, Outbox};
 use std::process::ExitCode;
@@ -27,6 +28,16 @@ pub struct EnqueueArgs {
     pub schema_version: i32,
 }
 
+/// `--payload` is not JSON.
+#[derive(Debug, thiserror::Error)]
+#[error("--payload could not be parsed as JSON (line {line}, column {column})")]
+pub struct PayloadError {
+    line: usize,
+    column: usize,
+    #[source]
+    source: serde_json::Error,
+}
+
 pub async fn run(settings: &Settings, args: EnqueueArgs) -> Result<ExitCode, AnyError> {
     let mut headers = Vec::new();
     for h in &args.headers {
@@ -34,6 +45,15 @@ pub async fn run(settings: &Settings, args: EnqueueArgs) -> Result<ExitCode, Any
             .split_once('=')
             .ok_or_else(|| format!("--header {h:?}: expected NAME=VALUE"))?;
         headers.push((name.to_owned(), value.to_owned()));
+    }
+    // Parse first, to say where the JSON breaks (the library only says that it does).
+    if let Err(source) = serde_json::from_str::<serde::de::IgnoredAny>(&args.payload) {
+        return Err(PayloadError {
+            line: source.line(),
+            column: source.column(),
+            source,
+        }
+        .into());
     }
     let event = NewEvent::from_json(
         args.event_type,
@@ -48,6 +68,6 @@ pub async fn run(settings: &Settings, args: EnqueueArgs) -> Result<ExitCode, Any
     let mut tx = pool.begin().await?;
     let id = postbox::sqlx::enqueue(&outbox, &mut tx, &event).await?;
     tx.commit().await?;
-    println!("{id}");
+    outln!("{id}");
     Ok(ExitCode::SUCCESS)
 }

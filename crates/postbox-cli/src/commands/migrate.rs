@@ -2,6 +2,7 @@
 //! least-privilege roles.
 
 use crate::context::{AnyError, Settings};
+use crate::output::{out, outln};
 use clap::Args;
 use postbox_relay::{ReadMode, Store};
 use postbox_store::{ProducerTarget, Roles};
@@ -32,17 +33,17 @@ fn parse_mode(s: &str) -> Result<ReadMode, String> {
 pub async fn run(settings: &Settings, args: MigrateArgs) -> Result<ExitCode, AnyError> {
     if args.print_sql {
         let roles = Roles::for_schema(&settings.schema)?;
-        print!("{}", roles.sql(&settings.schema));
+        out!("{}", roles.sql(&settings.schema));
         return Ok(ExitCode::SUCCESS);
     }
     let pool = settings.pool("postbox-migrate").await?;
     let mut conn = pool.acquire().await?;
     let applied = postbox::sqlx::migrate(&mut conn, &settings.schema).await?;
     if applied.is_empty() {
-        println!("schema {} is up to date", settings.schema);
+        outln!("schema {} is up to date", settings.schema);
     } else {
         let list: Vec<String> = applied.iter().map(i32::to_string).collect();
-        println!(
+        outln!(
             "schema {}: applied migration(s) {}",
             settings.schema,
             list.join(", ")
@@ -66,7 +67,7 @@ pub async fn run(settings: &Settings, args: MigrateArgs) -> Result<ExitCode, Any
             }
         }
         log.set_producer_target(target).await?;
-        println!(
+        outln!(
             "schema {}: producers write into the {}",
             settings.schema,
             target.as_str()
@@ -76,9 +77,11 @@ pub async fn run(settings: &Settings, args: MigrateArgs) -> Result<ExitCode, Any
         let roles = Store::new(pool, settings.schema.clone())
             .create_roles()
             .await?;
-        println!(
+        outln!(
             "roles {}, {} and {} are in place (NOLOGIN: GRANT them to login users)",
-            roles.producer, roles.relay, roles.monitor
+            roles.producer,
+            roles.relay,
+            roles.monitor
         );
     }
     Ok(ExitCode::SUCCESS)

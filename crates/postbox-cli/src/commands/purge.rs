@@ -1,7 +1,8 @@
 //! `postbox purge`: delete (or archive) sent events, old inbox records and
 //! expired idempotency keys in bounded batches.
 
-use crate::context::{cancel_on_signal, AnyError, Settings};
+use crate::context::{cancel_on_signal, name_the_flag, AnyError, Settings};
+use crate::output::{errln, outln};
 use clap::Args;
 use postbox_relay::retention::{self, Progress, Table};
 use postbox_relay::{RetentionConfig, Store};
@@ -43,7 +44,20 @@ pub async fn run(settings: &Settings, args: PurgeArgs) -> Result<ExitCode, AnyEr
         interval: file.interval,
         vacuum: file.vacuum,
     };
-    config.validate()?;
+    config.validate().map_err(|e| {
+        name_the_flag(
+            e,
+            &[
+                ("retention.older_than", "--older-than", true),
+                (
+                    "retention.batch_size",
+                    "--batch-size",
+                    args.batch_size.is_some(),
+                ),
+                ("retention.pause", "--pause", args.pause.is_some()),
+            ],
+        )
+    })?;
     let pool = settings.pool("postbox-purge").await?;
     let store = Store::new(pool, settings.schema.clone());
     let stop = CancellationToken::new();
@@ -64,7 +78,7 @@ pub async fn run(settings: &Settings, args: PurgeArgs) -> Result<ExitCode, AnyEr
                     format!("{} expired idempotency keys deleted", p.removed)
                 }
             };
-            eprintln!(
+            errln!(
                 "purge: {what} so far ({})",
                 humantime::format_duration(Duration::from_secs(p.elapsed.as_secs()))
             );
@@ -84,6 +98,6 @@ pub async fn run(settings: &Settings, args: PurgeArgs) -> Result<ExitCode, AnyEr
     if report.interrupted {
         line.push_str(" (interrupted)");
     }
-    println!("{line}");
+    outln!("{line}");
     Ok(ExitCode::SUCCESS)
 }

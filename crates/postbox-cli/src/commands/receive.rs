@@ -159,7 +159,7 @@ pub async fn run(settings: &Settings, args: ReceiveArgs) -> Result<ExitCode, Any
     tracing::info!(
         listen = %local,
         consumer = %args.consumer,
-        verify = ?args.verify,
+        verify = args.verify.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default(),
         schema = %settings.schema,
         database = %db::target(&options),
         "receiving deliveries"

@@ -2,8 +2,9 @@
 //! forever or until drained; optionally serving metrics and health.
 
 use crate::config::SinkSection;
-use crate::context::{cancel_on_signal, error_chain, AnyError, Settings};
+use crate::context::{cancel_on_signal, error_chain, name_the_flag, AnyError, Settings};
 use crate::observe;
+use crate::output::outln;
 use clap::Args;
 use postbox::Schema;
 use postbox_harness::db;
@@ -84,7 +85,16 @@ pub fn resolve_relay(
     if let Some(mode) = args.mode {
         config.mode = mode;
     }
-    config.validate()?;
+    config.validate().map_err(|e| {
+        name_the_flag(
+            e,
+            &[(
+                "relay.batch_size",
+                "--batch-size",
+                args.batch_size.is_some(),
+            )],
+        )
+    })?;
     let source = args.source.clone();
     let sink_options = |section: &SinkSection| section.sink_options(source.clone());
     let router = if file.destinations.is_empty() {
@@ -171,9 +181,12 @@ pub async fn run(settings: &Settings, args: RelayArgs) -> Result<ExitCode, AnyEr
     };
     let stats = relay.run(mode, shutdown).await;
     if args.drain {
-        println!(
+        outln!(
             "drained: {} delivered, {} retried, {} dead-lettered, {} lost acknowledgements",
-            stats.delivered, stats.retried, stats.dead_lettered, stats.lost_acks
+            stats.delivered,
+            stats.retried,
+            stats.dead_lettered,
+            stats.lost_acks
         );
     }
     Ok(ExitCode::SUCCESS)

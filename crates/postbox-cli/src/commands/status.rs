@@ -2,6 +2,7 @@
 //! dead letters; once, or refreshed until interrupted.
 
 use crate::context::{cancel_on_signal, AnyError, Settings};
+use crate::output::{out, outln};
 use clap::Args;
 use postbox::Schema;
 use postbox_relay::Store;
@@ -28,9 +29,9 @@ pub async fn run(settings: &Settings, args: StatusArgs) -> Result<ExitCode, AnyE
     let Some(every) = args.watch else {
         let report = status_report(&store).await?;
         if args.json {
-            println!("{}", serde_json::to_string(&report)?);
+            outln!("{}", serde_json::to_string(&report)?);
         } else {
-            print!("{}", render_status(&settings.schema, &report));
+            out!("{}", render_status(&settings.schema, &report));
         }
         return Ok(ExitCode::SUCCESS);
     };
@@ -48,17 +49,25 @@ pub async fn run(settings: &Settings, args: StatusArgs) -> Result<ExitCode, AnyE
                 postbox_relay::redact::sanitize_error(&e.to_string())
             ),
         };
-        if args.json {
-            println!("{shown}");
-        } else {
+        let shown_ok = if args.json {
+            outln!("{shown}")
+        } else if crate::output::stdout_is_terminal() {
             // Home the cursor and clear the screen, then redraw.
-            print!(
+            out!(
                 "\x1b[H\x1b[2J{}\n{shown}",
                 chrono::Local::now().format("%Y-%m-%d %H:%M:%S")
-            );
+            )
+        } else {
+            // A file or a pipe: one report after the other, each under its time.
+            outln!(
+                "--- {}\n{shown}",
+                chrono::Local::now().format("%Y-%m-%d %H:%M:%S")
+            )
+        };
+        if !shown_ok {
+            // The reader went away (`status --watch | head`): done.
+            break;
         }
-        use std::io::Write;
-        let _ = std::io::stdout().flush();
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
             _ = stop.cancelled() => {}

@@ -2,6 +2,7 @@
 //! is `postbox_harness::contract`.
 
 use crate::context::{shutdown_signal, AnyError, Settings};
+use crate::output::errln;
 use clap::Args;
 use postbox_harness::contract::{self, FaultKind, PlantedBug};
 use postbox_harness::{error_chain, Verdict};
@@ -128,7 +129,7 @@ pub async fn run(settings: &Settings, args: VerifyArgs) -> Result<ExitCode, AnyE
         Ok(Verdict::Pass) => Ok(ExitCode::SUCCESS),
         Ok(Verdict::Fail) => Ok(ExitCode::from(VIOLATION)),
         Err(e) => {
-            eprintln!("error: {}", error_chain(e.as_ref()));
+            errln!("error: {}", error_chain(e.as_ref()));
             Ok(ExitCode::from(SETUP_ERROR))
         }
     }

@@ -78,6 +78,8 @@ pub enum Part {
 
 const REDIS_DEFAULT: &str = "redis://127.0.0.1:6379";
 const KEY: &str = "postbox-bench:events";
+/// How often a long drain says how far it got.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
 /// Run the benchmark on `database_url`, or on a throwaway cluster without
 /// one, and print what it measured.
@@ -266,7 +268,23 @@ impl Bench<'_> {
                 self.options.batch_size.to_string(),
             ])
             .args(extra.iter().copied());
-        run_together(&command, n).await
+        // Progress within a long drain: what is still pending, every few seconds.
+        let log_mode = extra.contains(&"log");
+        let started = Instant::now();
+        let run = run_together(&command, n);
+        tokio::pin!(run);
+        loop {
+            tokio::select! {
+                done = &mut run => return done,
+                _ = tokio::time::sleep(PROGRESS_EVERY) => {
+                    let elapsed = humantime::format_duration(Duration::from_secs(started.elapsed().as_secs()));
+                    match self.store.pending().await {
+                        Ok(left) if !log_mode => eprintln!("  … {left} events still pending after {elapsed}"),
+                        _ => eprintln!("  … still draining after {elapsed}"),
+                    }
+                }
+            }
+        }
     }
 
     async fn drain(&self) -> Result<Drain, AnyError> {

@@ -1,0 +1,106 @@
+//! Writing to stdout and stderr without ever panicking on a closed pipe.
+//!
+//! Rust ignores SIGPIPE, so a write to a pipe whose reader is gone fails with
+//! `BrokenPipe`, and `println!`/`eprintln!` turn that into a panic. Here:
+//!
+//! - stdout (`outln!`, `out!`): the first failed write marks stdout closed;
+//!   later writes are skipped, and loops that print (`status --watch`) stop
+//!   when a write returns false, exiting 0 like `head`'s other tools.
+//! - stderr (`errln!` and the log): a failed write is dropped silently. A
+//!   relay whose log pipe closes goes on delivering; it only stops logging.
+
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
+
+/// Write `text` to stdout and flush; returns false once stdout is closed.
+pub fn write_stdout(text: &str) -> bool {
+    if STDOUT_CLOSED.load(Ordering::Relaxed) {
+        return false;
+    }
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => true,
+        Err(_) => {
+            // Closed (EPIPE) or otherwise unwritable: nothing more can be shown.
+            STDOUT_CLOSED.store(true, Ordering::Relaxed);
+            false
+        }
+    }
+}
+
+/// Write `text` to stderr; a failure is ignored (there is nowhere left to say it).
+pub fn write_stderr(text: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(text.as_bytes()).and_then(|()| err.flush());
+}
+
+/// Whether colour may be used on stderr: a terminal, and `NO_COLOR` unset or empty.
+pub fn stderr_colour() -> bool {
+    colour_allowed(std::env::var_os("NO_COLOR").as_deref()) && std::io::stderr().is_terminal()
+}
+
+/// Whether stdout is a terminal (screen clearing, for `--watch`).
+pub fn stdout_is_terminal() -> bool {
+    std::io::stdout().is_terminal()
+}
+
+/// <https://no-color.org>: any non-empty `NO_COLOR` turns colour off.
+fn colour_allowed(no_color: Option<&std::ffi::OsStr>) -> bool {
+    no_color.is_none_or(|v| v.is_empty())
+}
+
+/// The log's writer: stderr, where a failed write is dropped instead of
+/// reported (the fmt layer would report it with `eprintln!`, which panics on a
+/// closed pipe).
+pub struct LogWriter;
+
+impl Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogWriter {
+    type Writer = LogWriter;
+    fn make_writer(&'a self) -> Self::Writer {
+        LogWriter
+    }
+}
+
+/// `println!` that stops printing when stdout is closed instead of panicking.
+macro_rules! outln {
+    () => { $crate::output::write_stdout("\n") };
+    ($($arg:tt)*) => { $crate::output::write_stdout(&format!("{}\n", format_args!($($arg)*))) };
+}
+
+/// `print!` that stops printing when stdout is closed instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::output::write_stdout(&format!($($arg)*)) };
+}
+
+/// `eprintln!` that drops the line when stderr is closed instead of panicking.
+macro_rules! errln {
+    ($($arg:tt)*) => { $crate::output::write_stderr(&format!("{}\n", format_args!($($arg)*))) };
+}
+
+pub(crate) use {errln, out, outln};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_color_turns_colour_off_when_set_and_not_empty() {
+        assert!(colour_allowed(None));
+        assert!(colour_allowed(Some(std::ffi::OsStr::new(""))));
+        assert!(!colour_allowed(Some(std::ffi::OsStr::new("1"))));
+    }
+}
