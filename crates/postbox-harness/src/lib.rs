@@ -48,22 +48,10 @@ pub enum Verdict {
     Fail,
 }
 
-/// An error and its chain of causes on one line, without repeats, with any
-/// credentials masked.
+/// An error and its chain of causes on one line (see
+/// [`postbox::redact::error_chain`]).
 #[cfg(feature = "workloads")]
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let part = s.to_string();
-        if !text.contains(&part) {
-            text.push_str(": ");
-            text.push_str(&part);
-        }
-        source = s.source();
-    }
-    postbox::redact::mask_secrets(&text)
-}
+pub use postbox::redact::error_chain;
 
 /// Lock `m`, taking the data of a poisoned lock as it is.
 #[cfg(feature = "workloads")]

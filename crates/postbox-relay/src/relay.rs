@@ -1075,7 +1075,7 @@ async fn retention_loop(shared: Arc<Shared>, config: RetentionConfig, stop: Canc
             }
             Ok(_) => {}
             Err(e) => {
-                tracing::warn!(error = %sanitize_error(&e.to_string()), "retention pass failed; trying again next interval")
+                tracing::warn!(error = %sanitize_error(&crate::redact::error_chain(&e)), "retention pass failed; trying again next interval")
             }
         }
     }

@@ -128,7 +128,7 @@ pub struct PurgeReport {
 
 /// A retention batch failed. Batches committed before it stay done.
 #[derive(Debug, thiserror::Error)]
-#[error("purging {}: {source}", table.as_str())]
+#[error("purging {}", table.as_str())]
 pub struct PurgeError {
     /// The table the failed batch worked on.
     pub table: Table,

@@ -54,14 +54,16 @@ pub enum Error {
         source: Box<Error>,
     },
 
-    /// An error from sqlx.
+    /// An error from sqlx. Its text is the source's (`Error::source`), not
+    /// repeated in this message, so error reporters that print the chain
+    /// (anyhow, eyre) show it once.
     #[cfg(feature = "sqlx")]
-    #[error("database error: {0}")]
+    #[error("database error")]
     Sqlx(#[source] ::sqlx::Error),
 
-    /// An error from tokio-postgres.
+    /// An error from tokio-postgres (its text is the source's, as for `Sqlx`).
     #[cfg(feature = "tokio-postgres")]
-    #[error("database error: {}", pg_message(.0))]
+    #[error("database error")]
     Postgres(#[source] ::tokio_postgres::Error),
 }
 
@@ -79,14 +81,6 @@ impl Error {
             Error::Migration { source, .. } => source.sqlstate(),
             _ => None,
         }
-    }
-}
-
-#[cfg(feature = "tokio-postgres")]
-fn pg_message(e: &::tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{}: {}", db.severity(), db.message()),
-        None => e.to_string(),
     }
 }
 

@@ -290,6 +290,23 @@ fn parse_path(path: &str) -> Result<Vec<Step>, RedactPathError> {
     Ok(steps)
 }
 
+/// An error and its chain of causes on one line (`outer: cause: cause`),
+/// leaving out a cause whose text the line already holds, with credentials
+/// masked ([`mask_secrets`]): how a log line or a CLI shows an error.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    mask_secrets(&text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
