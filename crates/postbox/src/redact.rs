@@ -289,8 +289,8 @@ fn replace_standalone(text: &str, literal: &str) -> String {
     while let Some(pos) = rest.find(literal) {
         let before = rest[..pos].chars().next_back().or(prev);
         let after = rest[pos + literal.len()..].chars().next();
-        let alone = !before.is_some_and(char::is_alphanumeric)
-            && !after.is_some_and(char::is_alphanumeric);
+        let alone =
+            !before.is_some_and(char::is_alphanumeric) && !after.is_some_and(char::is_alphanumeric);
         out.push_str(&rest[..pos]);
         out.push_str(if alone { MASK } else { literal });
         prev = literal.chars().next_back();
@@ -336,8 +336,7 @@ fn percent_encode(s: &str) -> String {
 
 /// Standard base64 with padding.
 fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] =
-        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {
         let n = chunk
@@ -685,7 +684,9 @@ mod tests {
              basic {}, url-safe {}, password pa ss:w0rd, encoded pa%20ss%3Aw0rd",
             serde_json::to_string("k3y/with+\"odd\" chars").unwrap(),
             base64(b"app:pa ss:w0rd"),
-            base64(b"app:pa ss:w0rd").replace('+', "-").replace('/', "_"),
+            base64(b"app:pa ss:w0rd")
+                .replace('+', "-")
+                .replace('/', "_"),
         );
         let masked = secrets.sanitize(&text);
         for leak in ["k3y", "w0rd", "YXBwOnBh", "odd"] {
@@ -694,7 +695,10 @@ mod tests {
         assert!(masked.starts_with("raw ***, url ***"), "{masked}");
         // Nothing held, nothing changed (beyond shape-based masking).
         assert_eq!(Secrets::NONE.mask("a b"), "a b");
-        assert_eq!(format!("{secrets:?}"), format!("Secrets({} literals)", secrets.literals.len()));
+        assert_eq!(
+            format!("{secrets:?}"),
+            format!("Secrets({} literals)", secrets.literals.len())
+        );
     }
 
     #[test]
@@ -720,7 +724,10 @@ mod tests {
     fn short_secrets_are_masked_only_standing_alone() {
         let mut secrets = Secrets::new();
         secrets.add("ab");
-        assert_eq!(secrets.mask("ab cab ab, abc (ab)"), "*** cab ***, abc (***)");
+        assert_eq!(
+            secrets.mask("ab cab ab, abc (ab)"),
+            "*** cab ***, abc (***)"
+        );
     }
 
     #[test]

@@ -106,9 +106,17 @@ impl KafkaConfig {
 /// `sasl.jaas.config`, …): its value is masked in every error.
 pub(crate) fn secret_property(property: &str) -> bool {
     let p = property.to_ascii_lowercase();
-    ["password", "secret", "token", ".pem", "jaas", "oauthbearer.config", "credential"]
-        .iter()
-        .any(|w| p.contains(w))
+    [
+        "password",
+        "secret",
+        "token",
+        ".pem",
+        "jaas",
+        "oauthbearer.config",
+        "credential",
+    ]
+    .iter()
+    .any(|w| p.contains(w))
 }
 
 fn check_topic_template(template: &str) -> Result<(), SinkError> {

@@ -66,10 +66,12 @@ fn checks_rendered_subjects() {
 
 #[test]
 fn tokens_and_passwords_are_masked_in_errors() {
-    let token = NatsSink::from_url("nats://t0ken-abc@127.0.0.1:4222", SinkOptions::default())
-        .unwrap();
+    let token =
+        NatsSink::from_url("nats://t0ken-abc@127.0.0.1:4222", SinkOptions::default()).unwrap();
     assert_eq!(
-        token.secrets().sanitize("authorization violation: t0ken-abc"),
+        token
+            .secrets()
+            .sanitize("authorization violation: t0ken-abc"),
         "authorization violation: ***"
     );
     let pair = NatsSink::from_url(
@@ -78,7 +80,8 @@ fn tokens_and_passwords_are_masked_in_errors() {
     )
     .unwrap();
     assert_eq!(
-        pair.secrets().sanitize("user app password n ats-pw refused"),
+        pair.secrets()
+            .sanitize("user app password n ats-pw refused"),
         "user app password *** refused"
     );
 }

@@ -139,7 +139,10 @@ impl QstashSink {
         };
         let mut secrets = credentials.secrets();
         secrets.add_url(&destination, false);
-        for url in [&qstash.callback, &qstash.failure_callback].into_iter().flatten() {
+        for url in [&qstash.callback, &qstash.failure_callback]
+            .into_iter()
+            .flatten()
+        {
             secrets.add_url(url, false);
         }
         for value in qstash.forward_headers.values() {

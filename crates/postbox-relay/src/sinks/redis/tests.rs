@@ -45,7 +45,8 @@ fn the_password_is_masked_in_errors() {
     )
     .unwrap();
     assert_eq!(
-        s.secrets().sanitize("WRONGPASS app r3dis-pw for key orders"),
+        s.secrets()
+            .sanitize("WRONGPASS app r3dis-pw for key orders"),
         "WRONGPASS app *** for key orders"
     );
 }
