@@ -238,3 +238,34 @@ async fn a_wrong_amqp_password_stays_out_of_errors() {
     let outcome = format!("{:?}", outcome[0].clone().masked(sink.secrets()));
     assert_clean("the outcome", &outcome, &[password]);
 }
+
+/// An unreachable webhook with a token in its path: the check error (what
+/// `relay` logs as "not reachable yet") names the destination without it.
+#[cfg(feature = "http")]
+#[tokio::test]
+async fn an_unreachable_webhook_is_named_without_its_path_secret() {
+    use postbox_relay::sinks::http::{HttpOptions, HttpSink};
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let url = format!("http://127.0.0.1:{port}/services/T0AB1/B0CD2/XXXXSECRETXXXX");
+    let options = SinkOptions {
+        source: "shop".into(),
+        ..SinkOptions::default()
+    }
+    .with(HttpOptions::default());
+    let sink = HttpSink::new(&url, options, Vec::new()).unwrap();
+    let error = sink
+        .check()
+        .await
+        .unwrap_err()
+        .masked(sink.secrets())
+        .to_string();
+    assert!(error.contains("/services/***/***/***"), "{error}");
+    assert_clean(
+        "the check error",
+        &error,
+        &["XXXXSECRETXXXX", "T0AB1", "B0CD2"],
+    );
+}
