@@ -144,6 +144,7 @@ async fn ready(State(probe): State<Probe>) -> Response {
         match tokio::time::timeout(READY_TIMEOUT, sink.check()).await {
             Ok(Ok(())) => true,
             Ok(Err(e)) => {
+                let e = e.masked(sink.secrets());
                 tracing::debug!(error = %postbox_relay::redact::sanitize_error(&e.to_string()), "readyz: sink check failed");
                 false
             }

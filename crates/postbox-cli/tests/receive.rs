@@ -1170,3 +1170,69 @@ async fn the_relay_signs_webhooks_that_the_standardwebhooks_package_verifies() {
     assert_eq!(verified, ids);
     db.drop_schema().await;
 }
+
+#[tokio::test]
+async fn a_signed_qstash_body_with_two_ids_is_refused_and_a_flood_of_forgeries_logs_one_line() {
+    let db = TestDb::new().await;
+    let url = "https://receiver.example.com/hooks/qstash";
+    let metrics_port = free_port();
+    let receiver = Setup::qstash(&db, url)
+        .arg("--metrics-listen")
+        .arg(&format!("127.0.0.1:{metrics_port}"))
+        .start()
+        .await;
+    // Signed, with an id header agreeing with one of the body's two ids.
+    let body = br#"{"specversion":"1.0","id":"evt_a","type":"order.created","source":"test","id":"evt_b"}"#;
+    let token = forge_jwt("HS256", &qstash_claims(url, body), CURRENT_KEY);
+    for id in ["evt_a", "evt_b"] {
+        let reply = receiver
+            .post(
+                "/hooks/qstash",
+                &[("Upstash-Signature", &token), ("ce-id", id)],
+                body,
+            )
+            .await;
+        assert_eq!(reply.status, 400, "ce-id {id}: {reply:?}");
+        assert!(reply.body.contains("ambiguous"), "{reply:?}");
+    }
+    assert_eq!(stored(&db).await, 0);
+
+    // Fifty forged deliveries: fifty counted, one WARN line.
+    let genuine = cloudevent("evt_forged");
+    for _ in 0..50 {
+        let reply = receiver
+            .post(
+                "/hooks/qstash",
+                &[("Upstash-Signature", "not.a.jwt")],
+                &genuine,
+            )
+            .await;
+        assert_eq!(reply.status, 401);
+    }
+    let scrape = get(metrics_port, "/metrics")
+        .await
+        .expect("scrape /metrics");
+    for series in [
+        "postbox_receive_rejected_total{reason=\"signature\"} 50",
+        "postbox_receive_rejected_total{reason=\"ambiguous\"} 2",
+    ] {
+        assert!(
+            scrape.body.lines().any(|l| l == series),
+            "{series} in:\n{}",
+            scrape.body
+        );
+    }
+    let log = receiver.log_text();
+    let warnings = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("refused a delivery"))
+        .collect::<Vec<_>>();
+    assert_eq!(
+        warnings.len(),
+        2,
+        "one per reason (ambiguous, signature):\n{log}"
+    );
+    receiver.assert_log_has_no_secret();
+    drop(receiver);
+    db.drop_schema().await;
+}

@@ -37,6 +37,9 @@ pub const DEAD_LETTERED: &str = "postbox_dead_lettered_total";
 pub const RETENTION_PURGED: &str = "postbox_retention_purged_total";
 /// Counter: duplicate deliveries absorbed by an inbox (`postbox receive`); label `consumer`.
 pub const INBOX_DUPLICATES: &str = "postbox_inbox_duplicates_total";
+/// Counter: deliveries `postbox receive` refused; label `reason` (`signature`,
+/// `too_large`, `malformed`, `no_event_id`, `id_mismatch`, `ambiguous`).
+pub const RECEIVE_REJECTED: &str = "postbox_receive_rejected_total";
 /// Log mode: committed events a destination's cursor has not read (label `destination`).
 pub const LOG_LAG_EVENTS: &str = "postbox_log_lag_events";
 /// Log mode: age of the oldest event a destination's cursor has not read (0 when caught up).
@@ -113,6 +116,10 @@ pub fn describe() {
     describe_counter!(
         INBOX_DUPLICATES,
         "Duplicate deliveries absorbed by an inbox"
+    );
+    describe_counter!(
+        RECEIVE_REJECTED,
+        "Deliveries postbox receive refused, by reason"
     );
     crate::health::describe();
     for name in [LEASES_RECLAIMED, ACKS_LOST, DEAD_LETTERED] {

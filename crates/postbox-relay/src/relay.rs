@@ -694,6 +694,9 @@ pub(crate) async fn publish_to(shared: &Shared, d: usize, messages: &[Message]) 
             vec![Outcome::retry(error); messages.len()]
         }
     };
+    // Whatever the endpoint echoed, the sink's own secrets never go further.
+    let secrets = sink.secrets();
+    let outcomes: Vec<Outcome> = outcomes.into_iter().map(|o| o.masked(secrets)).collect();
     let mut by_outcome = [0u64; 4];
     for outcome in &outcomes {
         by_outcome[match outcome {

@@ -9,11 +9,16 @@
 //!   event id, and consumers deduplicate. Duplicates are allowed; losses are not.
 //! - **Reject** is for a message the destination will never accept as it is; the
 //!   event becomes a dead letter for an operator to inspect and replay.
-//! - Errors in outcomes must not contain credentials; the relay sanitizes them
-//!   again before storing, but a sink should not rely on that.
+//! - Errors in outcomes should not contain credentials. The relay masks, in
+//!   every outcome and every [`SinkError`] of a sink, the literal secrets the
+//!   sink declares in [`Sink::secrets`] and credentials by their shape
+//!   ([`sanitize_error`](crate::redact::sanitize_error)) before an error is
+//!   stored (`last_error`) or logged: a sink holding a credential declares it
+//!   there, so an endpoint echoing it back cannot leak it.
 //!
 //! Sinks know nothing about Postgres.
 
+pub use crate::redact::Secrets;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde_json::value::RawValue;
@@ -136,6 +141,55 @@ pub trait Sink: Send + Sync + 'static {
     /// Check that the destination is reachable (start-up and readiness).
     async fn check(&self) -> Result<(), SinkError>;
 
-    /// A description for logs, without credentials (e.g. `redis://127.0.0.1:6379/0 list postbox:{event_type}`).
+    /// A description for logs, metrics, `postbox status` and the console,
+    /// without credentials, query values or secret-looking path segments
+    /// (e.g. `redis://127.0.0.1:6379/0 list postbox:{event_type}`; build URLs
+    /// with [`display_url`](crate::redact::display_url)).
     fn describe(&self) -> String;
+
+    /// The literal secrets this sink holds (passwords, tokens, credential
+    /// headers), in every encoding it sends them: the relay masks them in
+    /// every error text before storing or logging it. None by default.
+    fn secrets(&self) -> &Secrets {
+        &NO_SECRETS
+    }
+}
+
+/// What a sink holding no secret declares.
+static NO_SECRETS: Secrets = Secrets::NONE;
+
+impl SinkError {
+    /// The same error with `secrets` masked out of its text.
+    pub fn masked(self, secrets: &Secrets) -> Self {
+        match self {
+            SinkError::Config(text) => SinkError::Config(secrets.sanitize(&text)),
+            SinkError::Unreachable { sink, reason } => SinkError::Unreachable {
+                sink: secrets.sanitize(&sink),
+                reason: secrets.sanitize(&reason),
+            },
+        }
+    }
+}
+
+impl Outcome {
+    /// The same outcome with `secrets` masked out of its error text.
+    pub fn masked(self, secrets: &Secrets) -> Self {
+        if secrets.is_empty() {
+            return self;
+        }
+        match self {
+            Outcome::Delivered => Outcome::Delivered,
+            Outcome::Retry { error, after } => Outcome::Retry {
+                error: secrets.mask(&error),
+                after,
+            },
+            Outcome::Reject { error } => Outcome::Reject {
+                error: secrets.mask(&error),
+            },
+            Outcome::Deferred { reason, after } => Outcome::Deferred {
+                reason: secrets.mask(&reason),
+                after,
+            },
+        }
+    }
 }

@@ -1,6 +1,8 @@
 //! Keeping secrets out of `last_error`, logs and whatever shows an event:
-//! [`sanitize_error`] masks credentials in error texts, [`PayloadRedactor`]
-//! masks configured JSON paths of payloads and named headers.
+//! [`sanitize_error`] masks credentials in error texts by their shape,
+//! [`Secrets`] masks the literal secrets a sink holds (in every encoding it
+//! sends them), [`display_url`] shows a URL without its secrets, and
+//! [`PayloadRedactor`] masks configured JSON paths of payloads and named headers.
 
 use serde_json::Value;
 
@@ -104,6 +106,302 @@ fn mask_after_words(text: &str) -> String {
 
 /// What a masked value is replaced with.
 pub const MASK: &str = "***";
+
+/// Secrets shorter than this are masked only where they stand alone (not
+/// inside a longer word): masking every `ab` in a text would make it
+/// unreadable, and a secret that short is no secret.
+const SHORT_SECRET: usize = 4;
+
+/// The literal secrets one component holds (a sink's password, token, API
+/// key headers…), to mask wherever error text is kept or shown.
+///
+/// Shape-based masking ([`sanitize_error`]) only finds credentials behind a
+/// known prefix (`Bearer `, `password=`, `user:pass@`); an endpoint that
+/// echoes a credential in its answer (`{"error":"bad key sk_live_…"}`) is
+/// not caught by it. `Secrets` replaces every occurrence of each literal, in
+/// each encoding it travels in: as given, percent-encoded (as in a URL),
+/// JSON-escaped, and for HTTP Basic credentials the base64 of `user:password`.
+/// Occurrences become [`MASK`].
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secrets {
+    /// Longest first, so a secret containing another is masked whole.
+    literals: Vec<String>,
+}
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secrets({} literals)", self.literals.len())
+    }
+}
+
+impl Secrets {
+    /// No secrets: masking only by shape.
+    pub const NONE: Secrets = Secrets {
+        literals: Vec::new(),
+    };
+
+    /// Nothing to mask.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether no secret is held.
+    pub fn is_empty(&self) -> bool {
+        self.literals.is_empty()
+    }
+
+    /// Hold `secret` (empty ones are ignored), with its percent-encoded and
+    /// JSON-escaped forms.
+    pub fn add(&mut self, secret: &str) -> &mut Self {
+        if secret.is_empty() {
+            return self;
+        }
+        self.push(secret.to_owned());
+        self.push(percent_encode(secret));
+        let json = serde_json::to_string(secret).unwrap_or_default();
+        if let Some(inner) = json.strip_prefix('"').and_then(|j| j.strip_suffix('"')) {
+            self.push(inner.to_owned());
+        }
+        self
+    }
+
+    /// Hold HTTP Basic credentials: the password in its forms (see
+    /// [`add`](Self::add)), and `base64(user:password)` as the
+    /// `Authorization: Basic` header carries it (standard and URL-safe
+    /// alphabets, with or without padding).
+    pub fn add_basic(&mut self, user: &str, password: Option<&str>) -> &mut Self {
+        if let Some(password) = password {
+            self.add(password);
+        }
+        let pair = format!("{user}:{}", password.unwrap_or(""));
+        if pair.len() > 1 {
+            let standard = base64(pair.as_bytes());
+            let trimmed = standard.trim_end_matches('=').to_owned();
+            let url_safe = standard.replace('+', "-").replace('/', "_");
+            self.push(url_safe.trim_end_matches('=').to_owned());
+            self.push(url_safe);
+            self.push(trimmed);
+            self.push(standard);
+        }
+        self
+    }
+
+    /// Hold the secrets a URL carries: the password of its user-info (and
+    /// the Basic credential made of it; a user name without a password too
+    /// when `user_is_secret`, as for a NATS token), every query value, and every path segment
+    /// [`display_url`] would mask — each as written and percent-decoded.
+    pub fn add_url(&mut self, raw: &str, user_is_secret: bool) -> &mut Self {
+        self.add_userinfo(raw, user_is_secret);
+        let Some((_, rest)) = raw.split_once("://").or_else(|| raw.split_once(':')) else {
+            return self;
+        };
+        let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let tail = &rest[end..];
+        let (path, query) = match tail.find(['?', '#']) {
+            Some(i) => (&tail[..i], tail[i..].strip_prefix('?')),
+            None => (tail, None),
+        };
+        // Short numbers stay readable (a status code is no secret).
+        let number = |s: &str| s.len() < 6 && s.bytes().all(|b| b.is_ascii_digit());
+        for segment in path.split('/').filter(|s| !plain_segment(s) && !number(s)) {
+            self.add(segment);
+            self.add(&decode(segment));
+        }
+        let query = query.map(|q| q.split('#').next().unwrap_or(""));
+        for pair in query.unwrap_or("").split('&') {
+            if let Some((_, value)) = pair.split_once('=') {
+                self.add(value);
+                self.add(&decode(&value.replace('+', " ")));
+            }
+        }
+        self
+    }
+
+    /// Hold only the credentials of a URL's user-info: the password and the
+    /// Basic credential made of it, and a user name without a password when
+    /// `user_is_secret` (a NATS token). For broker URLs, whose query and path are settings.
+    pub fn add_userinfo(&mut self, raw: &str, user_is_secret: bool) -> &mut Self {
+        let Some((_, rest)) = raw.split_once("://") else {
+            return self;
+        };
+        let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        if let Some((userinfo, _)) = rest[..end].rsplit_once('@') {
+            let (user, password) = match userinfo.split_once(':') {
+                Some((u, p)) => (u, Some(p)),
+                None => (userinfo, None),
+            };
+            let (user, password) = (decode(user), password.map(decode));
+            if user_is_secret && password.is_none() {
+                self.add(&user);
+            }
+            self.add_basic(&user, password.as_deref());
+        }
+        self
+    }
+
+    /// Hold everything `other` holds.
+    pub fn extend(&mut self, other: &Secrets) -> &mut Self {
+        for literal in &other.literals {
+            self.push(literal.clone());
+        }
+        self
+    }
+
+    fn push(&mut self, literal: String) {
+        if literal.is_empty() || self.literals.contains(&literal) {
+            return;
+        }
+        let at = self
+            .literals
+            .iter()
+            .position(|l| l.len() < literal.len())
+            .unwrap_or(self.literals.len());
+        self.literals.insert(at, literal);
+    }
+
+    /// `text` with every held secret replaced by [`MASK`].
+    pub fn mask(&self, text: &str) -> String {
+        let mut out = text.to_owned();
+        for literal in &self.literals {
+            if literal.len() >= SHORT_SECRET {
+                if out.contains(literal.as_str()) {
+                    out = out.replace(literal.as_str(), MASK);
+                }
+            } else {
+                out = replace_standalone(&out, literal);
+            }
+        }
+        out
+    }
+
+    /// `text` masked as [`mask`](Self::mask) and then [`sanitize_error`]:
+    /// what may be stored in `last_error` or logged.
+    pub fn sanitize(&self, text: &str) -> String {
+        sanitize_error(&self.mask(text))
+    }
+}
+
+/// Replace occurrences of `literal` not adjacent to an alphanumeric character.
+fn replace_standalone(text: &str, literal: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    let mut prev: Option<char> = None;
+    while let Some(pos) = rest.find(literal) {
+        let before = rest[..pos].chars().next_back().or(prev);
+        let after = rest[pos + literal.len()..].chars().next();
+        let alone =
+            !before.is_some_and(char::is_alphanumeric) && !after.is_some_and(char::is_alphanumeric);
+        out.push_str(&rest[..pos]);
+        out.push_str(if alone { MASK } else { literal });
+        prev = literal.chars().next_back();
+        rest = &rest[pos + literal.len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Percent-decode (invalid escapes and invalid UTF-8 are kept as they are).
+fn decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
+                out.push((hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0)) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).unwrap_or_else(|_| s.to_owned())
+}
+
+/// Percent-encode everything but unreserved URL characters.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Standard base64 with padding.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | (u32::from(b) << (16 - 8 * i)));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// A URL as it may be shown in logs, metrics and status: scheme, host and
+/// port; user-info never; the query as `?…`; and each path segment as it is
+/// only when it looks like a plain name (lowercase letters, with `-`, `_` or
+/// `.` between words and up to two trailing digits, e.g. `hooks`, `v2`,
+/// `order-events`), otherwise `***` — so tokens carried in a path
+/// (`/services/T000/B000/XXXX`) are never printed. Text that is not a URL
+/// with a host is masked by shape ([`sanitize_error`]).
+pub fn display_url(raw: &str) -> String {
+    let Some((scheme, rest)) = raw.split_once("://") else {
+        return sanitize_error(raw);
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..end];
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let tail = &rest[end..];
+    let (path, query) = match tail.find(['?', '#']) {
+        Some(i) => (&tail[..i], tail[i..].starts_with('?')),
+        None => (tail, false),
+    };
+    let mut out = format!("{scheme}://{host}");
+    for segment in path.split('/').skip(1) {
+        out.push('/');
+        if plain_segment(segment) {
+            out.push_str(segment);
+        } else {
+            out.push_str(MASK);
+        }
+    }
+    if query {
+        out.push_str("?…");
+    }
+    sanitize_error(&out)
+}
+
+/// Whether a path segment reads as a name rather than a token.
+fn plain_segment(segment: &str) -> bool {
+    if segment.is_empty() {
+        return true;
+    }
+    let body = segment.trim_end_matches(|c: char| c.is_ascii_digit());
+    let digits = segment.len() - body.len();
+    segment.len() <= 40
+        && digits <= 2
+        && body.starts_with(|c: char| c.is_ascii_lowercase())
+        && body.split(['-', '_', '.']).all(|word| {
+            !word.is_empty() && word.len() <= 16 && word.bytes().all(|b| b.is_ascii_lowercase())
+        })
+}
 
 /// A redaction path that cannot be parsed.
 #[derive(Debug, thiserror::Error)]
@@ -390,6 +688,92 @@ mod tests {
         assert!(s.contains("x=1"), "{s}");
         let s = sanitize_error("host=db password=hunter2 user=app");
         assert_eq!(s, "host=db password=*** user=app");
+    }
+
+    #[test]
+    fn secrets_are_masked_in_every_encoding() {
+        let mut secrets = Secrets::new();
+        secrets
+            .add("k3y/with+\"odd\" chars")
+            .add_basic("app", Some("pa ss:w0rd"));
+        let text = format!(
+            "raw k3y/with+\"odd\" chars, url k3y%2Fwith%2B%22odd%22%20chars, json {}, \
+             basic {}, url-safe {}, password pa ss:w0rd, encoded pa%20ss%3Aw0rd",
+            serde_json::to_string("k3y/with+\"odd\" chars").unwrap(),
+            base64(b"app:pa ss:w0rd"),
+            base64(b"app:pa ss:w0rd")
+                .replace('+', "-")
+                .replace('/', "_"),
+        );
+        let masked = secrets.sanitize(&text);
+        for leak in ["k3y", "w0rd", "YXBwOnBh", "odd"] {
+            assert!(!masked.contains(leak), "{leak} in {masked}");
+        }
+        assert!(masked.starts_with("raw ***, url ***"), "{masked}");
+        // Nothing held, nothing changed (beyond shape-based masking).
+        assert_eq!(Secrets::NONE.mask("a b"), "a b");
+        assert_eq!(
+            format!("{secrets:?}"),
+            format!("Secrets({} literals)", secrets.literals.len())
+        );
+    }
+
+    #[test]
+    fn url_secrets_are_held() {
+        let mut secrets = Secrets::new();
+        secrets.add_url(
+            "https://app:p%40ss-word@hooks.example/services/T0AB1/XXXXSECRET?api_key=k%2By&mode=x",
+            false,
+        );
+        let text = "p@ss-word p%40ss-word app T0AB1 XXXXSECRET k+y k%2By services hooks.example";
+        assert_eq!(
+            secrets.mask(text),
+            "*** *** app *** *** *** *** services hooks.example"
+        );
+        let mut nats = Secrets::new();
+        nats.add_url("nats://s3cr3t-token@127.0.0.1:4222", true);
+        assert_eq!(nats.mask("bad token s3cr3t-token"), "bad token ***");
+        // Basic credentials from the user-info, in base64.
+        assert_eq!(secrets.mask(&base64(b"app:p@ss-word")), "***");
+    }
+
+    #[test]
+    fn short_secrets_are_masked_only_standing_alone() {
+        let mut secrets = Secrets::new();
+        secrets.add("ab");
+        assert_eq!(
+            secrets.mask("ab cab ab, abc (ab)"),
+            "*** cab ***, abc (***)"
+        );
+    }
+
+    #[test]
+    fn base64_matches_the_standard() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(b"user:pass"), "dXNlcjpwYXNz");
+        assert_eq!(base64(&[0xfb, 0xff]), "+/8=");
+    }
+
+    #[test]
+    fn urls_are_displayed_without_secrets() {
+        assert_eq!(
+            display_url("https://hooks.example/services/T000/B000/XXXXSECRETXXXX"),
+            "https://hooks.example/services/***/***/***"
+        );
+        assert_eq!(
+            display_url("https://u:p@api.example.com:8443/v2/order-events/hook?token=abc#f"),
+            "https://api.example.com:8443/v2/order-events/hook?…"
+        );
+        assert_eq!(
+            display_url("https://discord.example/api/webhooks/123456789012/aBcD-eFgH_iJkL"),
+            "https://discord.example/api/webhooks/***/***"
+        );
+        assert_eq!(display_url("http://h/"), "http://h/");
+        assert_eq!(display_url("http://h"), "http://h");
+        assert_eq!(display_url("nope password=x"), "nope password=***");
     }
 
     #[test]

@@ -4,9 +4,15 @@
 //!
 //! Answers: 200 once the delivery is committed (also for a duplicate, which adds no
 //! row); 401 for a missing or bad signature; 400 when the delivery has no usable
-//! event id; 413 when the body exceeds `--max-body-bytes`; 503 when the database
+//! event id, or is ambiguous (a CloudEvents JSON body naming a top-level key
+//! twice); 413 when the body exceeds `--max-body-bytes`; 503 when the database
 //! cannot be reached in time (so the sender retries); 500 for other database
 //! failures. Error responses carry no detail beyond a fixed phrase.
+//!
+//! Refused deliveries are counted in `postbox_receive_rejected_total{reason}`
+//! and logged at WARN at most once per reason every [`REJECTION_LOG_INTERVAL`]
+//! (with how many were refused meanwhile), so a flood of forged requests
+//! cannot flood the log.
 
 use crate::context::{cancel_on_signal, AnyError, Settings};
 use axum::body::Bytes;
@@ -24,16 +30,19 @@ use postbox::{InboxOutcome, Outbox};
 use postbox_harness::db;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// Default for `--max-body-bytes`: 1 MiB.
 const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 /// Database connections the receiver keeps at most.
 const POOL_SIZE: u32 = 8;
+/// At most one WARN line per rejection reason in this interval.
+const REJECTION_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// Request headers never stored: they may carry credentials.
 const NOT_STORED: [&str; 3] = ["authorization", "proxy-authorization", "cookie"];
 
@@ -146,6 +155,7 @@ pub async fn run(settings: &Settings, args: ReceiveArgs) -> Result<ExitCode, Any
         outbox: Outbox::new(settings.schema.clone()),
         consumer: Arc::from(args.consumer.as_str()),
         headers_signed: args.verify != VerifyMode::Qstash,
+        rejections: Arc::new(Rejections::new(REJECTION_LOG_INTERVAL)),
     };
     let app = router(store, verifier, args.max_body_bytes);
 
@@ -222,6 +232,76 @@ struct Deliveries {
     consumer: Arc<str>,
     /// Whether the signature covers the id headers (not so for QStash).
     headers_signed: bool,
+    rejections: Arc<Rejections>,
+}
+
+/// Counts refused deliveries and logs them at WARN at most once per reason
+/// per interval, with how many of that reason were refused since.
+struct Rejections {
+    interval: Duration,
+    /// Per reason: when its last WARN was written, and the refusals since.
+    windows: Mutex<HashMap<&'static str, (Instant, u64)>>,
+}
+
+impl Rejections {
+    fn new(interval: Duration) -> Self {
+        Self {
+            interval,
+            windows: Mutex::default(),
+        }
+    }
+
+    /// Count a refusal and log it (WARN when due, else DEBUG).
+    fn record(&self, reason: &'static str, detail: &str) {
+        metrics::counter!(postbox_relay::metrics::RECEIVE_REJECTED, "reason" => reason)
+            .increment(1);
+        match self.due(reason, Instant::now()) {
+            Some(suppressed) => tracing::warn!(
+                reason,
+                detail,
+                suppressed,
+                "refused a delivery (suppressed: refusals for this reason since the last such line)"
+            ),
+            None => tracing::debug!(reason, detail, "refused a delivery"),
+        }
+    }
+
+    /// `Some(refusals not logged since the last WARN)` when a WARN is due for `reason`.
+    fn due(&self, reason: &'static str, now: Instant) -> Option<u64> {
+        let mut windows = self
+            .windows
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match windows.get_mut(reason) {
+            None => {
+                windows.insert(reason, (now, 0));
+                Some(0)
+            }
+            Some((since, suppressed)) if now.duration_since(*since) >= self.interval => {
+                let n = *suppressed;
+                *since = now;
+                *suppressed = 0;
+                Some(n)
+            }
+            Some((_, suppressed)) => {
+                *suppressed += 1;
+                None
+            }
+        }
+    }
+}
+
+/// Why a delivery was refused with a 400: a metric label and the fixed answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Refusal {
+    reason: &'static str,
+    text: &'static str,
+}
+
+impl Refusal {
+    const fn new(reason: &'static str, text: &'static str) -> Self {
+        Self { reason, text }
+    }
 }
 
 /// State of the verifying routes.
@@ -241,11 +321,15 @@ async fn verified(State(state): State<Checked>, delivery: Result<Verified, Rejec
     match delivery {
         Ok(Verified { headers, body }) => state.store.accept(&headers, body).await,
         Err(rejection) => {
-            if rejection.status() == StatusCode::UNAUTHORIZED {
-                tracing::warn!(reason = %postbox_harness::error_chain(&rejection), "refused a delivery");
-            } else {
-                tracing::debug!(reason = %postbox_harness::error_chain(&rejection), "refused a delivery");
-            }
+            let reason = match rejection.status() {
+                StatusCode::UNAUTHORIZED => "signature",
+                StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+                _ => "malformed",
+            };
+            state
+                .store
+                .rejections
+                .record(reason, &postbox_harness::error_chain(&rejection));
             rejection.into_response()
         }
     }
@@ -258,7 +342,14 @@ async fn unverified(
 ) -> Response {
     match body {
         Ok(body) => store.accept(&headers, body).await,
-        Err(rejection) => rejection.status().into_response(),
+        Err(rejection) => {
+            let reason = match rejection.status() {
+                StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+                _ => "malformed",
+            };
+            store.rejections.record(reason, &rejection.body_text());
+            rejection.status().into_response()
+        }
     }
 }
 
@@ -280,9 +371,9 @@ impl Deliveries {
     async fn accept(&self, headers: &HeaderMap, body: Bytes) -> Response {
         let event_id = match event_id(headers, &body, self.headers_signed) {
             Ok(id) => id,
-            Err(why) => {
-                tracing::debug!(reason = why, "refused a delivery without a usable event id");
-                return answer(StatusCode::BAD_REQUEST, why);
+            Err(refusal) => {
+                self.rejections.record(refusal.reason, refusal.text);
+                return answer(StatusCode::BAD_REQUEST, refusal.text);
             }
         };
         let delivery = match NewDelivery::new(&*self.consumer, event_id, body.to_vec())
@@ -290,7 +381,7 @@ impl Deliveries {
         {
             Ok(d) => d,
             Err(e) => {
-                tracing::debug!(reason = %e, "refused a malformed delivery");
+                self.rejections.record("malformed", &e.to_string());
                 return answer(StatusCode::BAD_REQUEST, "malformed delivery");
             }
         };
@@ -334,31 +425,64 @@ impl Deliveries {
 /// With `headers_signed` false (QStash signs the body, not the headers), an id header
 /// must agree with the body's CloudEvents id when there is one: otherwise whoever
 /// replays a captured request could change the header and have the same delivery
-/// stored twice.
-fn event_id(
-    headers: &HeaderMap,
-    body: &[u8],
-    headers_signed: bool,
-) -> Result<String, &'static str> {
+/// stored twice. A CloudEvents body naming a top-level key twice is refused
+/// whatever the headers: which `id` counts would depend on the parser.
+fn event_id(headers: &HeaderMap, body: &[u8], headers_signed: bool) -> Result<String, Refusal> {
+    if ambiguous_cloudevent(body) {
+        return Err(Refusal::new(
+            "ambiguous",
+            "ambiguous CloudEvents body: a top-level key appears more than once",
+        ));
+    }
     for name in ["webhook-id", "ce-id"] {
         let Some(value) = headers.get(name) else {
             continue;
         };
         let id = match value.to_str().map(str::trim) {
             Ok(id) if !id.is_empty() => id,
-            _ => return Err("malformed event id header"),
+            _ => return Err(Refusal::new("no_event_id", "malformed event id header")),
         };
         if !headers_signed {
             if let Some(signed) = cloudevent_id(body) {
                 if signed != id {
-                    return Err("the event id header contradicts the CloudEvents id of the body");
+                    return Err(Refusal::new(
+                        "id_mismatch",
+                        "the event id header contradicts the CloudEvents id of the body",
+                    ));
                 }
             }
         }
         return Ok(id.to_owned());
     }
-    cloudevent_id(body)
-        .ok_or("no event id: send a webhook-id or ce-id header, or a CloudEvents JSON body")
+    cloudevent_id(body).ok_or(Refusal::new(
+        "no_event_id",
+        "no event id: send a webhook-id or ce-id header, or a CloudEvents JSON body",
+    ))
+}
+
+/// Whether `body` is a JSON object with a `specversion` member (a structured
+/// CloudEvent) that names some top-level key more than once.
+fn ambiguous_cloudevent(body: &[u8]) -> bool {
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+    struct TopLevelKeys;
+    impl<'de> Visitor<'de> for TopLevelKeys {
+        /// (a key repeats, `specversion` is one of them)
+        type Value = (bool, bool);
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            let mut repeated = false;
+            while let Some(key) = map.next_key::<String>()? {
+                map.next_value::<IgnoredAny>()?;
+                repeated |= !seen.insert(key);
+            }
+            Ok((repeated, seen.contains("specversion")))
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    matches!(de.deserialize_map(TopLevelKeys), Ok((true, true)))
 }
 
 /// The `id` of a structured CloudEvents JSON body.
@@ -474,6 +598,45 @@ mod tests {
             assert!(event_id(&HeaderMap::new(), body, true).is_err(), "{body:?}");
         }
         assert!(event_id(&headers(&[("webhook-id", " ")]), b"", true).is_err());
+    }
+
+    #[test]
+    fn a_cloudevents_body_with_a_repeated_key_is_refused() {
+        let twice = br#"{"specversion":"1.0","id":"a","type":"t","id":"b"}"#;
+        for signed in [true, false] {
+            for h in [
+                headers(&[("ce-id", "a")]),
+                headers(&[("ce-id", "b")]),
+                HeaderMap::new(),
+            ] {
+                assert_eq!(
+                    event_id(&h, twice, signed).map_err(|r| r.reason),
+                    Err("ambiguous")
+                );
+            }
+        }
+        let spec_twice = br#"{"specversion":"1.0","specversion":"1.0","id":"a"}"#;
+        assert!(ambiguous_cloudevent(spec_twice));
+        // Application JSON (no specversion) and nested repeats are not CloudEvents keys.
+        assert!(!ambiguous_cloudevent(br#"{"a":1,"a":2}"#));
+        assert!(!ambiguous_cloudevent(
+            br#"{"specversion":"1.0","id":"a","data":{"x":1,"x":2}}"#
+        ));
+        assert!(!ambiguous_cloudevent(b"not json"));
+    }
+
+    #[test]
+    fn rejections_are_logged_once_per_reason_per_interval() {
+        let log = Rejections::new(Duration::from_secs(10));
+        let t0 = Instant::now();
+        assert_eq!(log.due("signature", t0), Some(0));
+        for i in 1..=5 {
+            assert_eq!(log.due("signature", t0 + Duration::from_secs(i)), None);
+        }
+        // Another reason has its own window.
+        assert_eq!(log.due("too_large", t0), Some(0));
+        assert_eq!(log.due("signature", t0 + Duration::from_secs(10)), Some(5));
+        assert_eq!(log.due("signature", t0 + Duration::from_secs(11)), None);
     }
 
     #[test]

@@ -140,7 +140,7 @@ pub async fn run(settings: &Settings, args: RelayArgs) -> Result<ExitCode, AnyEr
     let pool = db::lazy_pool(options, 6);
     check_schema(&pool, &settings.schema).await?;
     for d in router.destinations() {
-        if let Err(e) = d.sink.check().await {
+        if let Err(e) = d.sink.check().await.map_err(|e| e.masked(d.sink.secrets())) {
             tracing::warn!(destination = %d.name, error = %e, "the destination is not reachable yet; its events will be retried until it is");
         }
     }

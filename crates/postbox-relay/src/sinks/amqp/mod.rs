@@ -57,7 +57,7 @@ pub use config::Unroutable;
 use super::{BuiltSink, KeyTemplate, SinkOptions};
 use crate::cloudevents;
 use crate::redact::sanitize_error;
-use crate::sink::{Message, Outcome, Sink, SinkError};
+use crate::sink::{Message, Outcome, Secrets, Sink, SinkError};
 use async_trait::async_trait;
 use chrono::SecondsFormat;
 use config::AmqpConfig;
@@ -98,6 +98,8 @@ pub struct AmqpSink {
     timeout: Duration,
     options: SinkOptions,
     described: String,
+    /// The URL's credentials, masked in every error.
+    secrets: Secrets,
     session: Mutex<Option<Session>>,
     generations: AtomicU64,
 }
@@ -142,6 +144,8 @@ impl AmqpSink {
             timeout,
             described,
         } = AmqpConfig::from_url(raw)?;
+        let mut secrets = Secrets::new();
+        secrets.add_userinfo(raw, false);
         Ok(Self {
             uri,
             exchange,
@@ -150,6 +154,7 @@ impl AmqpSink {
             timeout,
             options,
             described,
+            secrets,
             session: Mutex::new(None),
             generations: AtomicU64::new(0),
         })
@@ -486,5 +491,9 @@ impl Sink for AmqpSink {
 
     fn describe(&self) -> String {
         self.described.clone()
+    }
+
+    fn secrets(&self) -> &Secrets {
+        &self.secrets
     }
 }

@@ -54,3 +54,16 @@ fn rejects_bad_parameters() {
         assert!(!err.contains("%ff"), "{err}");
     }
 }
+
+#[test]
+fn the_password_is_masked_in_errors() {
+    let s = AmqpSink::from_url(
+        "amqp://app:s%40cret-pw@rabbit:5673/shop?exchange=events",
+        SinkOptions::default(),
+    )
+    .unwrap();
+    let masked = s
+        .secrets()
+        .sanitize("ACCESS_REFUSED for app: s@cret-pw / s%40cret-pw; exchange events");
+    assert_eq!(masked, "ACCESS_REFUSED for app: *** / ***; exchange events");
+}

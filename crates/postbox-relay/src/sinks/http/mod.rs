@@ -66,7 +66,7 @@ use super::shared::http::{classify, client, display_url, is_reserved, printable,
 use super::shared::rate::RateLimit;
 use super::{BuiltSink, SinkOptions};
 use crate::cloudevents;
-use crate::sink::{Message, Outcome, Sink, SinkError};
+use crate::sink::{Message, Outcome, Secrets, Sink, SinkError};
 use async_trait::async_trait;
 use chrono::Utc;
 use config::Endpoint;
@@ -100,6 +100,7 @@ pub struct HttpSink {
     signer: Option<Signer>,
     source: String,
     described: String,
+    secrets: Secrets,
 }
 
 impl HttpSink {
@@ -108,9 +109,20 @@ impl HttpSink {
     pub fn new(url: &str, options: SinkOptions, secrets: Vec<Secret>) -> Result<Self, SinkError> {
         let http = options.get::<HttpOptions>();
         http.validate()?;
+        let mut held = Secrets::new();
+        held.add_url(url, false);
         let Endpoint { url, basic } = Endpoint::from_url(url)?;
         let method = http.method()?;
         let headers = http.static_headers()?;
+        // Configured header values are credentials more often than not.
+        for value in headers.values() {
+            if let Ok(value) = value.to_str() {
+                held.add(value);
+            }
+        }
+        if let Some((user, password)) = &basic {
+            held.add_basic(user, password.as_deref());
+        }
         let concurrency = http.concurrency as usize;
         let secret_count = secrets.len();
         let signer = if secrets.is_empty() {
@@ -150,6 +162,7 @@ impl HttpSink {
             signer,
             source: options.source,
             described,
+            secrets: held,
         })
     }
 
@@ -336,5 +349,9 @@ impl Sink for HttpSink {
 
     fn describe(&self) -> String {
         self.described.clone()
+    }
+
+    fn secrets(&self) -> &Secrets {
+        &self.secrets
     }
 }

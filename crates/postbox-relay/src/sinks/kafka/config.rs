@@ -5,7 +5,7 @@
 use super::super::shared::{params, with_placeholders_filled};
 use super::super::KeyTemplate;
 use crate::redact::sanitize_error;
-use crate::sink::SinkError;
+use crate::sink::{Secrets, SinkError};
 use rdkafka::ClientConfig;
 use std::time::Duration;
 
@@ -27,6 +27,8 @@ pub(crate) struct KafkaConfig {
     pub timeout: Duration,
     /// The brokers and the topic template.
     pub described: String,
+    /// The values of secret-bearing properties (see [`secret_property`]).
+    pub secrets: Secrets,
 }
 
 impl KafkaConfig {
@@ -57,6 +59,7 @@ impl KafkaConfig {
         let mut topic = DEFAULT_TOPIC.to_owned();
         let mut timeout = DEFAULT_TIMEOUT;
         let mut config = ClientConfig::new();
+        let mut secrets = Secrets::new();
         for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
             match name.as_ref() {
                 "topic" => topic = value.into_owned(),
@@ -68,6 +71,9 @@ impl KafkaConfig {
                         )))
                     }
                     Some(property) if !property.is_empty() => {
+                        if secret_property(property) {
+                            secrets.add(&value);
+                        }
                         config.set(property, value.as_ref());
                     }
                     _ => return Err(params::unknown(other, &["topic", "timeout", "rdkafka.PROPERTY"])),
@@ -90,8 +96,27 @@ impl KafkaConfig {
             described: format!("kafka://{brokers} topic {topic}"),
             topic: template,
             timeout,
+            secrets,
         })
     }
+}
+
+/// Whether a librdkafka property holds a credential (`sasl.password`,
+/// `ssl.key.password`, `sasl.oauthbearer.client.secret`, `ssl.key.pem`,
+/// `sasl.jaas.config`, …): its value is masked in every error.
+pub(crate) fn secret_property(property: &str) -> bool {
+    let p = property.to_ascii_lowercase();
+    [
+        "password",
+        "secret",
+        "token",
+        ".pem",
+        "jaas",
+        "oauthbearer.config",
+        "credential",
+    ]
+    .iter()
+    .any(|w| p.contains(w))
 }
 
 fn check_topic_template(template: &str) -> Result<(), SinkError> {

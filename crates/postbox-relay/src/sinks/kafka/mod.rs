@@ -45,7 +45,7 @@ mod tests;
 use super::{BuiltSink, KeyTemplate, SinkOptions};
 use crate::cloudevents;
 use crate::redact::sanitize_error;
-use crate::sink::{Message, Outcome, Sink, SinkError};
+use crate::sink::{Message, Outcome, Secrets, Sink, SinkError};
 use async_trait::async_trait;
 use chrono::SecondsFormat;
 use config::{check_topic, KafkaConfig};
@@ -72,6 +72,8 @@ pub struct KafkaSink {
     timeout: Duration,
     options: SinkOptions,
     described: String,
+    /// The values of secret properties (`rdkafka.sasl.password`…), masked in every error.
+    secrets: Secrets,
     producer: Mutex<Option<FutureProducer>>,
 }
 
@@ -83,6 +85,7 @@ impl KafkaSink {
             topic,
             timeout,
             described,
+            secrets,
         } = KafkaConfig::from_url(raw)?;
         Ok(Self {
             config: client,
@@ -90,6 +93,7 @@ impl KafkaSink {
             timeout,
             options,
             described,
+            secrets,
             producer: Mutex::new(None),
         })
     }
@@ -238,5 +242,9 @@ impl Sink for KafkaSink {
 
     fn describe(&self) -> String {
         self.described.clone()
+    }
+
+    fn secrets(&self) -> &Secrets {
+        &self.secrets
     }
 }

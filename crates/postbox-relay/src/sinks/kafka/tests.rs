@@ -44,3 +44,20 @@ fn checks_topics() {
     assert!(check_topic("has space").is_err());
     assert!(check_topic(&"x".repeat(250)).is_err());
 }
+
+#[test]
+fn secret_properties_are_masked_in_errors() {
+    let s = KafkaSink::from_url(
+        "kafka://k:9092?topic=orders&rdkafka.sasl.username=app&rdkafka.sasl.password=hunter2-kafka&rdkafka.ssl.key.password=k%2Bpw",
+        SinkOptions::default(),
+    )
+    .unwrap();
+    let masked = s
+        .secrets()
+        .sanitize("auth failed for app with hunter2-kafka (key k+pw) on topic orders");
+    assert_eq!(
+        masked,
+        "auth failed for app with *** (key ***) on topic orders"
+    );
+    assert!(!s.describe().contains("hunter2"), "{}", s.describe());
+}

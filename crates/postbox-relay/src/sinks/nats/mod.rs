@@ -56,7 +56,7 @@ mod tests;
 use super::{BuiltSink, KeyTemplate, SinkOptions};
 use crate::cloudevents;
 use crate::redact::sanitize_error;
-use crate::sink::{Message, Outcome, Sink, SinkError};
+use crate::sink::{Message, Outcome, Secrets, Sink, SinkError};
 use async_nats::header::{HeaderMap, HeaderName, HeaderValue};
 use async_nats::jetstream::{self, context::PublishErrorKind, stream};
 use async_trait::async_trait;
@@ -86,6 +86,8 @@ pub struct NatsSink {
     timeout: Duration,
     options: SinkOptions,
     described: String,
+    /// The URL's credentials, masked in every error.
+    secrets: Secrets,
     connection: Mutex<Option<jetstream::Context>>,
 }
 
@@ -129,6 +131,8 @@ impl NatsSink {
             timeout,
             described,
         } = NatsConfig::from_url(raw)?;
+        let mut secrets = Secrets::new();
+        secrets.add_userinfo(raw, true);
         Ok(Self {
             server,
             auth,
@@ -139,6 +143,7 @@ impl NatsSink {
             timeout,
             options,
             described,
+            secrets,
             connection: Mutex::new(None),
         })
     }
@@ -340,6 +345,10 @@ impl Sink for NatsSink {
 
     fn describe(&self) -> String {
         self.described.clone()
+    }
+
+    fn secrets(&self) -> &Secrets {
+        &self.secrets
     }
 }
 

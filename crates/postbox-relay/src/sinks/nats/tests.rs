@@ -63,3 +63,25 @@ fn checks_rendered_subjects() {
     assert!(check_subject("orders.").is_err());
     assert!(check_subject(&format!("orders.{}", "x".repeat(1100))).is_err());
 }
+
+#[test]
+fn tokens_and_passwords_are_masked_in_errors() {
+    let token =
+        NatsSink::from_url("nats://t0ken-abc@127.0.0.1:4222", SinkOptions::default()).unwrap();
+    assert_eq!(
+        token
+            .secrets()
+            .sanitize("authorization violation: t0ken-abc"),
+        "authorization violation: ***"
+    );
+    let pair = NatsSink::from_url(
+        "nats://app:n%20ats-pw@127.0.0.1:4222",
+        SinkOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        pair.secrets()
+            .sanitize("user app password n ats-pw refused"),
+        "user app password *** refused"
+    );
+}

@@ -324,6 +324,16 @@ impl QstashCredentials {
         Ok(authorization)
     }
 
+    /// The token (as sent: raw and in `Bearer …`) and whatever the API URL carries.
+    pub(crate) fn secrets(&self) -> crate::sink::Secrets {
+        let mut secrets = crate::sink::Secrets::new();
+        secrets
+            .add(self.token.trim())
+            .add(&self.token)
+            .add_url(&self.base_url, false);
+        secrets
+    }
+
     /// The QStash API's base URL, checked: as written without a trailing
     /// `/`, and parsed.
     pub(crate) fn api(&self) -> Result<(String, reqwest::Url), SinkError> {

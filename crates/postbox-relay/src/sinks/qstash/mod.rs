@@ -66,7 +66,7 @@ use super::shared::http::{
 };
 use super::{BuiltSink, SinkOptions};
 use crate::cloudevents;
-use crate::sink::{Message, Outcome, Sink, SinkError};
+use crate::sink::{Message, Outcome, Secrets, Sink, SinkError};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use config::forwardable;
@@ -103,6 +103,7 @@ pub struct QstashSink {
     request_timeout: Duration,
     source: String,
     described: String,
+    secrets: Secrets,
 }
 
 /// One entry of a `/v2/batch` request.
@@ -136,6 +137,17 @@ impl QstashSink {
         } else {
             Some(endpoint(&format!("/v2/publish/{destination}"))?)
         };
+        let mut secrets = credentials.secrets();
+        secrets.add_url(&destination, false);
+        for url in [&qstash.callback, &qstash.failure_callback]
+            .into_iter()
+            .flatten()
+        {
+            secrets.add_url(url, false);
+        }
+        for value in qstash.forward_headers.values() {
+            secrets.add(value);
+        }
         let described = format!(
             "qstash {} → {}",
             display_url(&base_parsed),
@@ -153,6 +165,7 @@ impl QstashSink {
             request_timeout: qstash.request_timeout,
             source: options.source,
             described,
+            secrets,
         })
     }
 
@@ -438,5 +451,9 @@ impl Sink for QstashSink {
 
     fn describe(&self) -> String {
         self.described.clone()
+    }
+
+    fn secrets(&self) -> &Secrets {
+        &self.secrets
     }
 }

@@ -19,7 +19,7 @@ pub use config::Mode;
 
 use super::{BuiltSink, KeyTemplate, SinkOptions};
 use crate::cloudevents;
-use crate::sink::{Message, Outcome, Sink, SinkError};
+use crate::sink::{Message, Outcome, Secrets, Sink, SinkError};
 use async_trait::async_trait;
 use config::RedisConfig;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -42,6 +42,8 @@ pub struct RedisSink {
     maxlen: Option<usize>,
     options: SinkOptions,
     described: String,
+    /// The URL's credentials, masked in every error.
+    secrets: Secrets,
 }
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -63,6 +65,8 @@ impl RedisSink {
                 crate::redact::sanitize_error(&e.to_string())
             ))
         })?;
+        let mut secrets = Secrets::new();
+        secrets.add_userinfo(raw, false);
         Ok(Self {
             client,
             connection: Mutex::new(None),
@@ -71,6 +75,7 @@ impl RedisSink {
             maxlen,
             options,
             described,
+            secrets,
         })
     }
 
@@ -154,5 +159,9 @@ impl Sink for RedisSink {
 
     fn describe(&self) -> String {
         self.described.clone()
+    }
+
+    fn secrets(&self) -> &Secrets {
+        &self.secrets
     }
 }

@@ -36,3 +36,17 @@ fn rejects_bad_parameters() {
         assert!(err.contains(want), "{url}: {err}");
     }
 }
+
+#[test]
+fn the_password_is_masked_in_errors() {
+    let s = RedisSink::from_url(
+        "redis://app:r3dis-pw@127.0.0.1:6380/2?key=orders",
+        SinkOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        s.secrets()
+            .sanitize("WRONGPASS app r3dis-pw for key orders"),
+        "WRONGPASS app *** for key orders"
+    );
+}

@@ -69,17 +69,19 @@ pub(crate) fn parse_http_url(raw: &str, what: &str) -> Result<reqwest::Url, Sink
 }
 
 /// `scheme://host:port/path`, plus `?…` when the URL has a query: no
-/// user-info, no query values.
+/// user-info, no query values, and secret-looking path segments masked (see
+/// [`redact::display_url`](crate::redact::display_url)).
 pub(crate) fn display_url(url: &reqwest::Url) -> String {
     let host = url.host_str().unwrap_or("");
     let mut out = match url.port_or_known_default() {
         Some(port) => format!("{}://{host}:{port}{}", url.scheme(), url.path()),
         None => format!("{}://{host}{}", url.scheme(), url.path()),
     };
-    if url.query().is_some() {
-        out.push_str("?…");
+    if let Some(query) = url.query() {
+        out.push('?');
+        out.push_str(query);
     }
-    sanitize_error(&out)
+    crate::redact::display_url(&out)
 }
 
 /// Build the reqwest client every HTTP-speaking sink uses: rustls, no
