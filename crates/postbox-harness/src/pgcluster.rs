@@ -919,6 +919,45 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_crash_keeps_commits_breaks_connections_and_the_cluster_comes_back() {
+        let Some(mut cluster) = (match TempCluster::start_crashable().await {
+            Ok(c) => Some(c),
+            Err(ClusterError::BinariesNotFound) => None,
+            Err(e) => panic!("starting the cluster failed: {e}"),
+        }) else {
+            return;
+        };
+        let schema = postbox::Schema::new("pgcluster_crash").unwrap();
+        let mut conn = PgConnection::connect(cluster.url()).await.unwrap();
+        postbox::sqlx::migrate(&mut conn, &schema).await.unwrap();
+        let event = postbox::NewEvent::from_json("t", "a", "1", r#"{"n":1}"#).unwrap();
+        let outbox = postbox::Outbox::new(schema.clone());
+        postbox::sqlx::enqueue(&outbox, &mut conn, &event)
+            .await
+            .unwrap();
+        let pid = cluster.child.as_ref().map(ChildProcess::id).unwrap();
+
+        let crash = cluster.crash_and_restart().await.unwrap();
+        assert!(crash.downtime < READY_TIMEOUT);
+        assert!(!os::exists(pid), "the old postmaster {pid} still runs");
+        // The connection from before the crash is gone…
+        assert!(data_directory(&mut conn).await.is_err());
+        // …the committed event is not, and the server answers on the same URL.
+        let mut conn = PgConnection::connect(cluster.url()).await.unwrap();
+        let ids = postbox::sqlx::applied_version(&mut conn, &schema)
+            .await
+            .unwrap();
+        assert!(ids.is_some());
+        let store = postbox_store::Store::new(
+            sqlx::PgPool::connect(cluster.url()).await.unwrap(),
+            schema.clone(),
+        );
+        assert_eq!(store.status_counts().await.unwrap().pending, 1);
+        drop(conn);
+        cluster.stop().await.unwrap();
+    }
+
+    #[tokio::test]
     async fn two_clusters_at_once() {
         let (a, b) = tokio::join!(start_or_skip(), start_or_skip());
         let (Some(a), Some(b)) = (a, b) else {
