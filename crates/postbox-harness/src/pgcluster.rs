@@ -957,6 +957,38 @@ mod tests {
         cluster.stop().await.unwrap();
     }
 
+    /// `--crash-external-database`: a server verify did not start, crashed
+    /// and restarted through `pg_ctl` with its own command line.
+    #[tokio::test]
+    async fn an_external_server_is_crashed_and_restarted_with_pg_ctl() {
+        let Some(mut cluster) = start_or_skip().await else {
+            return;
+        };
+        let data_dir = cluster.data_dir().to_path_buf();
+        let pid = cluster.child.as_ref().map(ChildProcess::id).unwrap();
+        let mut before = PgConnection::connect(cluster.url()).await.unwrap();
+        crash_and_restart_external(&data_dir).await.unwrap();
+        // The postmaster verify started is gone (reap it), a new one answers.
+        let old = cluster.child.take().unwrap();
+        assert!(old.wait_for(KILL_TIMEOUT).await.is_some());
+        assert!(!os::exists(pid));
+        assert!(data_directory(&mut before).await.is_err());
+        let mut after = PgConnection::connect(cluster.url()).await.unwrap();
+        let dir = data_directory(&mut after).await.unwrap();
+        assert_eq!(Path::new(&dir), data_dir);
+        drop((before, after));
+        // Stop the restarted server, which pg_ctl started, before the
+        // directory goes.
+        let bins = find_binaries().await.unwrap();
+        let mut stop = std::process::Command::new(bins.postgres.with_file_name("pg_ctl"));
+        stop.args(["stop", "-m", "fast", "-w", "-D"]).arg(&data_dir);
+        if let Some(user) = run_as().unwrap() {
+            stop.uid(user.uid).gid(user.gid);
+        }
+        assert!(stop.status().unwrap().success());
+        cluster.stop().await.unwrap();
+    }
+
     #[tokio::test]
     async fn two_clusters_at_once() {
         let (a, b) = tokio::join!(start_or_skip(), start_or_skip());
