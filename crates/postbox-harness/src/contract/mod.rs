@@ -166,7 +166,8 @@ pub async fn run(
         (None, Some(data_dir)) => Some(CrashTarget::External(data_dir)),
         (None, None) => None,
     };
-    let result = run_on(&url, &spec, options, crash, interrupt).await;
+    let throwaway = cluster.is_some();
+    let result = run_on(&url, &spec, options, crash, throwaway, interrupt).await;
     if let Some(c) = cluster {
         if let Err(e) = c.into_inner().stop().await {
             tracing::warn!(error = %error_chain(&e), "stopping the throwaway cluster failed");
@@ -228,6 +229,7 @@ async fn run_on(
     spec: &str,
     options: &Options,
     crash: Option<CrashTarget<'_>>,
+    throwaway: bool,
     interrupt: Interrupt,
 ) -> Result<Verdict, AnyError> {
     let seed = options.seed.unwrap_or_else(|| rand::rng().random());
@@ -312,7 +314,7 @@ async fn run_on(
     } else {
         print!("{}", report.text());
     }
-    clean_up(&report, options.keep, &db, &broker, &logs).await;
+    clean_up(&report, options.keep, throwaway, &db, &broker, &logs).await;
     Ok(if report.passed {
         Verdict::Pass
     } else {
@@ -739,10 +741,12 @@ async fn drain(db: &RunDatabase, seen: &Seen, timeout: Duration) -> Result<Drain
 }
 
 /// After a pass (unless `keep`): drop the schema, the broker's stream and
-/// the logs. After a failure: say what was kept.
+/// the logs. After a failure: say what was kept (on a throwaway cluster,
+/// the schema goes with the cluster).
 async fn clean_up(
     report: &ContractReport,
     keep: bool,
+    throwaway: bool,
     db: &RunDatabase,
     broker: &Broker,
     logs: &Path,
@@ -754,9 +758,16 @@ async fn clean_up(
         }
         let _ = std::fs::remove_dir_all(logs);
     } else if !report.passed {
+        let schema = if throwaway {
+            format!(
+                "(schema {} went with the throwaway cluster; set DATABASE_URL to keep it)",
+                db.schema
+            )
+        } else {
+            format!("schema {}", db.schema)
+        };
         eprintln!(
-            "kept for inspection: schema {}, {}, relay logs in {}",
-            db.schema,
+            "kept for inspection: {schema}, {}, relay logs in {}",
             broker.cleanup.describe(),
             logs.display()
         );
