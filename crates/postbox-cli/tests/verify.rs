@@ -16,11 +16,25 @@ const FAILPOINTS: &str =
     "after_claim_commit=1%exit,after_publish_before_ack=1%exit,during_ack=3%fail,producer_commit=2%fail";
 
 async fn verify(args: &[&str]) -> Output {
-    let run = Command::new(env!("CARGO_BIN_EXE_postbox"))
+    run_verify(args, Some(&database_url())).await
+}
+
+/// `postbox verify` without DATABASE_URL: on a throwaway cluster of its own,
+/// the only database its `crash` fault crashes unasked.
+async fn verify_on_own_cluster(args: &[&str]) -> Output {
+    run_verify(args, None).await
+}
+
+async fn run_verify(args: &[&str], database_url: Option<&str>) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_postbox"));
+    match database_url {
+        Some(url) => command.env("DATABASE_URL", url),
+        None => command.env_remove("DATABASE_URL"),
+    };
+    let run = command
         .arg("verify")
         .args(args)
         .arg("--json")
-        .env("DATABASE_URL", database_url())
         .env("POSTBOX_LOG", "warn")
         .env_remove("POSTBOX_SCHEMA")
         .env_remove("POSTBOX_CONFIG")
@@ -135,6 +149,41 @@ async fn verify_passes_on_nats_jetstream_in_order_with_faults_injected() {
 }
 
 #[tokio::test]
+async fn verify_passes_on_rabbitmq_with_faults_injected() {
+    let o = verify(&[
+        "--sink",
+        "amqp://guest:guest@127.0.0.1:5672",
+        "--duration",
+        "30s",
+        "--relays",
+        "2",
+        "--rate",
+        "250",
+        "--seed",
+        "5672",
+        "--failpoints",
+        FAILPOINTS,
+    ])
+    .await;
+    let r = assert_passed(&o);
+    assert!(
+        r["sink"].as_str().is_some_and(|s| s.starts_with("amqp://")),
+        "{r}"
+    );
+    // The sink faults reached the relays' RabbitMQ connections, and the
+    // consumer's dropped acknowledgements came back as redeliveries.
+    let f = &r["faults"];
+    let sink_faults: u64 = ["sink_resets", "sink_outages", "sink_hangs", "sink_stalls"]
+        .iter()
+        .filter_map(|k| f[k].as_u64())
+        .sum();
+    assert!(sink_faults > 0, "{r}");
+    if n(&r, "consumer_acks_dropped") > 0 {
+        assert!(n(&r, "redeliveries") > 0, "{r}");
+    }
+}
+
+#[tokio::test]
 async fn verify_catches_a_relay_that_acknowledges_before_publishing() {
     let o = verify(&[
         "--sink",
@@ -219,4 +268,151 @@ async fn verify_catches_a_relay_that_acknowledges_before_publishing() {
     if let Some(logs) = r["logs"].as_str() {
         let _ = std::fs::remove_dir_all(logs);
     }
+}
+
+fn crashes(r: &serde_json::Value) -> u64 {
+    r["faults"]["db_crashes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("db_crashes missing: {r}"))
+}
+
+/// A short run on verify's own cluster, PostgreSQL crashed every ~2 s.
+fn crash_run<'a>(mode: &'a str, synchronous_commit: &'a str, seed: &'a str) -> Vec<&'a str> {
+    vec![
+        "--sink",
+        "redis://127.0.0.1:6379",
+        "--mode",
+        mode,
+        "--relay-synchronous-commit",
+        synchronous_commit,
+        "--faults",
+        "kill,crash",
+        "--crash-every",
+        "2s",
+        "--duration",
+        "12s",
+        "--relays",
+        "2",
+        "--rate",
+        "150",
+        "--seed",
+        seed,
+    ]
+}
+
+#[tokio::test]
+async fn verify_passes_through_postgres_crashes_in_claim_and_log_mode_with_both_commit_settings() {
+    let runs = [
+        ("claim", "true", "11"),
+        ("claim", "false", "12"),
+        ("log", "true", "13"),
+        ("log", "false", "14"),
+    ];
+    // Two at a time: each run is a cluster, two relays and the workload.
+    for pair in runs.chunks(2) {
+        let outputs =
+            futures::future::join_all(pair.iter().map(|(mode, sync, seed)| {
+                verify_on_own_cluster_owned(crash_run(mode, sync, seed))
+            }))
+            .await;
+        for ((mode, sync, _), o) in pair.iter().zip(outputs) {
+            let r = report(&o);
+            assert!(
+                o.status.success() && r["passed"] == true,
+                "{mode} mode, synchronous_commit {sync}: verify failed: exit {:?}\n{}\nstderr: {}",
+                o.status,
+                serde_json::to_string_pretty(&r).unwrap_or_default(),
+                String::from_utf8_lossy(&o.stderr)
+            );
+            assert_eq!(r["mode"], *mode);
+            assert_eq!(r["relay_synchronous_commit"].to_string(), *sync);
+            assert!(crashes(&r) >= 2, "too few crashes: {r}");
+            assert!(n(&r, "events_committed") > 500, "{r}");
+            assert_eq!(n(&r, "effects_applied"), n(&r, "events_committed"), "{r}");
+            assert_eq!(n(&r, "lost_count"), 0, "{r}");
+        }
+    }
+}
+
+async fn verify_on_own_cluster_owned(args: Vec<&str>) -> Output {
+    verify_on_own_cluster(&args).await
+}
+
+/// A consumer that commits its inbox without waiting for the WAL and then
+/// acknowledges the broker loses effects only when PostgreSQL crashes: the
+/// same run passes without crashes and fails with them, naming lost events.
+#[tokio::test]
+async fn verify_catches_a_consumer_committing_without_flush_only_through_crashes() {
+    let planted = |faults: &'static str| {
+        vec![
+            "--sink",
+            "redis://127.0.0.1:6379",
+            "--faults",
+            faults,
+            "--crash-every",
+            "1500ms",
+            "--duration",
+            "15s",
+            "--relays",
+            "2",
+            "--rate",
+            "200",
+            "--relay-synchronous-commit",
+            "false",
+            "--plant",
+            "consumer-async-commit",
+            "--seed",
+            "21",
+        ]
+    };
+    let (crashed, calm) = tokio::join!(
+        verify_on_own_cluster_owned(planted("crash")),
+        verify_on_own_cluster_owned(planted("none")),
+    );
+    let r = report(&calm);
+    assert!(
+        calm.status.success() && r["passed"] == true,
+        "without a crash the planted bug is invisible: {r}"
+    );
+    let r = report(&crashed);
+    assert_eq!(
+        crashed.status.code(),
+        Some(1),
+        "crashes must expose the planted bug: {r}\nstderr: {}",
+        String::from_utf8_lossy(&crashed.stderr)
+    );
+    assert!(crashes(&r) >= 3, "{r}");
+    assert!(n(&r, "lost_count") > 0, "{r}");
+    assert_eq!(r["planted"], "ConsumerAsyncCommit");
+    assert_eq!(r["effects_not_once"].as_array().map(Vec::len), Some(0));
+    assert_eq!(r["rolled_back_delivered"].as_array().map(Vec::len), Some(0));
+
+    // Clean up what the failing run kept (its schema went with its cluster).
+    let schema = r["schema"].as_str().expect("schema in the report");
+    let key = format!(
+        "postbox_verify:{}",
+        schema.trim_start_matches("postbox_verify_")
+    );
+    let mut redis = postbox_testkit::redis().await;
+    let _: () = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut redis)
+        .await
+        .expect("delete the kept stream");
+    if let Some(logs) = r["logs"].as_str() {
+        let _ = std::fs::remove_dir_all(logs);
+    }
+}
+
+/// verify never crashes a database it was pointed at unless told so.
+#[tokio::test]
+async fn verify_refuses_to_crash_a_database_it_does_not_own() {
+    let o = verify(&["--faults", "crash", "--duration", "5s"]).await;
+    assert_eq!(o.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains("crashes only a PostgreSQL it owns")
+            && stderr.contains("--crash-external-database"),
+        "{stderr}"
+    );
 }

@@ -17,6 +17,11 @@ INSERT INTO {schema}.verify_produced (event_id) SELECT unnest($1::uuid[]);
 INSERT INTO {schema}.verify_effects (event_id, applied) VALUES ($1, 1)
 ON CONFLICT (event_id) DO UPDATE SET applied = verify_effects.applied + 1;
 
+-- name: commit_without_flush
+-- The planted bug consumer-async-commit: this transaction's COMMIT returns
+-- before its WAL is written, so a PostgreSQL crash can forget it.
+SET LOCAL synchronous_commit = off;
+
 -- name: produced_count
 SELECT count(*) AS produced FROM {schema}.verify_produced;
 

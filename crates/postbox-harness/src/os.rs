@@ -20,6 +20,9 @@ pub enum Signal {
     Stop,
     /// SIGCONT: thaw it.
     Continue,
+    /// SIGQUIT: PostgreSQL's immediate shutdown (what `pg_ctl stop -m
+    /// immediate` sends): no checkpoint, recovery from the WAL at the next start.
+    Quit,
 }
 
 impl Signal {
@@ -30,6 +33,7 @@ impl Signal {
             Signal::Kill => libc::SIGKILL,
             Signal::Stop => libc::SIGSTOP,
             Signal::Continue => libc::SIGCONT,
+            Signal::Quit => libc::SIGQUIT,
         }
     }
 }

@@ -144,6 +144,24 @@ pub enum ClusterError {
         source: io::Error,
     },
 
+    /// `pg_ctl restart -m immediate` on a server verify does not own failed.
+    #[error(
+        "`pg_ctl restart -m immediate -D {data_dir}` failed ({status}); its output:\n{output}"
+    )]
+    ExternalRestart {
+        data_dir: PathBuf,
+        status: ExitStatus,
+        output: String,
+    },
+
+    /// The data directory of a server to crash could not be read.
+    #[error("cannot read the PostgreSQL data directory {path} (pass the server's PGDATA)")]
+    DataDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
     /// The temporary directory could not be deleted after shutdown.
     #[error("PostgreSQL was stopped but its temporary directory {path} could not be removed; delete it manually")]
     Cleanup {
@@ -166,11 +184,40 @@ pub struct TempCluster {
     child: Option<ChildProcess>,
     /// Set once `root` has been deleted.
     removed: bool,
+    /// What started the server, to start it again after a crash.
+    bins: Option<PgBinaries>,
+    run_as: Option<RunAs>,
+    /// Commits wait for their WAL to be written (`synchronous_commit = on`).
+    durable_commits: bool,
+}
+
+/// What a crash of the cluster ([`TempCluster::crash_and_restart`]) took.
+#[derive(Clone, Copy, Debug)]
+pub struct Crash {
+    /// From the immediate stop to accepting connections again (crash recovery included).
+    pub downtime: Duration,
 }
 
 impl TempCluster {
-    /// Start a new cluster in a fresh temporary directory; resolves when it accepts connections.
+    /// Start a new cluster in a fresh temporary directory; resolves when it
+    /// accepts connections. Built for speed: `fsync`, `synchronous_commit`
+    /// and `full_page_writes` are off, so a crash of the server may forget
+    /// the newest commits (see [`TempCluster::start_crashable`]).
     pub async fn start() -> Result<TempCluster, ClusterError> {
+        Self::start_with(false).await
+    }
+
+    /// Like [`TempCluster::start`], but every commit is written to the WAL
+    /// before it returns (`synchronous_commit = on`, the server's default),
+    /// so [`TempCluster::crash_and_restart`] loses exactly what a PostgreSQL
+    /// crash loses: WAL not yet written, i.e. only commits that did not wait
+    /// for it. `fsync` stays off: the crash is of PostgreSQL, not of the
+    /// machine, so what was written survives in the kernel's cache.
+    pub async fn start_crashable() -> Result<TempCluster, ClusterError> {
+        Self::start_with(true).await
+    }
+
+    async fn start_with(durable_commits: bool) -> Result<TempCluster, ClusterError> {
         let bins = find_binaries().await?;
         let run_as = run_as()?;
         let root = create_temp_root(run_as.as_ref())?;
@@ -184,6 +231,9 @@ impl TempCluster {
             url: String::new(),
             child: None,
             removed: false,
+            bins: None,
+            run_as: None,
+            durable_commits,
         };
         cluster.initdb(&bins, run_as.as_ref()).await?;
 
@@ -200,6 +250,8 @@ impl TempCluster {
                         user = run_as.as_ref().map(|u| u.name.as_str()),
                         "started temporary PostgreSQL cluster"
                     );
+                    cluster.bins = Some(bins);
+                    cluster.run_as = run_as;
                     return Ok(cluster);
                 }
                 Readiness::PortInUse(tail) => {
@@ -227,6 +279,54 @@ impl TempCluster {
     /// The cluster's data directory (inside the temporary directory).
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
+    }
+
+    /// Crash the server as `pg_ctl stop -m immediate` does (SIGQUIT to the
+    /// postmaster: every server process quits at once, no checkpoint, WAL
+    /// buffers not written are lost), then start it again on the same port
+    /// and data directory; resolves once crash recovery is over and it
+    /// accepts connections. Every open connection is broken.
+    pub async fn crash_and_restart(&mut self) -> Result<Crash, ClusterError> {
+        let started = Instant::now();
+        if let Some(child) = self.child.take() {
+            let pid = child.id();
+            if child.try_exit().is_none() {
+                child.signal(Signal::Quit);
+                match child.wait_for(SHUTDOWN_TIMEOUT).await {
+                    Some(ended) => {
+                        ended.map_err(|source| ClusterError::Process {
+                            action: "wait for",
+                            pid,
+                            source,
+                        })?;
+                    }
+                    None => {
+                        child.signal_group(Signal::Kill);
+                        if let Some(Err(source)) = child.wait_for(KILL_TIMEOUT).await {
+                            return Err(ClusterError::Process {
+                                action: "kill",
+                                pid,
+                                source,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        let (Some(bins), run_as) = (self.bins.clone(), self.run_as.clone()) else {
+            return Err(ClusterError::BinariesNotFound);
+        };
+        let port = self.port;
+        let log_offset = self.spawn_server(&bins, run_as.as_ref(), port)?;
+        match self.wait_ready(log_offset).await? {
+            Readiness::Ready => Ok(Crash {
+                downtime: started.elapsed(),
+            }),
+            Readiness::PortInUse(log_tail) => Err(ClusterError::PortsExhausted {
+                attempts: 1,
+                log_tail,
+            }),
+        }
     }
 
     /// Stop the server (fast shutdown) and delete the directory.
@@ -320,7 +420,14 @@ impl TempCluster {
             .arg(&self.root)
             .args(["-c", "listen_addresses=127.0.0.1"])
             .args(["-c", "fsync=off"])
-            .args(["-c", "synchronous_commit=off"])
+            .args([
+                "-c",
+                if self.durable_commits {
+                    "synchronous_commit=on"
+                } else {
+                    "synchronous_commit=off"
+                },
+            ])
             .args(["-c", "full_page_writes=off"])
             .stdin(Stdio::null())
             .stdout(log)
@@ -392,6 +499,52 @@ impl TempCluster {
             tokio::time::sleep(POLL_INTERVAL).await;
         }
     }
+}
+
+/// Crash a server verify does not own, the one running from `data_dir`,
+/// and start it again: `pg_ctl restart -m immediate -w` (the immediate stop
+/// is the crash; the start runs crash recovery, with the command line the
+/// server was started with), as the data directory's owner. Its log goes to
+/// `postbox-verify-restart.log` in the data directory.
+pub async fn crash_and_restart_external(data_dir: &Path) -> Result<Crash, ClusterError> {
+    use std::os::unix::fs::MetadataExt;
+    let started = Instant::now();
+    let meta = fs::metadata(data_dir).map_err(|source| ClusterError::DataDir {
+        path: data_dir.to_owned(),
+        source,
+    })?;
+    let bins = find_binaries().await?;
+    let pg_ctl = bins
+        .postgres
+        .parent()
+        .map_or_else(|| PathBuf::from("pg_ctl"), |d| d.join("pg_ctl"));
+    let mut cmd = tokio::process::Command::new(&pg_ctl);
+    cmd.args(["restart", "-m", "immediate", "-w", "-t", "60", "-D"])
+        .arg(data_dir)
+        .arg("-l")
+        .arg(data_dir.join("postbox-verify-restart.log"))
+        .stdin(Stdio::null())
+        .current_dir(data_dir)
+        .kill_on_drop(true);
+    if os::is_root() && meta.uid() != 0 {
+        cmd.uid(meta.uid()).gid(meta.gid());
+    }
+    let output = cmd
+        .output()
+        .await
+        .map_err(|source| spawn_error(&pg_ctl, None, data_dir, source))?;
+    if !output.status.success() {
+        let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
+        text.push_str(&String::from_utf8_lossy(&output.stderr));
+        return Err(ClusterError::ExternalRestart {
+            data_dir: data_dir.to_owned(),
+            status: output.status,
+            output: tail(&text, TAIL_LINES),
+        });
+    }
+    Ok(Crash {
+        downtime: started.elapsed(),
+    })
 }
 
 impl Drop for TempCluster {
@@ -763,6 +916,77 @@ mod tests {
         cluster.stop().await.unwrap();
         assert!(!data_dir.exists(), "data directory still exists");
         assert!(!root.exists(), "temporary directory still exists");
+    }
+
+    #[tokio::test]
+    async fn a_crash_keeps_commits_breaks_connections_and_the_cluster_comes_back() {
+        let Some(mut cluster) = (match TempCluster::start_crashable().await {
+            Ok(c) => Some(c),
+            Err(ClusterError::BinariesNotFound) => None,
+            Err(e) => panic!("starting the cluster failed: {e}"),
+        }) else {
+            return;
+        };
+        let schema = postbox::Schema::new("pgcluster_crash").unwrap();
+        let mut conn = PgConnection::connect(cluster.url()).await.unwrap();
+        postbox::sqlx::migrate(&mut conn, &schema).await.unwrap();
+        let event = postbox::NewEvent::from_json("t", "a", "1", r#"{"n":1}"#).unwrap();
+        let outbox = postbox::Outbox::new(schema.clone());
+        postbox::sqlx::enqueue(&outbox, &mut conn, &event)
+            .await
+            .unwrap();
+        let pid = cluster.child.as_ref().map(ChildProcess::id).unwrap();
+
+        let crash = cluster.crash_and_restart().await.unwrap();
+        assert!(crash.downtime < READY_TIMEOUT);
+        assert!(!os::exists(pid), "the old postmaster {pid} still runs");
+        // The connection from before the crash is gone…
+        assert!(data_directory(&mut conn).await.is_err());
+        // …the committed event is not, and the server answers on the same URL.
+        let mut conn = PgConnection::connect(cluster.url()).await.unwrap();
+        let ids = postbox::sqlx::applied_version(&mut conn, &schema)
+            .await
+            .unwrap();
+        assert!(ids.is_some());
+        let store = postbox_store::Store::new(
+            sqlx::PgPool::connect(cluster.url()).await.unwrap(),
+            schema.clone(),
+        );
+        assert_eq!(store.status_counts().await.unwrap().pending, 1);
+        drop(conn);
+        cluster.stop().await.unwrap();
+    }
+
+    /// `--crash-external-database`: a server verify did not start, crashed
+    /// and restarted through `pg_ctl` with its own command line.
+    #[tokio::test]
+    async fn an_external_server_is_crashed_and_restarted_with_pg_ctl() {
+        let Some(mut cluster) = start_or_skip().await else {
+            return;
+        };
+        let data_dir = cluster.data_dir().to_path_buf();
+        let pid = cluster.child.as_ref().map(ChildProcess::id).unwrap();
+        let mut before = PgConnection::connect(cluster.url()).await.unwrap();
+        crash_and_restart_external(&data_dir).await.unwrap();
+        // The postmaster verify started is gone (reap it), a new one answers.
+        let old = cluster.child.take().unwrap();
+        assert!(old.wait_for(KILL_TIMEOUT).await.is_some());
+        assert!(!os::exists(pid));
+        assert!(data_directory(&mut before).await.is_err());
+        let mut after = PgConnection::connect(cluster.url()).await.unwrap();
+        let dir = data_directory(&mut after).await.unwrap();
+        assert_eq!(Path::new(&dir), data_dir);
+        drop((before, after));
+        // Stop the restarted server, which pg_ctl started, before the
+        // directory goes.
+        let bins = find_binaries().await.unwrap();
+        let mut stop = std::process::Command::new(bins.postgres.with_file_name("pg_ctl"));
+        stop.args(["stop", "-m", "fast", "-w", "-D"]).arg(&data_dir);
+        if let Some(user) = run_as().unwrap() {
+            stop.uid(user.uid).gid(user.gid);
+        }
+        assert!(stop.status().unwrap().success());
+        cluster.stop().await.unwrap();
     }
 
     #[tokio::test]

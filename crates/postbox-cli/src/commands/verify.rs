@@ -6,6 +6,8 @@ use crate::output::errln;
 use clap::Args;
 use postbox_harness::contract::{self, FaultKind, PlantedBug};
 use postbox_harness::{error_chain, Verdict};
+use postbox_relay::ReadMode;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -17,9 +19,18 @@ pub struct VerifyArgs {
     /// Relay processes (`postbox relay` children of this binary)
     #[arg(long, default_value_t = 3)]
     pub relays: usize,
-    /// The broker: redis://HOST:PORT[/DB] (a stream) or nats://HOST:PORT (JetStream)
+    /// The broker: redis://HOST:PORT[/DB] (a stream), nats://HOST:PORT
+    /// (JetStream) or amqp://USER:PASS@HOST:PORT[/VHOST] (a RabbitMQ queue)
     #[arg(long, default_value = "redis://127.0.0.1:6379")]
     pub sink: String,
+    /// How the relays read committed events: claim (the outbox) or log (the
+    /// append-only log; verify points the producers at it)
+    #[arg(long, default_value = "claim", value_parser = parse_mode)]
+    pub mode: ReadMode,
+    /// The relays' relay.synchronous_commit: whether their claims and
+    /// acknowledgements wait for the WAL flush
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub relay_synchronous_commit: bool,
     /// Relays deliver each aggregate's events in sequence, and the consumer checks it
     #[arg(long)]
     pub ordered: bool,
@@ -35,7 +46,8 @@ pub struct VerifyArgs {
     /// Percent of producer transactions rolled back
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=100))]
     pub rollback_percent: u32,
-    /// Faults to inject (comma-separated), or none
+    /// Faults to inject (comma-separated), or none; `crash` (PostgreSQL
+    /// crashed and restarted) is not a default: add it
     #[arg(
         long,
         value_delimiter = ',',
@@ -48,6 +60,14 @@ pub struct VerifyArgs {
     /// Mean time between two other faults (stall, sink, db)
     #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
     pub fault_every: Duration,
+    /// Mean time between two PostgreSQL crashes (fault `crash`)
+    #[arg(long, default_value = "8s", value_parser = humantime::parse_duration)]
+    pub crash_every: Duration,
+    /// Let the `crash` fault crash the server DATABASE_URL names, whose data
+    /// directory this is (`pg_ctl restart -m immediate`, as the directory's
+    /// owner). Without it, `crash` runs only on verify's throwaway cluster
+    #[arg(long, value_name = "PGDATA")]
+    pub crash_external_database: Option<PathBuf>,
     /// The relays' lease (a stalled relay is stopped for longer than this)
     #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
     pub lease: Duration,
@@ -76,6 +96,7 @@ pub enum FaultChoice {
     Sink,
     Db,
     Consumer,
+    Crash,
     None,
 }
 
@@ -87,6 +108,7 @@ impl FaultChoice {
             FaultChoice::Sink => Some(FaultKind::Sink),
             FaultChoice::Db => Some(FaultKind::Db),
             FaultChoice::Consumer => Some(FaultKind::Consumer),
+            FaultChoice::Crash => Some(FaultKind::Crash),
             FaultChoice::None => None,
         }
     }
@@ -96,6 +118,13 @@ impl FaultChoice {
 pub enum Plant {
     /// The relay acknowledges some batches without publishing them
     AckBeforePublish,
+    /// The consumer commits its inbox with synchronous_commit = off, then
+    /// acknowledges the broker (lost only in a PostgreSQL crash)
+    ConsumerAsyncCommit,
+}
+
+fn parse_mode(s: &str) -> Result<ReadMode, String> {
+    s.parse()
 }
 
 /// Exit status when a check fails (setup errors exit with 2).
@@ -107,6 +136,8 @@ pub async fn run(settings: &Settings, args: VerifyArgs) -> Result<ExitCode, AnyE
         duration: args.duration,
         relays: args.relays,
         sink: args.sink,
+        mode: args.mode,
+        relay_synchronous_commit: args.relay_synchronous_commit,
         ordered: args.ordered,
         seed: args.seed,
         rate: args.rate,
@@ -115,11 +146,14 @@ pub async fn run(settings: &Settings, args: VerifyArgs) -> Result<ExitCode, AnyE
         faults: args.faults.iter().filter_map(|f| f.kind()).collect(),
         kill_every: args.kill_every,
         fault_every: args.fault_every,
+        crash_every: args.crash_every,
+        crash_external: args.crash_external_database,
         lease: args.lease,
         failpoints: args.failpoints,
-        plant: args
-            .plant
-            .map(|Plant::AckBeforePublish| PlantedBug::AckBeforePublish),
+        plant: args.plant.map(|p| match p {
+            Plant::AckBeforePublish => PlantedBug::AckBeforePublish,
+            Plant::ConsumerAsyncCommit => PlantedBug::ConsumerAsyncCommit,
+        }),
         drain_timeout: args.drain_timeout,
         keep: args.keep,
         json: args.json,

@@ -18,6 +18,7 @@ pub struct Broker {
 pub enum Cleanup {
     RedisKey { url: String, key: String },
     NatsStream { url: String, stream: String },
+    AmqpQueue { url: String, queue: String },
 }
 
 impl Cleanup {
@@ -38,6 +39,18 @@ impl Cleanup {
                     .delete_stream(stream)
                     .await?;
             }
+            Cleanup::AmqpQueue { url, queue } => {
+                let connection =
+                    lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await?;
+                let channel = connection.create_channel().await?;
+                channel
+                    .queue_delete(
+                        queue.as_str().into(),
+                        lapin::options::QueueDeleteOptions::default(),
+                    )
+                    .await?;
+                let _ = connection.close(200, "deleted".into()).await;
+            }
         }
         Ok(())
     }
@@ -46,6 +59,7 @@ impl Cleanup {
         match self {
             Cleanup::RedisKey { key, .. } => format!("Redis stream {key}"),
             Cleanup::NatsStream { stream, .. } => format!("JetStream stream {stream}"),
+            Cleanup::AmqpQueue { queue, .. } => format!("RabbitMQ queue {queue}"),
         }
     }
 }
@@ -124,8 +138,34 @@ pub async fn set_up(sink: &str, run_id: &str) -> Result<(Broker, Source, FaultPr
                 proxy,
             ))
         }
+        "amqp" => {
+            // The relays publish through the proxy to the default exchange,
+            // which routes to the queue named by the routing key.
+            let target = host_port(&url, 5672)?;
+            let proxy = FaultProxy::start(&target).await?;
+            let queue = format!("postbox_verify_{run_id}");
+            let mut relay = through(&url, proxy.port())?;
+            relay
+                .query_pairs_mut()
+                .append_pair("exchange", "")
+                .append_pair("routing_key", &queue)
+                .append_pair("timeout", "3s");
+            let source = Source::amqp_queue(sink, &queue).await?;
+            Ok((
+                Broker {
+                    relay_url: relay.to_string(),
+                    target,
+                    cleanup: Cleanup::AmqpQueue {
+                        url: sink.to_owned(),
+                        queue,
+                    },
+                },
+                source,
+                proxy,
+            ))
+        }
         other => Err(format!(
-            "--sink: verify runs with redis:// or nats:// brokers, not {other}://"
+            "--sink: verify runs with redis://, nats:// or amqp:// brokers, not {other}://"
         )
         .into()),
     }

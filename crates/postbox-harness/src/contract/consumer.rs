@@ -67,6 +67,7 @@ pub struct Delivery {
 enum AckToken {
     Redis(String),
     Nats(Box<async_nats::jetstream::Message>),
+    Amqp(lapin::Acker),
 }
 
 /// Parse a CloudEvents body into what the checks need.
@@ -97,6 +98,89 @@ pub enum Source {
             >,
         >,
     },
+    /// A RabbitMQ queue, consumed with manual acknowledgements: what is not
+    /// acknowledged when the channel goes away, the broker delivers again.
+    Amqp(Box<AmqpSource>),
+}
+
+pub struct AmqpSource {
+    uri: String,
+    queue: String,
+    /// The channel and its consumer; `None` after an error or a dropped
+    /// acknowledgement, reopened at the next read.
+    session: Option<(lapin::Connection, lapin::Consumer)>,
+}
+
+impl AmqpSource {
+    async fn open(&mut self) -> Result<&mut lapin::Consumer, AnyError> {
+        use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+        if self.session.is_none() {
+            let properties = lapin::ConnectionProperties::default()
+                .with_connection_name("postbox-verify".into());
+            let connection = lapin::Connection::connect(&self.uri, properties).await?;
+            let channel = connection.create_channel().await?;
+            channel
+                .basic_qos(BATCH as u16 * 2, BasicQosOptions::default())
+                .await?;
+            let consumer = channel
+                .basic_consume(
+                    self.queue.as_str().into(),
+                    CONSUMER.into(),
+                    BasicConsumeOptions::default(),
+                    lapin::types::FieldTable::default(),
+                )
+                .await?;
+            self.session = Some((connection, consumer));
+        }
+        match self.session.as_mut() {
+            Some((_, consumer)) => Ok(consumer),
+            None => Err("no AMQP session".into()),
+        }
+    }
+
+    /// Close the connection: the broker delivers its unacknowledged
+    /// messages again (with `redelivered` set).
+    fn drop_session(&mut self) {
+        if let Some((connection, _)) = self.session.take() {
+            tokio::spawn(async move {
+                let _ = connection.close(200, "postbox verify".into()).await;
+            });
+        }
+    }
+
+    async fn next_batch(&mut self) -> Result<Vec<Delivery>, AnyError> {
+        let result = self.read().await;
+        if result.is_err() {
+            self.drop_session();
+        }
+        result
+    }
+
+    async fn read(&mut self) -> Result<Vec<Delivery>, AnyError> {
+        let consumer = self.open().await?;
+        let mut out = Vec::new();
+        // Wait up to 500 ms for a first message, then take what is ready.
+        let mut wait = Duration::from_millis(500);
+        while out.len() < BATCH {
+            let next = match tokio::time::timeout(wait, consumer.next()).await {
+                Err(_elapsed) => break,
+                Ok(None) => return Err("the AMQP consumer was cancelled".into()),
+                Ok(Some(d)) => d?,
+            };
+            let (event_id, aggregate_type, aggregate_id, sequence) =
+                parse_body(&next.data).unwrap_or((Uuid::nil(), String::new(), String::new(), 0));
+            out.push(Delivery {
+                event_id,
+                aggregate_type,
+                aggregate_id,
+                sequence,
+                redelivered: next.redelivered,
+                ack: AckToken::Amqp(next.acker),
+            });
+            wait = Duration::from_millis(20);
+        }
+        Ok(out)
+    }
 }
 
 const GROUP: &str = "verify";
@@ -141,8 +225,33 @@ impl Source {
         })
     }
 
+    /// Consume RabbitMQ queue `queue` (declared now, durable) at `uri`.
+    pub async fn amqp_queue(uri: &str, queue: &str) -> Result<Source, AnyError> {
+        use lapin::options::QueueDeclareOptions;
+        let connection =
+            lapin::Connection::connect(uri, lapin::ConnectionProperties::default()).await?;
+        let channel = connection.create_channel().await?;
+        channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                lapin::types::FieldTable::default(),
+            )
+            .await?;
+        let _ = connection.close(200, "declared".into()).await;
+        Ok(Source::Amqp(Box::new(AmqpSource {
+            uri: uri.to_owned(),
+            queue: queue.to_owned(),
+            session: None,
+        })))
+    }
+
     async fn next_batch(&mut self) -> Result<Vec<Delivery>, AnyError> {
         match self {
+            Source::Amqp(source) => source.next_batch().await,
             Source::Redis {
                 conn,
                 key,
@@ -233,7 +342,7 @@ impl Source {
                     .iter()
                     .filter_map(|d| match &d.ack {
                         AckToken::Redis(id) => Some(id.as_str()),
-                        AckToken::Nats(_) => None,
+                        _ => None,
                     })
                     .collect();
                 if !ids.is_empty() {
@@ -250,15 +359,32 @@ impl Source {
                 }
                 Ok(())
             }
+            Source::Amqp(_) => {
+                // After the inbox committed: one by one (a batch can span a
+                // reconnection, whose tags belong to another channel).
+                for d in batch {
+                    if let AckToken::Amqp(acker) = &d.ack {
+                        acker
+                            .ack(lapin::options::BasicAckOptions::default())
+                            .await?;
+                    }
+                }
+                Ok(())
+            }
         }
     }
 
     /// The acknowledgements of a batch were not sent: have it delivered again.
     fn acks_lost(&mut self) {
-        if let Source::Redis { reread_at, .. } = self {
-            reread_at.get_or_insert_with(|| Instant::now() + REDELIVER_AFTER);
+        match self {
+            Source::Redis { reread_at, .. } => {
+                reread_at.get_or_insert_with(|| Instant::now() + REDELIVER_AFTER);
+            }
+            // RabbitMQ redelivers what a closed channel left unacknowledged.
+            Source::Amqp(source) => source.drop_session(),
+            // JetStream redelivers by itself after ack_wait.
+            Source::Nats { .. } => {}
         }
-        // JetStream redelivers by itself after ack_wait.
     }
 }
 
@@ -270,6 +396,9 @@ pub struct Consumer {
     pub ordered: bool,
     /// Consumer-side faults: drop acknowledgements, roll back batches.
     pub faults: bool,
+    /// The planted bug `consumer-async-commit`: commit the inbox without
+    /// waiting for the WAL, then acknowledge the broker.
+    pub async_commit: bool,
     pub seed: u64,
 }
 
@@ -404,6 +533,9 @@ impl Consumer {
             }
             self.tables.apply_effect(&mut tx, d.event_id).await?;
             result.applied += 1;
+        }
+        if self.async_commit {
+            self.tables.commit_without_flush(&mut tx).await?;
         }
         if crash {
             // The consumer "crashes" after applying, before its commit.

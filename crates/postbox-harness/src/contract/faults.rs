@@ -1,10 +1,13 @@
 //! The fault schedule: relays killed and stalled, the broker and the
-//! database taken away, on a seeded random schedule.
+//! database taken away, PostgreSQL crashed, on a seeded random schedule.
 
+use crate::error_chain;
+use crate::pgcluster::{ClusterError, Crash};
 use crate::proxy::FaultProxy;
 use crate::supervisor::Supervisor;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -22,6 +25,9 @@ pub enum FaultKind {
     Db,
     /// The consumer drops acknowledgements and rolls back batches
     Consumer,
+    /// Crash PostgreSQL (immediate stop: no checkpoint, unwritten WAL lost)
+    /// and start it again: only on the throwaway cluster verify owns
+    Crash,
 }
 
 #[derive(Debug, Default, serde::Serialize)]
@@ -35,6 +41,10 @@ pub struct FaultCounters {
     pub db_resets: AtomicU64,
     pub db_outages: AtomicU64,
     pub db_stalls: AtomicU64,
+    /// PostgreSQL crashes (immediate stop, then crash recovery) survived.
+    pub db_crashes: AtomicU64,
+    /// The longest time from a crash to accepting connections again, in ms.
+    pub db_crash_longest_downtime_ms: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -153,7 +163,43 @@ pub async fn disturb(
                 }
                 db.restore();
             }
-            FaultKind::Kill | FaultKind::Consumer => {}
+            FaultKind::Kill | FaultKind::Consumer | FaultKind::Crash => {}
         }
     }
+}
+
+/// Crash PostgreSQL every `every` (on average) until `stop`, and start it
+/// again each time; false when it could not be started again (the run
+/// cannot go on).
+pub async fn crash_database<F, Fut>(
+    crash: F,
+    every: Duration,
+    seed: u64,
+    counters: &FaultCounters,
+    stop: CancellationToken,
+) -> bool
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<Crash, ClusterError>>,
+{
+    let mut rng = StdRng::seed_from_u64(seed);
+    while pause(jitter(&mut rng, every), &stop).await {
+        match crash().await {
+            Ok(crash) => {
+                bump(&counters.db_crashes);
+                counters.db_crash_longest_downtime_ms.fetch_max(
+                    u64::try_from(crash.downtime.as_millis()).unwrap_or(u64::MAX),
+                    Ordering::Relaxed,
+                );
+            }
+            Err(e) => {
+                eprintln!(
+                    "  PostgreSQL did not come back after a crash: {}",
+                    error_chain(&e)
+                );
+                return false;
+            }
+        }
+    }
+    true
 }

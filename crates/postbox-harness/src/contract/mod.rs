@@ -9,7 +9,8 @@
 //! (`broker.rs`) through [`FaultProxy`]s, and on a seeded schedule
 //! (`faults.rs`) relays are SIGKILLed and restarted, stalled past their lease,
 //! and the broker and the database are reset, refused, hung or stalled;
-//! failpoints (cargo feature `failpoints`) add crashes inside the relay. After
+//! PostgreSQL itself is crashed (immediate stop) and restarted when verify
+//! runs its own throwaway cluster; failpoints (cargo feature `failpoints`) add crashes inside the relay. After
 //! the run it drains and checks (`report.rs`): every committed event
 //! delivered, no rolled-back event delivered, every effect applied exactly
 //! once, and (with `--ordered`) each aggregate's events applied in sequence.
@@ -24,7 +25,7 @@ mod workload;
 
 pub use faults::FaultKind;
 
-use crate::pgcluster::TempCluster;
+use crate::pgcluster::{ClusterError, TempCluster};
 use crate::proxy::FaultProxy;
 use crate::supervisor::{RelayCommand, Supervisor};
 use crate::{db, error_chain, AnyError, Verdict};
@@ -32,8 +33,8 @@ use broker::{host_port, through, Broker};
 use consumer::{Consumer, Seen};
 use faults::FaultCounters;
 use postbox::{Outbox, Schema};
-use postbox_relay::failpoint;
-use postbox_store::Store;
+use postbox_relay::{failpoint, ReadMode};
+use postbox_store::{ProducerTarget, Store};
 use rand::Rng;
 use report::ContractReport;
 use sqlx::PgPool;
@@ -55,8 +56,13 @@ pub struct Options {
     pub duration: Duration,
     /// Relay processes.
     pub relays: usize,
-    /// The broker: `redis://HOST:PORT[/DB]` (a stream) or `nats://HOST:PORT` (JetStream).
+    /// The broker: `redis://HOST:PORT[/DB]` (a stream), `nats://HOST:PORT`
+    /// (JetStream) or `amqp://USER:PASS@HOST:PORT[/VHOST]` (a RabbitMQ queue).
     pub sink: String,
+    /// How the relays read committed events (claim or log).
+    pub mode: ReadMode,
+    /// The relays' `relay.synchronous_commit`.
+    pub relay_synchronous_commit: bool,
     /// Relays deliver each aggregate's events in sequence, and the consumer checks it.
     pub ordered: bool,
     /// Seed of the workload and the fault schedule (random when `None`).
@@ -73,6 +79,12 @@ pub struct Options {
     pub kill_every: Duration,
     /// Mean time between two other faults (stall, sink, db).
     pub fault_every: Duration,
+    /// Mean time between two PostgreSQL crashes (fault `crash`).
+    pub crash_every: Duration,
+    /// Let the `crash` fault stop the server `DATABASE_URL` names: the
+    /// PostgreSQL data directory (`pg_ctl -D`) it runs from. Without it
+    /// verify crashes only the throwaway cluster it starts itself.
+    pub crash_external: Option<std::path::PathBuf>,
     /// The relays' lease (a stalled relay is stopped for longer than this).
     pub lease: Duration,
     /// Failpoints armed in the relays and the producers, `NAME=[P%]ACTION,…`.
@@ -92,6 +104,11 @@ pub struct Options {
 pub enum PlantedBug {
     /// The relay acknowledges some batches without publishing them.
     AckBeforePublish,
+    /// The consumer commits its inbox transaction with `synchronous_commit =
+    /// off` and then acknowledges the broker: a PostgreSQL crash can forget
+    /// an effect whose message the broker has already let go. Invisible
+    /// without a crash (the `crash` fault).
+    ConsumerAsyncCommit,
 }
 
 /// Resolves when the user asks the run to stop (SIGINT, SIGTERM). It is
@@ -112,19 +129,47 @@ pub async fn run(
     if options.rate == 0 || options.aggregates == 0 {
         return Err("--rate and --aggregates must be at least 1".into());
     }
+    if options.ordered && options.mode == ReadMode::Log {
+        return Err(
+            "--ordered: log mode does not keep per-aggregate order yet; \
+                    run ordered checks with --mode claim"
+                .into(),
+        );
+    }
+    let crashes = options.faults.contains(&FaultKind::Crash);
+    if crashes && database_url.is_some() && options.crash_external.is_none() {
+        return Err(
+            "--faults crash: verify crashes only a PostgreSQL it owns. Unset DATABASE_URL \
+             to run on a throwaway cluster, or pass --crash-external-database PGDATA to \
+             crash the server DATABASE_URL names (its data directory; verify stops it \
+             with `pg_ctl restart -m immediate`)"
+                .into(),
+        );
+    }
     let spec = arm_failpoints(options)?;
     let (cluster, url) = match database_url {
         Some(url) => (None, url.to_owned()),
         None => {
             eprintln!("No DATABASE_URL: starting a throwaway PostgreSQL cluster…");
-            let cluster = TempCluster::start().await?;
+            let cluster = if crashes {
+                TempCluster::start_crashable().await?
+            } else {
+                TempCluster::start().await?
+            };
             let url = cluster.url().to_owned();
-            (Some(cluster), url)
+            (Some(tokio::sync::Mutex::new(cluster)), url)
         }
     };
-    let result = run_on(&url, &spec, options, interrupt).await;
+    let crash = match (&cluster, &options.crash_external) {
+        _ if !crashes => None,
+        (Some(c), _) => Some(CrashTarget::Owned(c)),
+        (None, Some(data_dir)) => Some(CrashTarget::External(data_dir)),
+        (None, None) => None,
+    };
+    let throwaway = cluster.is_some();
+    let result = run_on(&url, &spec, options, crash, throwaway, interrupt).await;
     if let Some(c) = cluster {
-        if let Err(e) = c.stop().await {
+        if let Err(e) = c.into_inner().stop().await {
             tracing::warn!(error = %error_chain(&e), "stopping the throwaway cluster failed");
         }
     }
@@ -135,7 +180,7 @@ pub async fn run(
 /// this process too (the producers pass `producer_commit`).
 fn arm_failpoints(options: &Options) -> Result<String, AnyError> {
     let mut spec = options.failpoints.clone().unwrap_or_default();
-    if let Some(PlantedBug::AckBeforePublish) = options.plant {
+    if options.plant == Some(PlantedBug::AckBeforePublish) {
         if !spec.is_empty() {
             spec.push(',');
         }
@@ -158,10 +203,33 @@ fn arm_failpoints(options: &Options) -> Result<String, AnyError> {
     Ok(spec)
 }
 
+/// What the `crash` fault crashes.
+#[derive(Clone, Copy)]
+enum CrashTarget<'a> {
+    /// The throwaway cluster verify started.
+    Owned(&'a tokio::sync::Mutex<TempCluster>),
+    /// The server `DATABASE_URL` names, by its data directory (asked for
+    /// with `--crash-external-database`).
+    External(&'a Path),
+}
+
+impl CrashTarget<'_> {
+    async fn crash(&self) -> Result<crate::pgcluster::Crash, ClusterError> {
+        match self {
+            CrashTarget::Owned(cluster) => cluster.lock().await.crash_and_restart().await,
+            CrashTarget::External(data_dir) => {
+                crate::pgcluster::crash_and_restart_external(data_dir).await
+            }
+        }
+    }
+}
+
 async fn run_on(
     url: &str,
     spec: &str,
     options: &Options,
+    crash: Option<CrashTarget<'_>>,
+    throwaway: bool,
     interrupt: Interrupt,
 ) -> Result<Verdict, AnyError> {
     let seed = options.seed.unwrap_or_else(|| rand::rng().random());
@@ -170,7 +238,7 @@ async fn run_on(
     let logs = std::env::temp_dir().join(format!("postbox-verify-{run_id}"));
     std::fs::create_dir_all(&logs)?;
 
-    let db = RunDatabase::prepare(url, &schema).await?;
+    let db = RunDatabase::prepare(url, &schema, options.mode).await?;
     let (broker, source, broker_proxy) = broker::set_up(&options.sink, &run_id).await?;
     announce(options, &broker, seed, &schema, spec);
     let relays = start_relays(options, &db, &broker, spec, &logs, seed)?;
@@ -179,13 +247,14 @@ async fn run_on(
 
     let counters = FaultCounters::default();
     let started = Instant::now();
-    let interrupted = inject_faults(
+    let ended = inject_faults(
         options,
         seed,
         &Disturbed {
             relays: &relays,
             db: &db.proxy,
             broker: &broker_proxy,
+            crash,
         },
         &counters,
         &producers,
@@ -197,9 +266,18 @@ async fn run_on(
     db.proxy.restore();
     broker_proxy.restore();
     let ran_for = started.elapsed();
-    if interrupted {
-        relays.shutdown().await;
-        return Err("interrupted".into());
+    match ended {
+        FaultsEnded::Done => {}
+        FaultsEnded::Interrupted => {
+            relays.shutdown().await;
+            return Err("interrupted".into());
+        }
+        FaultsEnded::DatabaseLost => {
+            relays.shutdown().await;
+            return Err("PostgreSQL did not start again after a crash (see above); \
+                        the run cannot be checked"
+                .into());
+        }
     }
 
     let drained = drain(&db, &consumer.seen, options.drain_timeout).await?;
@@ -210,6 +288,13 @@ async fn run_on(
     let mut report =
         ContractReport::check(&db.tables, &db.direct, &producers.ledger, &seen).await?;
     report.sink = options.sink.clone();
+    report.mode = match options.mode {
+        ReadMode::Claim => "claim",
+        ReadMode::Log => "log",
+    }
+    .to_owned();
+    report.relay_synchronous_commit = options.relay_synchronous_commit;
+    report.planted = options.plant.map(|p| format!("{p:?}"));
     report.relays = options.relays;
     report.ordered = options.ordered;
     report.seed = seed;
@@ -229,7 +314,7 @@ async fn run_on(
     } else {
         print!("{}", report.text());
     }
-    clean_up(&report, options.keep, &db, &broker, &logs).await;
+    clean_up(&report, options.keep, throwaway, &db, &broker, &logs).await;
     Ok(if report.passed {
         Verdict::Pass
     } else {
@@ -248,8 +333,9 @@ struct RunDatabase {
 }
 
 impl RunDatabase {
-    /// Connect, and create the run's schema: postbox's tables and the run's own.
-    async fn prepare(url: &str, schema: &Schema) -> Result<Self, AnyError> {
+    /// Connect, and create the run's schema: postbox's tables and the run's
+    /// own; in log mode, producers write into the log (`migrate --mode log`).
+    async fn prepare(url: &str, schema: &Schema, mode: ReadMode) -> Result<Self, AnyError> {
         let db_url = url::Url::parse(url).map_err(|e| format!("DATABASE_URL: {e}"))?;
         let proxy = FaultProxy::start(&host_port(&db_url, 5432)?).await?;
         let proxied_url = through(&db_url, proxy.port())?.to_string();
@@ -264,6 +350,12 @@ impl RunDatabase {
         postbox::sqlx::migrate(&mut conn, schema).await?;
         tables.create(&mut conn).await?;
         drop(conn);
+        if mode == ReadMode::Log {
+            Store::new(direct.clone(), schema.clone())
+                .log()
+                .set_producer_target(ProducerTarget::Log)
+                .await?;
+        }
         Ok(Self {
             direct,
             proxy,
@@ -316,10 +408,7 @@ fn start_relays(
     seed: u64,
 ) -> Result<Supervisor, AnyError> {
     let config_path = logs.join("relay.toml");
-    std::fs::write(
-        &config_path,
-        relay_config_file(&broker.relay_url, options.lease),
-    )?;
+    std::fs::write(&config_path, relay_config_file(&broker.relay_url, options))?;
     let mut command = RelayCommand::new(&db.proxied_url, &db.schema)?
         .config(&config_path)
         .env(failpoint::ENV, spec)
@@ -335,11 +424,15 @@ fn start_relays(
     ))
 }
 
-/// Relay settings for a run with short leases and retries, no dead letters.
-fn relay_config_file(sink: &str, lease: Duration) -> String {
-    let lease_ms = lease.as_millis().max(1000);
+/// Relay settings for a run with short leases and retries, no dead letters,
+/// in the run's reading mode and commit setting.
+fn relay_config_file(sink: &str, options: &Options) -> String {
+    let lease_ms = options.lease.as_millis().max(1000);
     format!(
         "[relay]\n\
+         mode = \"{}\"\n\
+         synchronous_commit = {}\n\
+         log_segment_age = \"5s\"\n\
          batch_size = 100\n\
          lease = \"{lease_ms}ms\"\n\
          publish_timeout = \"{}ms\"\n\
@@ -353,6 +446,11 @@ fn relay_config_file(sink: &str, lease: Duration) -> String {
          enabled = false\n\
          [sink]\n\
          url = {}\n",
+        match options.mode {
+            ReadMode::Claim => "claim",
+            ReadMode::Log => "log",
+        },
+        options.relay_synchronous_commit,
         (lease_ms / 3).max(300),
         toml_string(sink)
     )
@@ -382,6 +480,7 @@ impl ConsumerTask {
             tables: db.tables.clone(),
             ordered: options.ordered,
             faults: options.faults.contains(&FaultKind::Consumer),
+            async_commit: options.plant == Some(PlantedBug::ConsumerAsyncCommit),
             seed: seed ^ 0xc0,
         };
         let seen = Arc::new(Seen::default());
@@ -460,10 +559,22 @@ struct Disturbed<'a> {
     relays: &'a Supervisor,
     db: &'a FaultProxy,
     broker: &'a FaultProxy,
+    /// What the `crash` fault crashes, when it runs.
+    crash: Option<CrashTarget<'a>>,
+}
+
+/// How the fault schedule ended.
+enum FaultsEnded {
+    /// The run's duration is over.
+    Done,
+    /// The user interrupted the run.
+    Interrupted,
+    /// PostgreSQL did not start again after a crash.
+    DatabaseLost,
 }
 
 /// Run the fault schedule for the run's duration (printing progress), then
-/// stop the producers and the faults. True when the user interrupted the run.
+/// stop the producers and the faults.
 async fn inject_faults(
     options: &Options,
     seed: u64,
@@ -472,8 +583,9 @@ async fn inject_faults(
     producers: &Producers,
     seen: &Seen,
     interrupt: Interrupt,
-) -> bool {
+) -> FaultsEnded {
     let stop_faults = CancellationToken::new();
+    let database_lost = CancellationToken::new();
     let started = Instant::now();
     let progress = progress(
         &producers.ledger,
@@ -507,7 +619,22 @@ async fn inject_faults(
             counters,
             stop_faults.clone(),
         );
-        tokio::join!(killing, disturbing);
+        let crashing = async {
+            if let Some(target) = disturbed.crash {
+                let ok = faults::crash_database(
+                    || target.crash(),
+                    options.crash_every,
+                    seed ^ 0xc7a5,
+                    counters,
+                    stop_faults.clone(),
+                )
+                .await;
+                if !ok {
+                    database_lost.cancel();
+                }
+            }
+        };
+        tokio::join!(killing, disturbing, crashing);
     };
     let interrupted = CancellationToken::new();
     tokio::spawn({
@@ -521,6 +648,7 @@ async fn inject_faults(
         tokio::select! {
             _ = tokio::time::sleep(options.duration) => {}
             _ = interrupted.cancelled() => {}
+            _ = database_lost.cancelled() => {}
         }
         producers.stop.cancel();
         stop_faults.cancel();
@@ -529,7 +657,13 @@ async fn inject_faults(
         _ = async { tokio::join!(faulting, timer) } => {}
         _ = progress => {}
     }
-    interrupted.is_cancelled()
+    if interrupted.is_cancelled() {
+        FaultsEnded::Interrupted
+    } else if database_lost.is_cancelled() {
+        FaultsEnded::DatabaseLost
+    } else {
+        FaultsEnded::Done
+    }
 }
 
 /// A progress line every 10 s on stderr; never returns.
@@ -550,7 +684,7 @@ async fn progress(
         }
         let c = &relays.counters;
         eprintln!(
-            "  {:>4}s: {} tx committed, {} applied, {} deliveries, relays killed {} (+{} at failpoints), stalls {}",
+            "  {:>4}s: {} tx committed, {} applied, {} deliveries, relays killed {} (+{} at failpoints), stalls {}, database crashes {}",
             started.elapsed().as_secs(),
             ledger.tx_committed.load(Ordering::Relaxed),
             seen.applied.load(Ordering::Relaxed),
@@ -558,6 +692,7 @@ async fn progress(
             c.killed.load(Ordering::Relaxed),
             c.failpoint_exits.load(Ordering::Relaxed),
             counters.relay_stalls.load(Ordering::Relaxed),
+            counters.db_crashes.load(Ordering::Relaxed),
         );
     }
 }
@@ -574,9 +709,12 @@ async fn drain(db: &RunDatabase, seen: &Seen, timeout: Duration) -> Result<Drain
     let started = Instant::now();
     let committed_rows = db.tables.produced_count(&db.direct).await?;
     let store = Store::new(db.direct.clone(), db.schema.clone());
+    let log = store.log();
     let dead_letters = loop {
         let counts = store.status_counts().await?;
-        let idle = counts.pending == 0 && counts.processing == 0;
+        // In log mode, also every event of the log read by its cursor.
+        let unread = log.unread().await?;
+        let idle = counts.pending == 0 && counts.processing == 0 && unread == 0;
         let applied = seen.applied.load(Ordering::Relaxed) as i64;
         if idle && applied >= committed_rows && seen.quiet_for() > Duration::from_millis(500) {
             break counts.failed;
@@ -586,10 +724,11 @@ async fn drain(db: &RunDatabase, seen: &Seen, timeout: Duration) -> Result<Drain
         }
         if started.elapsed() > timeout {
             eprintln!(
-                "  drain timed out after {}: {} pending, {} in flight",
+                "  drain timed out after {}: {} pending, {} in flight, {} unread in the log",
                 humantime::format_duration(timeout),
                 counts.pending,
-                counts.processing
+                counts.processing,
+                unread
             );
             break counts.failed;
         }
@@ -602,10 +741,12 @@ async fn drain(db: &RunDatabase, seen: &Seen, timeout: Duration) -> Result<Drain
 }
 
 /// After a pass (unless `keep`): drop the schema, the broker's stream and
-/// the logs. After a failure: say what was kept.
+/// the logs. After a failure: say what was kept (on a throwaway cluster,
+/// the schema goes with the cluster).
 async fn clean_up(
     report: &ContractReport,
     keep: bool,
+    throwaway: bool,
     db: &RunDatabase,
     broker: &Broker,
     logs: &Path,
@@ -617,9 +758,16 @@ async fn clean_up(
         }
         let _ = std::fs::remove_dir_all(logs);
     } else if !report.passed {
+        let schema = if throwaway {
+            format!(
+                "(schema {} went with the throwaway cluster; set DATABASE_URL to keep it)",
+                db.schema
+            )
+        } else {
+            format!("schema {}", db.schema)
+        };
         eprintln!(
-            "kept for inspection: schema {}, {}, relay logs in {}",
-            db.schema,
+            "kept for inspection: {schema}, {}, relay logs in {}",
             broker.cleanup.describe(),
             logs.display()
         );

@@ -21,6 +21,12 @@ const SHOW: usize = 20;
 pub struct ContractReport {
     pub passed: bool,
     pub sink: String,
+    /// The relays' reading mode: claim or log.
+    pub mode: String,
+    /// The relays' `relay.synchronous_commit`.
+    pub relay_synchronous_commit: bool,
+    /// The bug planted on purpose (`--plant`), if any.
+    pub planted: Option<String>,
     pub relays: usize,
     pub ordered: bool,
     pub seed: u64,
@@ -150,8 +156,8 @@ impl ContractReport {
         let mut o = String::new();
         let _ = writeln!(
             o,
-            "ran {:.0} s, drained in {:.1} s",
-            self.duration_seconds, self.drain_seconds
+            "ran {:.0} s, drained in {:.1} s ({} mode, relay.synchronous_commit = {})",
+            self.duration_seconds, self.drain_seconds, self.mode, self.relay_synchronous_commit
         );
         self.write_figures(&mut o);
         self.write_checks(&mut o);
@@ -241,6 +247,15 @@ impl ContractReport {
                 count(&f.db_resets),
                 count(&f.db_outages),
                 count(&f.db_stalls)
+            ),
+        );
+        line(
+            o,
+            "PostgreSQL crashes survived",
+            format!(
+                "{} (longest recovery {} ms)",
+                count(&f.db_crashes),
+                count(&f.db_crash_longest_downtime_ms)
             ),
         );
         line(

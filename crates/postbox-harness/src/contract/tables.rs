@@ -12,6 +12,7 @@ pub struct Tables {
     create_tables: String,
     record_produced: String,
     apply_effect: String,
+    commit_without_flush: String,
     produced_count: String,
     produced: String,
     effects: String,
@@ -25,6 +26,7 @@ impl Tables {
             create_tables: sql.render("create_tables", schema),
             record_produced: sql.render("record_produced", schema),
             apply_effect: sql.render("apply_effect", schema),
+            commit_without_flush: sql.render("commit_without_flush", schema),
             produced_count: sql.render("produced_count", schema),
             produced: sql.render("produced", schema),
             effects: sql.render("effects", schema),
@@ -63,6 +65,13 @@ impl Tables {
             .bind(event_id)
             .execute(tx)
             .await?;
+        Ok(())
+    }
+
+    /// Let the transaction `tx` commit without waiting for its WAL to be
+    /// written (the planted bug `consumer-async-commit`).
+    pub async fn commit_without_flush(&self, tx: &mut PgConnection) -> Result<(), sqlx::Error> {
+        sqlx::query(&self.commit_without_flush).execute(tx).await?;
         Ok(())
     }
 
