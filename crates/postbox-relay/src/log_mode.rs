@@ -43,7 +43,17 @@ pub(crate) async fn read_loop(shared: Arc<Shared>, d: usize, owner: Uuid, mode: 
     let mut wake = shared.log_wake.subscribe();
     while !shared.shutdown.is_cancelled() {
         match reader.round(&shared, &log, d, owner, &names).await {
-            Ok(Round::More | Round::WindowDone) => failures = 0,
+            Ok(Round::More) => failures = 0,
+            // A window that ended short holds everything committed when it
+            // opened; anything committed since sent a notification (or the
+            // poll finds it): wait for that instead of opening an empty window
+            // right away, which would cost two more cursor writes per wake-up.
+            // A drain goes on until a window comes back empty.
+            Ok(Round::WindowDone) if mode == RunMode::Forever => {
+                failures = 0;
+                wait(&shared, &mut wake, config.poll_interval).await;
+            }
+            Ok(Round::WindowDone) => failures = 0,
             Ok(Round::Idle) => {
                 failures = 0;
                 if mode == RunMode::Drain {
@@ -112,22 +122,30 @@ impl Reader {
             }
             self.held_until = Some(Instant::now() + config.lease / 3);
         }
-        let window = match self.window.take() {
-            Some(w) => w,
+        let (window, page) = match self.window.take() {
+            Some(w) => {
+                let page = match self.ahead.take() {
+                    Some(page) => page,
+                    None => log.page(&w, batch).await?,
+                };
+                (w, page)
+            }
             None => {
                 self.ahead = None;
-                match log.window(&names[0], owner).await? {
-                    Some(w) => w,
-                    None => {
-                        self.forget();
-                        return Ok(Round::NotHeld);
+                let Some(w) = log.window(&names[0], owner).await? else {
+                    self.forget();
+                    return Ok(Round::NotHeld);
+                };
+                // A window read from its start begins at its first event;
+                // an empty one needs no read at all.
+                match log.from_floor(w.clone()).await? {
+                    Some(from) => {
+                        let page = log.page(&from, batch).await?;
+                        (from, page)
                     }
+                    None => (w, Vec::new()),
                 }
             }
-        };
-        let page = match self.ahead.take() {
-            Some(page) => page,
-            None => log.page(&window, batch).await?,
         };
         let done = (page.len() as i64) < batch;
         let last = page.last().map_or(window.after_id, |e| e.id);

@@ -34,6 +34,22 @@ SET hi = COALESCE(hi, pg_current_snapshot()),
 WHERE destination = $1 AND owner = $2 AND lease_expires_at > now()
 RETURNING destination, lo::text AS lo, hi::text AS hi, after_id;
 
+-- name: window_floor
+-- The lowest id among the events of the window (lo $1, hi $2); NULL when it
+-- has none. Found along the (txid, id) index — the window's transactions
+-- are the ones in progress at `lo` and those from `lo`'s xmax up to `hi`'s —
+-- so its cost is the window's size, not the log's: `id + 0` keeps the
+-- planner from answering min(id) by walking the id index from the log's
+-- start. A window read from its floor skips every older event unread.
+SELECT LEAST(
+    (SELECT min(id + 0) FROM {schema}.log
+     WHERE txid >= pg_snapshot_xmax($1::text::pg_snapshot)
+       AND txid < pg_snapshot_xmax($2::text::pg_snapshot)
+       AND pg_visible_in_snapshot(txid, $2::text::pg_snapshot)),
+    (SELECT min(id + 0) FROM {schema}.log
+     WHERE txid = ANY (ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot)))
+       AND pg_visible_in_snapshot(txid, $2::text::pg_snapshot))) AS floor;
+
 -- name: page
 -- Up to $4 events of the window (lo $1, hi $2) after id $3, in id order.
 -- An event of the window either belongs to a transaction that was in

@@ -71,6 +71,7 @@ struct Queries {
     cursors_acquire: String,
     cursors_release: String,
     window: String,
+    window_floor: String,
     page: String,
     advance: String,
     producer_target: String,
@@ -90,6 +91,7 @@ impl Queries {
             cursors_acquire: file.render("cursors_acquire", schema),
             cursors_release: file.render("cursors_release", schema),
             window: file.render("window", schema),
+            window_floor: file.render("window_floor", schema),
             page: file.render("page", schema),
             advance: file.render("advance", schema),
             producer_target: file.render("producer_target", schema),
@@ -185,6 +187,24 @@ impl Log {
             .bind(owner)
             .fetch_optional(&self.pool)
             .await
+    }
+
+    /// `window` moved to just before its first event when it is at its
+    /// start (`after_id` 0), so that reading it does not walk the log's older
+    /// events; `None` when the window holds no event at all.
+    pub async fn from_floor(&self, window: LogWindow) -> Result<Option<LogWindow>, sqlx::Error> {
+        if window.after_id != 0 {
+            return Ok(Some(window));
+        }
+        let floor: Option<i64> = sqlx::query_scalar(&self.sql.window_floor)
+            .bind(&window.lo)
+            .bind(&window.hi)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(floor.map(|f| LogWindow {
+            after_id: f - 1,
+            ..window
+        }))
     }
 
     /// Up to `limit` events of `window` after its position, in id order.

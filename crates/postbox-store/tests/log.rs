@@ -52,12 +52,26 @@ impl Reader {
     /// Read one window to its end, page by page; returns (event id, aggregate, sequence).
     async fn read_window(&self, page: i64) -> Vec<(Uuid, String, i64)> {
         let mut out = Vec::new();
-        let mut window: LogWindow = self
+        let opened: LogWindow = self
             .log
             .window(&self.destination, self.owner)
             .await
             .unwrap()
             .expect("the reader holds its cursor");
+        // Read from the window's floor, as the relay does: the exactness
+        // tests below then check the floor too (a floor too high skips events).
+        let Some(mut window) = self.log.from_floor(opened.clone()).await.unwrap() else {
+            assert!(
+                self.log.page(&opened, page).await.unwrap().is_empty(),
+                "no floor: the window must be empty"
+            );
+            assert!(self
+                .log
+                .advance(&opened, self.owner, 0, 0, true)
+                .await
+                .unwrap());
+            return out;
+        };
         loop {
             let events = self.log.page(&window, page).await.unwrap();
             let done = (events.len() as i64) < page;
