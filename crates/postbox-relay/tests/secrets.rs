@@ -11,41 +11,13 @@ use metrics_util::debugging::DebuggingRecorder;
 use postbox_relay::sinks::SinkOptions;
 use postbox_relay::Sink;
 use postbox_testkit::TestDb;
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
-/// Everything the relay logs while a test runs (a current-thread runtime
-/// keeps the relay's tasks on the thread whose subscriber this is).
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Logs {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+use std::sync::Arc;
 
 /// Run `test` on a current-thread runtime, with its logs (every level) and
 /// its metrics captured; returns the logs and every metric key with labels.
 fn captured(test: impl std::future::Future<Output = ()>) -> (String, String) {
     let logs = Logs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
+    let subscriber = logs.subscriber(tracing::Level::DEBUG);
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -163,3 +163,36 @@ impl Sink for ScriptedSink {
         "scripted test sink".into()
     }
 }
+
+/// Everything the relay logs while a test runs, captured by the subscriber
+/// of [`Logs::subscriber`] (on a current-thread runtime the relay's tasks
+/// run on the thread whose subscriber it is).
+#[derive(Clone, Default)]
+pub struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+
+    /// A plain-text subscriber writing every line up to `level` here.
+    pub fn subscriber(&self, level: tracing::Level) -> impl tracing::Subscriber + Send + Sync {
+        let writer = self.clone();
+        tracing_subscriber::fmt()
+            .with_max_level(level)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

@@ -8,42 +8,15 @@ use postbox_relay::{Relay, RunMode};
 use postbox_testkit::proxy::Proxy;
 use postbox_testkit::{redis, unique, wait_for, TestDb};
 use redis::AsyncCommands;
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(60);
 
-/// Log lines written by the relay under test (this test's thread only).
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Logs {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn a_destination_that_keeps_failing_is_reported_and_its_recovery_too() {
     let logs = Logs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
+    let subscriber = logs.subscriber(tracing::Level::INFO);
     // The test runs on one thread (tokio's current-thread runtime), the
     // relay's tasks too: this subscriber sees all of their lines.
     let _guard = tracing::subscriber::set_default(subscriber);
