@@ -147,13 +147,15 @@ fn init_logging(command: &Command) {
 
 /// The log filter when neither `POSTBOX_LOG` nor `RUST_LOG` is set. The
 /// workloads (`bench`, `demo`, `verify`) migrate throwaway schemas over and
-/// over: their "applied migration" lines would bury the results.
+/// over: their "applied migration" lines would bury the results. The AMQP
+/// client's own lines are off (they carry its internal debug dumps): the
+/// relay reports every broker failure itself, in plain words.
 fn default_log_filter(command: &Command) -> &'static str {
     match command {
         Command::Bench(_) | Command::Demo(_) | Command::Verify(_) => {
-            "info,sqlx=warn,lapin=error,postbox::sqlx=warn"
+            "info,sqlx=warn,lapin=off,async_nats=warn,postbox::sqlx=warn"
         }
-        _ => "info,sqlx=warn,lapin=error",
+        _ => "info,sqlx=warn,lapin=off,async_nats=warn",
     }
 }
 

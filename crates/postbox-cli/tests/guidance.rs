@@ -327,3 +327,33 @@ async fn the_console_warns_at_start_up_when_nothing_is_redacted() {
     let _ = std::fs::remove_dir_all(dir);
     db.drop_schema().await;
 }
+
+/// A sink whose broker answers that what the configuration names is not
+/// there (here a RabbitMQ exchange nobody declared) stops the relay at
+/// start-up with one plain line, as the README says, instead of retrying in
+/// silence; the AMQP client's internal dumps stay out of the default log.
+#[tokio::test]
+async fn a_missing_exchange_stops_the_relay_at_start_up_in_plain_words() {
+    let db = TestDb::new().await;
+    let exchange = unique("missing.");
+    let sink = format!("amqp://guest:guest@127.0.0.1:5672/%2f?exchange={exchange}&timeout=5s");
+    let started = Instant::now();
+    let out = command(&db, &["relay", "--sink", &sink])
+        .env_remove("POSTBOX_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the relay");
+    let err = stderr(&out);
+    assert!(!out.status.success(), "the relay refuses to start: {err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "at once, not after retries"
+    );
+    assert!(
+        err.contains("misconfigured") && err.contains("does not exist") && err.contains(&exchange),
+        "{err}"
+    );
+    assert!(!err.contains("ShortString"), "no client internals: {err}");
+    assert!(!err.contains("guest:guest"), "no credentials: {err}");
+    db.drop_schema().await;
+}

@@ -127,9 +127,16 @@ pub enum SinkError {
     /// The sink's configuration (usually its URL) is invalid; the message names the part.
     #[error("invalid sink configuration: {0}")]
     Config(String),
-    /// The destination could not be reached or refused the check.
+    /// The destination could not be reached (or did not answer in time): it
+    /// may come up later, and the relay retries.
     #[error("sink {sink} is unreachable: {reason}")]
     Unreachable { sink: String, reason: String },
+    /// The broker answered, and what the configuration names is not there
+    /// (a missing exchange, no stream capturing the subjects): retrying will
+    /// not help until someone fixes the configuration or the broker, so a
+    /// relay does not start.
+    #[error("sink {sink} is misconfigured: {reason}")]
+    Misconfigured { sink: String, reason: String },
 }
 
 /// A transport the relay publishes to.
@@ -164,6 +171,10 @@ impl SinkError {
         match self {
             SinkError::Config(text) => SinkError::Config(secrets.sanitize(&text)),
             SinkError::Unreachable { sink, reason } => SinkError::Unreachable {
+                sink: secrets.sanitize(&sink),
+                reason: secrets.sanitize(&reason),
+            },
+            SinkError::Misconfigured { sink, reason } => SinkError::Misconfigured {
                 sink: secrets.sanitize(&sink),
                 reason: secrets.sanitize(&reason),
             },

@@ -246,12 +246,13 @@ async fn amqp_missing_exchange_fails_the_check_and_retries_then_recovers() {
         broker()
     ));
     let err = s.check().await.expect_err("the exchange does not exist");
-    assert!(matches!(err, SinkError::Unreachable { .. }));
+    assert!(matches!(err, SinkError::Misconfigured { .. }), "{err}");
     let text = err.to_string();
     assert!(
-        text.contains("is not usable") && text.contains("NOT_FOUND"),
+        text.contains("does not exist") && text.contains("NOT_FOUND"),
         "{text}"
     );
+    assert!(!text.contains("ShortString"), "no client internals: {text}");
     assert!(!text.contains("guest"), "{text}");
 
     // Publishing to a missing exchange closes the channel: a retry, not a reject.

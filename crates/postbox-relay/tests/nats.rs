@@ -154,7 +154,7 @@ async fn nats_without_a_capturing_stream_fails_the_check_and_retries() {
         .check()
         .await
         .expect_err("no stream captures the subjects");
-    assert!(matches!(err, SinkError::Unreachable { .. }), "{err}");
+    assert!(matches!(err, SinkError::Misconfigured { .. }), "{err}");
     let text = err.to_string();
     assert!(
         text.contains(&format!(

@@ -10,7 +10,7 @@ use postbox::Schema;
 use postbox_harness::db;
 use postbox_relay::sinks;
 use postbox_relay::{
-    Destination, PoisonPolicy, ReadMode, Relay, RelayConfig, Router, RunMode, Store,
+    Destination, PoisonPolicy, ReadMode, Relay, RelayConfig, Router, RunMode, SinkError, Store,
 };
 use std::process::ExitCode;
 use std::time::Duration;
@@ -140,8 +140,17 @@ pub async fn run(settings: &Settings, args: RelayArgs) -> Result<ExitCode, AnyEr
     let pool = db::lazy_pool(options, 6);
     check_schema(&pool, &settings.schema).await?;
     for d in router.destinations() {
-        if let Err(e) = d.sink.check().await.map_err(|e| e.masked(d.sink.secrets())) {
-            tracing::warn!(destination = %d.name, error = %e, "the destination is not reachable yet; its events will be retried until it is");
+        match d.sink.check().await.map_err(|e| e.masked(d.sink.secrets())) {
+            Ok(()) => {}
+            // The broker answered and what the configuration names is not
+            // there: say so and stop, rather than retry for ever. Events stay
+            // in the outbox.
+            Err(e @ SinkError::Misconfigured { .. }) => {
+                return Err(format!("destination {}: {e}", d.name).into());
+            }
+            Err(e) => {
+                tracing::warn!(destination = %d.name, error = %e, "the destination is not reachable yet; its events will be retried until it is");
+            }
         }
     }
     let sinks: Vec<_> = router

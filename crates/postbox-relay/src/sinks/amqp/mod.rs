@@ -479,13 +479,20 @@ impl Sink for AmqpSink {
             spare.close(200, ShortString::from("check done")),
         )
         .await;
-        declared.map_err(|e| SinkError::Unreachable {
-            sink: self.describe(),
-            reason: format!(
-                "exchange {:?} is not usable (declare it first): {}",
-                self.exchange.as_str(),
-                sanitize_error(&e.to_string())
-            ),
+        declared.map_err(|e| match &e {
+            // The broker answered: the exchange is not there (or not a usable one).
+            AmqpError::Broker { source, .. } => match source.kind() {
+                lapin::ErrorKind::ProtocolError(refused) => SinkError::Misconfigured {
+                    sink: self.describe(),
+                    reason: format!(
+                        "exchange {:?} does not exist or cannot be used (declare it first; the broker said: {})",
+                        self.exchange.as_str(),
+                        sanitize_error(refused.get_message().as_str())
+                    ),
+                },
+                _ => unreachable(e),
+            },
+            AmqpError::Timeout(..) => unreachable(e),
         })
     }
 

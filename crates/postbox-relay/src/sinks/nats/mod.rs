@@ -330,7 +330,7 @@ impl Sink for NatsSink {
         };
         let js = self.context().await.map_err(unreachable)?;
         self.ensure_stream(&js).await.map_err(|e| match e {
-            NatsError::FindStream { .. } => SinkError::Unreachable {
+            NatsError::FindStream { .. } => SinkError::Misconfigured {
                 sink: self.describe(),
                 reason: format!(
                     "no JetStream stream captures subjects matching {}: create one, or add stream=NAME \
