@@ -347,8 +347,17 @@ async fn bench_runs_on_tiny_inputs() {
         "{r}"
     );
     assert_eq!(r["drain"]["log_after"]["dead_tuples"], 0, "{r}");
-    assert_eq!(r["latency"].as_array().unwrap().len(), 3, "{r}");
+    assert!(
+        r["drain"]["log_ceiling_events_per_s"].as_f64().unwrap() > 0.0,
+        "the pure-SQL log ceiling ran: {r}"
+    );
+    assert_eq!(r["latency"].as_array().unwrap().len(), 4, "{r}");
     assert!(r["latency"][0]["events"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(r["latency"][3]["mode"], "log mode, LISTEN/NOTIFY", "{r}");
+    assert!(
+        r["latency"][3]["events"].as_u64().unwrap() > 0,
+        "log mode delivered: {r}"
+    );
     assert_eq!(r["scale"].as_array().unwrap().len(), 2, "{r}");
     assert!(
         r["ordered"]["ordered_events_per_s"].as_f64().unwrap() > 0.0,

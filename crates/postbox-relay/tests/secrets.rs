@@ -25,6 +25,10 @@ fn captured(test: impl std::future::Future<Output = ()>) -> (String, String) {
         .build()
         .unwrap();
     tracing::subscriber::with_default(subscriber, || {
+        // Another test's thread may have registered a log line's call site
+        // (and cached that nobody listens) while this subscriber was being
+        // set up: ask every call site again now that it is.
+        tracing::callsite::rebuild_interest_cache();
         metrics::with_local_recorder(&recorder, || runtime.block_on(test))
     });
     let labels = snapshotter

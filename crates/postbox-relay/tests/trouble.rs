@@ -20,6 +20,9 @@ async fn a_destination_that_keeps_failing_is_reported_and_its_recovery_too() {
     // The test runs on one thread (tokio's current-thread runtime), the
     // relay's tasks too: this subscriber sees all of their lines.
     let _guard = tracing::subscriber::set_default(subscriber);
+    // A call site another test's thread registered meanwhile may have cached
+    // that nobody listens: ask every call site again now.
+    tracing::callsite::rebuild_interest_cache();
 
     let db = TestDb::new().await;
     let n = enqueue(&db, 20).await.len();
