@@ -31,12 +31,30 @@
 //! To log why a delivery was refused, take `Result<Verified, Rejection>` in the
 //! handler and return the [`Rejection`] after logging it: its `Display` and sources
 //! name the failed check and never contain a secret.
+//!
+//! **Typed bodies.** `Verified<Json<T>>` decodes the verified bytes as JSON
+//! after the signature check (never before: an unsigned body is not parsed),
+//! refusing a body that does not decode with axum's own [`JsonRejection`]
+//! (`400` for bad syntax, `422` for valid JSON of the wrong shape). The same
+//! [`FromBody`] trait types `Idempotent<Json<T>>` (feature `sqlx`).
+//!
+//! ```no_run
+//! use axum::Json;
+//! use postbox::axum::Verified;
+//!
+//! #[derive(serde::Deserialize)]
+//! struct OrderPlaced { order_id: String }
+//!
+//! async fn hook(Verified { body: Json(event), .. }: Verified<Json<OrderPlaced>>) -> String {
+//!     event.order_id
+//! }
+//! ```
 
 use std::fmt;
 use std::sync::Arc;
 
 use ::axum::body::Bytes;
-use ::axum::extract::rejection::BytesRejection;
+use ::axum::extract::rejection::{BytesRejection, JsonRejection};
 use ::axum::extract::{FromRef, FromRequest, Request};
 use ::axum::http::{HeaderMap, StatusCode};
 use ::axum::response::{IntoResponse, Response};
@@ -120,13 +138,35 @@ pub enum SignatureError {
     Webhooks(#[source] webhooks::VerifyError),
 }
 
-/// A request whose signature verified: its headers and exact raw body.
+/// How an extractor that reads the whole body first ([`Verified`],
+/// `Idempotent`) hands the body to the handler: the exact bytes
+/// ([`Bytes`], the default), or decoded as JSON ([`Json<T>`](::axum::Json))
+/// with axum's own rejection when it does not decode.
+pub trait FromBody: Sized + Send {
+    /// The body, from the bytes as received.
+    fn from_body(bytes: Bytes) -> Result<Self, JsonRejection>;
+}
+
+impl FromBody for Bytes {
+    fn from_body(bytes: Bytes) -> Result<Self, JsonRejection> {
+        Ok(bytes)
+    }
+}
+
+impl<T: serde::de::DeserializeOwned + Send> FromBody for ::axum::Json<T> {
+    fn from_body(bytes: Bytes) -> Result<Self, JsonRejection> {
+        ::axum::Json::from_bytes(&bytes)
+    }
+}
+
+/// A request whose signature verified: its headers and its body — the exact
+/// raw bytes by default, or decoded ([`FromBody`]) after the check.
 #[derive(Debug, Clone)]
-pub struct Verified {
+pub struct Verified<B = Bytes> {
     /// The request headers.
     pub headers: HeaderMap,
-    /// The exact bytes whose signature verified.
-    pub body: Bytes,
+    /// The body whose signature verified.
+    pub body: B,
 }
 
 /// Why [`Verified`] refused a request. As a response it is a bare status code.
@@ -139,30 +179,40 @@ pub enum Rejection {
     /// The signature is missing or wrong.
     #[error("the delivery's signature did not verify")]
     Signature(#[source] SignatureError),
+    /// The signature verified, but the body did not decode as the handler's type.
+    #[error("the verified body did not decode")]
+    Decode(#[source] JsonRejection),
 }
 
 impl Rejection {
     /// The status answered: 401 for a signature, 413 for a body over the limit,
-    /// 400 for another body error.
+    /// 400 for another body error; for a body that verified but did not
+    /// decode, axum's (400 bad syntax, 422 wrong shape).
     pub fn status(&self) -> StatusCode {
         match self {
             Rejection::Body(e) => e.status(),
             Rejection::Signature(_) => StatusCode::UNAUTHORIZED,
+            Rejection::Decode(e) => e.status(),
         }
     }
 }
 
 impl IntoResponse for Rejection {
     fn into_response(self) -> Response {
-        // No body: a forger learns nothing about which check failed.
-        self.status().into_response()
+        match self {
+            // The sender proved who it is: axum's own explanation helps it.
+            Rejection::Decode(e) => e.into_response(),
+            // No body: a forger learns nothing about which check failed.
+            other => other.status().into_response(),
+        }
     }
 }
 
-impl<S> FromRequest<S> for Verified
+impl<S, B> FromRequest<S> for Verified<B>
 where
     S: Send + Sync,
     SignatureVerifier: FromRef<S>,
+    B: FromBody,
 {
     type Rejection = Rejection;
 
@@ -173,7 +223,10 @@ where
             .await
             .map_err(Rejection::Body)?;
         match verifier.verify(&headers, &body) {
-            Ok(()) => Ok(Verified { headers, body }),
+            Ok(()) => Ok(Verified {
+                headers,
+                body: B::from_body(body).map_err(Rejection::Decode)?,
+            }),
             Err(e) => {
                 tracing::debug!(error = %e, reason = %source_text(&e), "refused a delivery");
                 Err(Rejection::Signature(e))
@@ -223,6 +276,57 @@ mod tests {
 
     async fn extract(req: Request, state: &SignatureVerifier) -> Result<Verified, Rejection> {
         Verified::from_request(req, state).await
+    }
+
+    #[derive(Debug, serde::Deserialize, PartialEq)]
+    struct Order {
+        a: i64,
+    }
+
+    #[tokio::test]
+    async fn a_typed_body_decodes_after_the_check_with_axums_rejections() {
+        use ::axum::Json;
+        let verifier = webhooks_verifier();
+        let body = br#"{"a": 1}"#;
+        let Verified {
+            body: Json(order),
+            headers,
+        } = Verified::<Json<Order>>::from_request(webhooks_request(body, body), &verifier)
+            .await
+            .expect("verifies and decodes");
+        assert_eq!(order, Order { a: 1 });
+        assert_eq!(headers["webhook-id"], "msg_1");
+
+        // Signed, but of the wrong shape: axum's 422, with its explanation.
+        let wrong = br#"{"a": "one"}"#;
+        let rejection =
+            Verified::<Json<Order>>::from_request(webhooks_request(wrong, wrong), &verifier)
+                .await
+                .expect_err("does not decode");
+        assert!(matches!(rejection, Rejection::Decode(_)), "{rejection}");
+        assert_eq!(rejection.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        let response = rejection.into_response();
+        let text = ::axum::body::to_bytes(response.into_body(), 4096)
+            .await
+            .expect("body");
+        assert!(!text.is_empty(), "axum says why");
+
+        // Signed, not JSON at all: 400.
+        let junk = b"not json";
+        let rejection =
+            Verified::<Json<Order>>::from_request(webhooks_request(junk, junk), &verifier)
+                .await
+                .expect_err("does not parse");
+        assert_eq!(rejection.status(), StatusCode::BAD_REQUEST);
+
+        // A forged body is refused before it is parsed: 401, no explanation.
+        let rejection = Verified::<Json<Order>>::from_request(
+            webhooks_request(br#"{"a": 2}"#, body),
+            &verifier,
+        )
+        .await
+        .expect_err("forged");
+        assert!(matches!(rejection, Rejection::Signature(_)));
     }
 
     #[tokio::test]

@@ -321,3 +321,82 @@ async fn the_axum_extractor_follows_the_idempotency_key_header() {
     drop(app);
     Arc::try_unwrap(db).ok().unwrap().drop_schema().await;
 }
+
+#[derive(serde::Deserialize)]
+struct NewOrder {
+    item: String,
+}
+
+async fn typed_order(
+    State(db): axum::extract::State<Arc<TestDb>>,
+    mut req: Idempotent<axum::Json<NewOrder>>,
+) -> Response {
+    let item = req.body().item.clone();
+    let id: i64 =
+        sqlx::query_scalar(&db.sql("INSERT INTO {schema}.orders (item) VALUES ($1) RETURNING id"))
+            .bind(item)
+            .fetch_one(req.tx())
+            .await
+            .unwrap();
+    req.commit_json(StatusCode::CREATED, &json!({ "order_id": id }))
+        .await
+        .unwrap()
+}
+
+/// `Idempotent<Json<T>>`: the body decodes before the key is taken, with
+/// axum's own rejections; a refused body takes no key, so the same key then
+/// works for the corrected request; replays work as for raw bodies.
+#[tokio::test]
+async fn the_typed_axum_extractor_decodes_before_taking_the_key() {
+    let db = Arc::new(TestDb::new().await);
+    with_orders(&db).await;
+    let outbox = Outbox::new(db.schema.clone());
+    let state = AppState {
+        db: db.clone(),
+        idempotency: Idempotency::new(db.pool.clone(), outbox, "orders"),
+    };
+    let app = Router::new()
+        .route("/orders", post(typed_order))
+        .with_state(state);
+
+    let r = app
+        .clone()
+        .oneshot(request(Some("t-1"), r#"{"item": 7}"#))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "wrong shape");
+    let r = app
+        .clone()
+        .oneshot(request(Some("t-1"), "{not json"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST, "bad syntax");
+    assert_eq!(
+        db.count("SELECT count(*) FROM {schema}.idempotency_keys")
+            .await,
+        0,
+        "a refused body takes no key"
+    );
+
+    let r = app
+        .clone()
+        .oneshot(request(Some("t-1"), r#"{"item":"pen"}"#))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let first = text(r).await;
+    let r = app
+        .clone()
+        .oneshot(request(Some("t-1"), r#"{"item":"pen"}"#))
+        .await
+        .unwrap();
+    assert_eq!(r.headers()[REPLAYED_HEADER], "true");
+    assert_eq!(text(r).await, first);
+    assert_eq!(
+        db.count("SELECT count(*) FROM {schema}.orders WHERE item = 'pen'")
+            .await,
+        1
+    );
+    drop(app);
+    Arc::try_unwrap(db).ok().unwrap().drop_schema().await;
+}

@@ -43,8 +43,31 @@
 //! ```
 //!
 //! With a larger application state, implement `FromRef<YourState>` for [`Idempotency`].
+//!
+//! **Typed bodies.** `Idempotent<Json<T>>` decodes the body as JSON before
+//! the key is taken, refusing a body that does not decode with axum's own
+//! [`JsonRejection`](::axum::extract::rejection::JsonRejection) (`400`, `422`)
+//! — a refused body takes no key, so the client may fix it and send again with
+//! the same one. The fingerprint is still taken over the exact bytes.
+//!
+//! ```no_run
+//! use axum::{http::StatusCode, response::Response, Json};
+//! use postbox::idempotency::axum::Idempotent;
+//!
+//! #[derive(serde::Deserialize)]
+//! struct NewOrder { sku: String }
+//!
+//! async fn create_order(mut req: Idempotent<Json<NewOrder>>) -> Result<Response, StatusCode> {
+//!     let sku = req.body().sku.clone();
+//!     // … insert the order with `sku` and enqueue its event in req.tx() …
+//!     req.commit_json(StatusCode::CREATED, &serde_json::json!({ "sku": sku }))
+//!         .await
+//!         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)
+//! }
+//! ```
 
 use super::{Begin, Fingerprint, IdempotencyError, IdempotencyKey, Pending, StoredResponse};
+use crate::axum::FromBody;
 use crate::Outbox;
 use ::axum::body::{Body, Bytes};
 use ::axum::extract::{FromRef, FromRequest, Request};
@@ -94,15 +117,16 @@ impl Idempotency {
     }
 }
 
-/// A request admitted to run once: its body, and the transaction to run it in.
-pub struct Idempotent {
+/// A request admitted to run once: its body (the exact bytes by default, or
+/// decoded: [`FromBody`]), and the transaction to run it in.
+pub struct Idempotent<B = Bytes> {
     tx: Transaction<'static, Postgres>,
     pending: Option<Pending>,
     outbox: Outbox,
-    body: Bytes,
+    body: B,
 }
 
-impl std::fmt::Debug for Idempotent {
+impl<B> std::fmt::Debug for Idempotent<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Idempotent")
             .field("key", &self.pending.as_ref().map(|p| p.key()))
@@ -110,14 +134,14 @@ impl std::fmt::Debug for Idempotent {
     }
 }
 
-impl Idempotent {
+impl<B> Idempotent<B> {
     /// The transaction holding the key: write the change and its events here.
     pub fn tx(&mut self) -> &mut PgConnection {
         &mut self.tx
     }
 
-    /// The request body (already read, exactly as received).
-    pub fn body(&self) -> &Bytes {
+    /// The request body (already read: exactly as received, or decoded).
+    pub fn body(&self) -> &B {
         &self.body
     }
 
@@ -167,10 +191,11 @@ fn refuse(status: StatusCode, phrase: &'static str) -> Response {
     (status, phrase).into_response()
 }
 
-impl<S> FromRequest<S> for Idempotent
+impl<S, B> FromRequest<S> for Idempotent<B>
 where
     Idempotency: FromRef<S>,
     S: Send + Sync,
+    B: FromBody,
 {
     type Rejection = Response;
 
@@ -209,6 +234,8 @@ where
         let body = Bytes::from_request(req, state)
             .await
             .map_err(IntoResponse::into_response)?;
+        // Decoded before the key is taken: a body refused here stores nothing.
+        let decoded = B::from_body(body.clone()).map_err(IntoResponse::into_response)?;
         let unavailable = |e: &dyn std::error::Error| {
             tracing::warn!(error = %e, "idempotency: database unavailable");
             refuse(
@@ -255,7 +282,7 @@ where
             tx,
             pending,
             outbox: config.outbox.clone(),
-            body,
+            body: decoded,
         })
     }
 }
