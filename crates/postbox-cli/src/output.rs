@@ -10,31 +10,6 @@
 //!   relay whose log pipe closes goes on delivering; it only stops logging.
 
 use std::io::{IsTerminal, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
-
-static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
-
-/// Write `text` to stdout and flush; returns false once stdout is closed.
-pub fn write_stdout(text: &str) -> bool {
-    if STDOUT_CLOSED.load(Ordering::Relaxed) {
-        return false;
-    }
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Ok(()) => true,
-        Err(_) => {
-            // Closed (EPIPE) or otherwise unwritable: nothing more can be shown.
-            STDOUT_CLOSED.store(true, Ordering::Relaxed);
-            false
-        }
-    }
-}
-
-/// Write `text` to stderr; a failure is ignored (there is nowhere left to say it).
-pub fn write_stderr(text: &str) {
-    let mut err = std::io::stderr().lock();
-    let _ = err.write_all(text.as_bytes()).and_then(|()| err.flush());
-}
 
 /// Whether colour may be used on stderr: a terminal, and `NO_COLOR` unset or empty.
 pub fn stderr_colour() -> bool {
@@ -75,23 +50,7 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogWriter {
     }
 }
 
-/// `println!` that stops printing when stdout is closed instead of panicking.
-macro_rules! outln {
-    () => { $crate::output::write_stdout("\n") };
-    ($($arg:tt)*) => { $crate::output::write_stdout(&format!("{}\n", format_args!($($arg)*))) };
-}
-
-/// `print!` that stops printing when stdout is closed instead of panicking.
-macro_rules! out {
-    ($($arg:tt)*) => { $crate::output::write_stdout(&format!($($arg)*)) };
-}
-
-/// `eprintln!` that drops the line when stderr is closed instead of panicking.
-macro_rules! errln {
-    ($($arg:tt)*) => { $crate::output::write_stderr(&format!("{}\n", format_args!($($arg)*))) };
-}
-
-pub(crate) use {errln, out, outln};
+pub(crate) use postbox_harness::{errln, out, outln};
 
 #[cfg(test)]
 mod tests {

@@ -159,3 +159,45 @@ async fn status_watch_into_a_closed_pipe_exits_cleanly() {
     assert!(!err.contains("panicked"), "{err}");
     db.drop_schema().await;
 }
+
+/// `postbox bench | head -1` with the reader gone before the results: the
+/// workload's printing stops instead of panicking, and bench exits 0.
+#[tokio::test]
+async fn bench_into_a_closed_pipe_exits_cleanly() {
+    let db = TestDb::new().await;
+    let schema = format!("{}_bench", db.schema.name());
+    let sink = format!("{}?key={}", redis_url(), unique("test:bench:"));
+    let mut child = command(
+        &db,
+        &[
+            "bench",
+            "--only",
+            "drain",
+            "--events",
+            "300",
+            "--naive-events",
+            "30",
+            "--bench-schema",
+            &schema,
+            "--sink",
+            &sink,
+        ],
+    )
+    .env("POSTBOX_LOG", "warn")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("start bench");
+    // The reader goes away before bench prints anything.
+    drop(child.stdout.take());
+    let mut stderr = child.stderr.take().unwrap();
+    let mut bench = Guard(child);
+    let status = exit_within(&mut bench.0, Duration::from_secs(120))
+        .await
+        .expect("bench finishes");
+    let mut err = String::new();
+    let _ = stderr.read_to_string(&mut err);
+    assert!(status.success(), "exit {status:?}: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    db.drop_schema().await;
+}

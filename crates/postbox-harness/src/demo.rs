@@ -65,10 +65,10 @@ pub async fn run(database_url: Option<&str>, options: &Options) -> Result<Verdic
             "postbox_demo_shop",
         ),
         None => {
-            println!("No DATABASE_URL: starting a throwaway PostgreSQL cluster…");
+            crate::outln!("No DATABASE_URL: starting a throwaway PostgreSQL cluster…");
             let cluster = TempCluster::start().await?;
             let url = cluster.url().to_owned();
-            println!("  cluster up at {url}");
+            crate::outln!("  cluster up at {url}");
             (Some(cluster), url, Schema::default(), "shop")
         }
     };
@@ -91,7 +91,7 @@ async fn run_on(
     let pool = db::pool(options_db, 12, db::CONNECT_PATIENCE).await?;
     let shop = Arc::new(Shop::new(pool.clone(), &schema, shop_name));
     shop.create().await?;
-    println!("  schema {schema} migrated; shop tables in {shop_name}");
+    crate::outln!("  schema {schema} migrated; shop tables in {shop_name}");
 
     let counters = Arc::new(Counters::default());
     let rolled_back_ids = Arc::new(Mutex::new(HashSet::new()));
@@ -172,42 +172,44 @@ fn report(
     } = *totals;
     let committed = c.committed.load(Ordering::Relaxed);
     let ghost = c.ghost_deliveries.load(Ordering::Relaxed);
-    println!();
-    println!("postbox demo: report ({:.1} s)", elapsed.as_secs_f64());
-    println!("  orders attempted                {}", options.orders);
-    println!("  committed with their event      {committed}");
-    println!(
+    crate::outln!();
+    crate::outln!("postbox demo: report ({:.1} s)", elapsed.as_secs_f64());
+    crate::outln!("  orders attempted                {}", options.orders);
+    crate::outln!("  committed with their event      {committed}");
+    crate::outln!(
         "  rolled back                     {}",
         c.rolled_back.load(Ordering::Relaxed)
     );
-    println!("  events sent by the relay        {}", counts.sent);
-    println!(
+    crate::outln!("  events sent by the relay        {}", counts.sent);
+    crate::outln!(
         "  deliveries to the consumer      {}",
         c.deliveries.load(Ordering::Relaxed)
     );
-    println!(
+    crate::outln!(
         "  duplicates absorbed by inbox    {}",
         c.duplicates.load(Ordering::Relaxed)
     );
-    println!("  redeliveries after a lost ack   {}", relay_stats.retried);
-    println!("  invoices (effects applied)      {invoices} for {orders} orders, {missing} missing");
-    println!("  rolled-back events delivered    {ghost}");
+    crate::outln!("  redeliveries after a lost ack   {}", relay_stats.retried);
+    crate::outln!(
+        "  invoices (effects applied)      {invoices} for {orders} orders, {missing} missing"
+    );
+    crate::outln!("  rolled-back events delivered    {ghost}");
     let ok = ghost == 0
         && missing == 0
         && invoices == orders
         && orders as u64 == committed
         && counts.failed == 0;
     if ok {
-        println!("OK: every committed event delivered at least once, applied exactly once; no rolled-back event delivered.");
+        crate::outln!("OK: every committed event delivered at least once, applied exactly once; no rolled-back event delivered.");
         Verdict::Pass
     } else {
-        println!("VIOLATION: the counts above do not add up.");
+        crate::outln!("VIOLATION: the counts above do not add up.");
         Verdict::Fail
     }
 }
 
 fn progress(c: &Counters, sent: u64) {
-    println!(
+    crate::outln!(
         "  committed {:>6}  rolled back {:>5}  sent {:>6}  delivered {:>6}  duplicates {:>5}  applied {:>6}",
         c.committed.load(Ordering::Relaxed),
         c.rolled_back.load(Ordering::Relaxed),

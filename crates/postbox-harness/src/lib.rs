@@ -29,6 +29,7 @@ pub mod db;
 pub mod demo;
 #[cfg(feature = "workloads")]
 pub mod os;
+pub mod output;
 #[cfg(feature = "workloads")]
 pub mod pgcluster;
 #[cfg(feature = "workloads")]

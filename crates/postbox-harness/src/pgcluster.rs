@@ -882,7 +882,7 @@ mod tests {
         match TempCluster::start().await {
             Ok(cluster) => Some(cluster),
             Err(ClusterError::BinariesNotFound) => {
-                eprintln!("skipping: PostgreSQL server binaries are not installed");
+                crate::errln!("skipping: PostgreSQL server binaries are not installed");
                 None
             }
             Err(e) => panic!("starting the cluster failed: {e} ({e:?})"),

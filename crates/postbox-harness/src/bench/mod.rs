@@ -97,7 +97,9 @@ pub async fn run(database_url: Option<&str>, options: &Options) -> Result<(), An
     let (cluster, url) = match database_url {
         Some(url) => (None, url.to_owned()),
         None => {
-            eprintln!("No DATABASE_URL: benchmarking a throwaway PostgreSQL cluster (fsync off).");
+            crate::errln!(
+                "No DATABASE_URL: benchmarking a throwaway PostgreSQL cluster (fsync off)."
+            );
             let c = TempCluster::start().await?;
             let url = c.url().to_owned();
             (Some(c), url)
@@ -109,7 +111,7 @@ pub async fn run(database_url: Option<&str>, options: &Options) -> Result<(), An
     }
     let report = result?;
     if options.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print_table(&report);
     }
@@ -170,7 +172,7 @@ async fn run_on(url: &str, options: &Options) -> Result<BenchReport, AnyError> {
                     .push(bench.latency(listen, synchronous, log).await?);
             }
         } else {
-            eprintln!("latency: skipped (it reads the messages back from a Redis list sink)");
+            crate::errln!("latency: skipped (it reads the messages back from a Redis list sink)");
         }
     }
     if parts.contains(&Part::Scale) {
@@ -279,8 +281,8 @@ impl Bench<'_> {
                 _ = tokio::time::sleep(PROGRESS_EVERY) => {
                     let elapsed = humantime::format_duration(Duration::from_secs(started.elapsed().as_secs()));
                     match self.store.pending().await {
-                        Ok(left) if !log_mode => eprintln!("  … {left} events still pending after {elapsed}"),
-                        _ => eprintln!("  … still draining after {elapsed}"),
+                        Ok(left) if !log_mode => crate::errln!("  … {left} events still pending after {elapsed}"),
+                        _ => crate::errln!("  … still draining after {elapsed}"),
                     }
                 }
             }
@@ -289,14 +291,14 @@ impl Bench<'_> {
 
     async fn drain(&self) -> Result<Drain, AnyError> {
         let options = self.options;
-        eprintln!("drain: {} events through the relay…", options.events);
+        crate::errln!("drain: {} events through the relay…", options.events);
         self.seeded(options.events).await?;
         let lsn = self.store.wal_lsn().await?;
         let relay = self.drain_with_relays(1, &[]).await?;
         let wal_claim = self.store.wal_since(&lsn).await?;
         let table_after = self.store.table_size().await?;
 
-        eprintln!("drain: the same events through the relay in log mode…");
+        crate::errln!("drain: the same events through the relay in log mode…");
         self.reset().await?;
         self.store.seed_log(options.events, 0).await?;
         let lsn = self.store.wal_lsn().await?;
@@ -304,20 +306,20 @@ impl Bench<'_> {
         let wal_log = self.store.wal_since(&lsn).await?;
         let log_after = self.store.log_size().await?;
 
-        eprintln!("drain: the same events through the pure-SQL log ceiling…");
+        crate::errln!("drain: the same events through the pure-SQL log ceiling…");
         self.reset().await?;
         self.store.seed_log(options.events, 0).await?;
         let started = Instant::now();
         self.store.log_ceiling(options.batch_size).await?;
         let log_ceiling = options.events as f64 / started.elapsed().as_secs_f64();
 
-        eprintln!("drain: the same events through the pure-SQL ceiling…");
+        crate::errln!("drain: the same events through the pure-SQL ceiling…");
         self.seeded(options.events).await?;
         let started = Instant::now();
         self.store.ceiling(options.batch_size).await?;
         let ceiling = options.events as f64 / started.elapsed().as_secs_f64();
 
-        eprintln!(
+        crate::errln!(
             "drain: {} events through the naive relay…",
             options.naive_events
         );
@@ -353,7 +355,7 @@ impl Bench<'_> {
 
     async fn scale(&self, n: usize) -> Result<Scale, AnyError> {
         let events = self.options.events;
-        eprintln!("scale: {events} events through {n} relay process(es)…");
+        crate::errln!("scale: {events} events through {n} relay process(es)…");
         self.seeded(events).await?;
         let run = self.drain_with_relays(n, &[]).await?;
         Ok(Scale {
@@ -368,7 +370,7 @@ impl Bench<'_> {
         let (events, aggregates) = (self.options.events, self.options.aggregates);
         let mut rates = [0.0; 2];
         for (rate, extra) in rates.iter_mut().zip([&[][..], &["--ordered"][..]]) {
-            eprintln!(
+            crate::errln!(
                 "ordered: {events} events over {aggregates} aggregates, relay {}…",
                 if extra.is_empty() {
                     "unordered"

@@ -111,41 +111,48 @@ pub(super) fn round2(x: f64) -> f64 {
 }
 
 pub(super) fn print_table(r: &BenchReport) {
-    println!(
+    crate::outln!(
         "postbox bench: {} CPUs, PostgreSQL {}, sink {}",
-        r.machine.cpus, r.machine.postgres, r.machine.sink
+        r.machine.cpus,
+        r.machine.postgres,
+        r.machine.sink
     );
     if let Some(d) = &r.drain {
-        println!();
-        println!("drain ({} events, batch {})", d.events, d.batch_size);
-        println!(
+        crate::outln!();
+        crate::outln!("drain ({} events, batch {})", d.events, d.batch_size);
+        crate::outln!(
             "  relay → sink               {:>9.0} events/s   peak RSS {:.1} MB",
-            d.relay_events_per_s, d.relay_peak_rss_mb
+            d.relay_events_per_s,
+            d.relay_peak_rss_mb
         );
-        println!(
+        crate::outln!(
             "  pure-SQL ceiling           {:>9.0} events/s   relay = {:.2} × ceiling",
-            d.ceiling_events_per_s, d.relay_vs_ceiling
+            d.ceiling_events_per_s,
+            d.relay_vs_ceiling
         );
-        println!(
+        crate::outln!(
             "  naive relay ({:>6} ev.)   {:>9.0} events/s   relay = {:.1} × naive",
-            d.naive_events, d.naive_events_per_s, d.relay_vs_naive
+            d.naive_events,
+            d.naive_events_per_s,
+            d.relay_vs_naive
         );
-        println!(
+        crate::outln!(
             "  outbox after the drain: table {:.1} MB, indexes {:.1} MB, {} dead tuples; WAL {:.0} bytes/event",
             d.table_after.table_bytes as f64 / 1e6,
             d.table_after.index_bytes as f64 / 1e6,
             d.table_after.dead_tuples,
             d.wal_bytes_per_event
         );
-        println!(
+        crate::outln!(
             "  relay in log mode          {:>9.0} events/s   peak RSS {:.1} MB   = {:.2} × claim mode, {:.1} × naive",
             d.log_relay_events_per_s, d.log_relay_peak_rss_mb, d.log_vs_claim, d.log_vs_naive
         );
-        println!(
+        crate::outln!(
             "  pure-SQL log ceiling       {:>9.0} events/s   log relay = {:.2} × log ceiling",
-            d.log_ceiling_events_per_s, d.log_vs_log_ceiling
+            d.log_ceiling_events_per_s,
+            d.log_vs_log_ceiling
         );
-        println!(
+        crate::outln!(
             "  log after the drain: table {:.1} MB, indexes {:.1} MB, {} dead tuples; WAL {:.0} bytes/event",
             d.log_after.table_bytes as f64 / 1e6,
             d.log_after.index_bytes as f64 / 1e6,
@@ -154,10 +161,10 @@ pub(super) fn print_table(r: &BenchReport) {
         );
     }
     if !r.latency.is_empty() {
-        println!();
-        println!("commit-to-Redis latency (target rate)            committed/s   events   p50 ms   p95 ms   p99 ms   max ms");
+        crate::outln!();
+        crate::outln!("commit-to-Redis latency (target rate)            committed/s   events   p50 ms   p95 ms   p99 ms   max ms");
         for l in &r.latency {
-            println!(
+            crate::outln!(
                 "  {:<46} {:>11.0} {:>8} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
                 format!("{} ({}/s)", l.mode, l.rate),
                 l.achieved_rate,
@@ -170,29 +177,34 @@ pub(super) fn print_table(r: &BenchReport) {
         }
     }
     if let Some(o) = &r.ordered {
-        println!();
-        println!(
+        crate::outln!();
+        crate::outln!(
             "ordered ({} events over {} aggregates)",
-            o.events, o.aggregates
+            o.events,
+            o.aggregates
         );
-        println!(
+        crate::outln!(
             "  unordered                  {:>9.0} events/s",
             o.unordered_events_per_s
         );
-        println!(
+        crate::outln!(
             "  --ordered                  {:>9.0} events/s   = {:.2} × unordered",
-            o.ordered_events_per_s, o.ordered_vs_unordered
+            o.ordered_events_per_s,
+            o.ordered_vs_unordered
         );
     }
     if let Some(s) = &r.sustained {
-        println!();
-        println!(
+        crate::outln!();
+        crate::outln!(
             "sustained ({} events/s for {:.0} s, {} events, retention on; relay peak RSS {:.1} MB)",
-            s.rate, s.duration_s, s.events, s.relay_peak_rss_mb
+            s.rate,
+            s.duration_s,
+            s.events,
+            s.relay_peak_rss_mb
         );
-        println!("  at s     table MB  indexes MB  dead tuples   pending");
+        crate::outln!("  at s     table MB  indexes MB  dead tuples   pending");
         for x in &s.samples {
-            println!(
+            crate::outln!(
                 "  {:>6.0} {:>10.1} {:>11.1} {:>12} {:>9}",
                 x.at_s,
                 x.table_bytes as f64 / 1e6,
@@ -203,12 +215,14 @@ pub(super) fn print_table(r: &BenchReport) {
         }
     }
     if !r.scale.is_empty() {
-        println!();
-        println!("scale-out ({} events)", r.scale[0].events);
+        crate::outln!();
+        crate::outln!("scale-out ({} events)", r.scale[0].events);
         for s in &r.scale {
-            println!(
+            crate::outln!(
                 "  {} relay process(es)       {:>9.0} events/s   peak RSS {:.1} MB each",
-                s.relays, s.events_per_s, s.peak_rss_mb
+                s.relays,
+                s.events_per_s,
+                s.peak_rss_mb
             );
         }
     }

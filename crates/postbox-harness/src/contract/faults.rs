@@ -193,7 +193,7 @@ where
                 );
             }
             Err(e) => {
-                eprintln!(
+                crate::errln!(
                     "  PostgreSQL did not come back after a crash: {}",
                     error_chain(&e)
                 );

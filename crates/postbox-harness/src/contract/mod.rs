@@ -150,7 +150,7 @@ pub async fn run(
     let (cluster, url) = match database_url {
         Some(url) => (None, url.to_owned()),
         None => {
-            eprintln!("No DATABASE_URL: starting a throwaway PostgreSQL cluster…");
+            crate::errln!("No DATABASE_URL: starting a throwaway PostgreSQL cluster…");
             let cluster = if crashes {
                 TempCluster::start_crashable().await?
             } else {
@@ -310,9 +310,9 @@ async fn run_on(
     report.schema = schema.name().to_owned();
     report.logs = logs.display().to_string();
     if options.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", report.text());
+        crate::out!("{}", report.text());
     }
     clean_up(&report, options.keep, throwaway, &db, &broker, &logs).await;
     Ok(if report.passed {
@@ -388,12 +388,12 @@ fn announce(options: &Options, broker: &Broker, seed: u64, schema: &Schema, spec
         if options.ordered { ", ordered" } else { "" },
     );
     if options.json {
-        eprintln!("{header}");
+        crate::errln!("{header}");
     } else {
-        println!("{header}");
+        crate::outln!("{header}");
     }
     if !spec.is_empty() {
-        eprintln!("  failpoints: {spec}");
+        crate::errln!("  failpoints: {spec}");
     }
 }
 
@@ -683,7 +683,7 @@ async fn progress(
             continue;
         }
         let c = &relays.counters;
-        eprintln!(
+        crate::errln!(
             "  {:>4}s: {} tx committed, {} applied, {} deliveries, relays killed {} (+{} at failpoints), stalls {}, database crashes {}",
             started.elapsed().as_secs(),
             ledger.tx_committed.load(Ordering::Relaxed),
@@ -723,7 +723,7 @@ async fn drain(db: &RunDatabase, seen: &Seen, timeout: Duration) -> Result<Drain
             break counts.failed;
         }
         if started.elapsed() > timeout {
-            eprintln!(
+            crate::errln!(
                 "  drain timed out after {}: {} pending, {} in flight, {} unread in the log",
                 humantime::format_duration(timeout),
                 counts.pending,
@@ -766,7 +766,7 @@ async fn clean_up(
         } else {
             format!("schema {}", db.schema)
         };
-        eprintln!(
+        crate::errln!(
             "kept for inspection: {schema}, {}, relay logs in {}",
             broker.cleanup.describe(),
             logs.display()
