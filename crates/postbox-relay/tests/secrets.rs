@@ -17,20 +17,16 @@ use std::sync::Arc;
 /// its metrics captured; returns the logs and every metric key with labels.
 fn captured(test: impl std::future::Future<Output = ()>) -> (String, String) {
     let logs = Logs::default();
-    let subscriber = logs.subscriber(tracing::Level::DEBUG);
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    tracing::subscriber::with_default(subscriber, || {
-        // Another test's thread may have registered a log line's call site
-        // (and cached that nobody listens) while this subscriber was being
-        // set up: ask every call site again now that it is.
-        tracing::callsite::rebuild_interest_cache();
-        metrics::with_local_recorder(&recorder, || runtime.block_on(test))
-    });
+    {
+        let _capturing = logs.capture(tracing::Level::DEBUG);
+        metrics::with_local_recorder(&recorder, || runtime.block_on(test));
+    }
     let labels = snapshotter
         .snapshot()
         .into_vec()

@@ -164,31 +164,74 @@ impl Sink for ScriptedSink {
     }
 }
 
-/// Everything the relay logs while a test runs, captured by the subscriber
-/// of [`Logs::subscriber`] (on a current-thread runtime the relay's tasks
-/// run on the thread whose subscriber it is).
+/// Everything the relay logs on this thread while a test runs ([`Logs::capture`]).
+///
+/// One global subscriber serves every test of the binary: it writes a line
+/// only on a thread that is capturing, into that thread's [`Logs`] (tests run
+/// on current-thread runtimes, so the relay's tasks log on the test's
+/// thread). A scoped subscriber per test would lose lines: tracing caches
+/// whether anyone listens to a log line when the line is first reached, and
+/// with one scoped subscriber alive it asks the thread that reached it —
+/// another test's, where nobody does.
 #[derive(Clone, Default)]
 pub struct Logs(Arc<Mutex<Vec<u8>>>);
+
+thread_local! {
+    static CAPTURING: std::cell::RefCell<Option<(Logs, tracing::Level)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Stops capturing this thread's lines when dropped.
+pub struct Capturing(());
+
+impl Drop for Capturing {
+    fn drop(&mut self) {
+        CAPTURING.with(|c| c.borrow_mut().take());
+    }
+}
 
 impl Logs {
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
     }
 
-    /// A plain-text subscriber writing every line up to `level` here.
-    pub fn subscriber(&self, level: tracing::Level) -> impl tracing::Subscriber + Send + Sync {
-        let writer = self.clone();
-        tracing_subscriber::fmt()
-            .with_max_level(level)
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish()
+    /// Capture this thread's lines up to `level` until the guard is dropped.
+    pub fn capture(&self, level: tracing::Level) -> Capturing {
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::Layer;
+        static GLOBAL: std::sync::Once = std::sync::Once::new();
+        GLOBAL.call_once(|| {
+            // Dynamic: asked at every line (a plain filter_fn's answer would be
+            // cached per call site, for all threads, by whichever reached it first).
+            let capturing = tracing_subscriber::filter::dynamic_filter_fn(|meta, _| {
+                CAPTURING.with(|c| {
+                    c.borrow()
+                        .as_ref()
+                        .is_some_and(|(_, level)| meta.level() <= level)
+                })
+            });
+            let layer = tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_writer(|| ThisThread)
+                .with_filter(capturing);
+            let _ =
+                tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer));
+        });
+        CAPTURING.with(|c| *c.borrow_mut() = Some((self.clone(), level)));
+        Capturing(())
     }
 }
 
-impl std::io::Write for Logs {
+/// Writes into the capturing thread's [`Logs`] (nowhere on other threads).
+struct ThisThread;
+
+impl std::io::Write for ThisThread {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
+        CAPTURING.with(|c| {
+            if let Some((logs, _)) = c.borrow().as_ref() {
+                logs.0.lock().unwrap().extend_from_slice(buf);
+            }
+        });
         Ok(buf.len())
     }
 

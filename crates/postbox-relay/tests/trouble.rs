@@ -16,13 +16,7 @@ const WAIT: Duration = Duration::from_secs(60);
 #[tokio::test]
 async fn a_destination_that_keeps_failing_is_reported_and_its_recovery_too() {
     let logs = Logs::default();
-    let subscriber = logs.subscriber(tracing::Level::INFO);
-    // The test runs on one thread (tokio's current-thread runtime), the
-    // relay's tasks too: this subscriber sees all of their lines.
-    let _guard = tracing::subscriber::set_default(subscriber);
-    // A call site another test's thread registered meanwhile may have cached
-    // that nobody listens: ask every call site again now.
-    tracing::callsite::rebuild_interest_cache();
+    let _capturing = logs.capture(tracing::Level::INFO);
 
     let db = TestDb::new().await;
     let n = enqueue(&db, 20).await.len();
