@@ -95,7 +95,8 @@ UPDATE {schema}.log_settings SET producer_target = $1;
 -- how their delivery went). $2/$3 log ids and event ids, $4 dead, $5 delay
 -- in seconds, $6 error, $7 fan-out, $8 attempts so far, $9/$10 the other
 -- destinations of fan-out events.
-SELECT {schema}.log_handoff($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
+-- Returns how many of the events it found in the log.
+SELECT {schema}.log_handoff($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) AS found;
 
 -- name: rotate
 -- Move producers to the next segment when the current one is older than $1

@@ -287,7 +287,7 @@ impl Log {
             }
         }
         let each = |f: fn(&Handoff<'_>) -> i64| handoffs.iter().map(f).collect::<Vec<_>>();
-        sqlx::query(&self.sql.handoff)
+        let found: i32 = sqlx::query_scalar(&self.sql.handoff)
             .bind(&window.destination)
             .bind(each(|h| h.event.id))
             .bind(
@@ -318,8 +318,17 @@ impl Log {
             .bind(handoffs.iter().map(|h| h.attempts).collect::<Vec<_>>())
             .bind(&other_ids)
             .bind(&other_names)
-            .execute(&mut *tx)
+            .fetch_one(&mut *tx)
             .await?;
+        if found as usize != handoffs.len() {
+            // An event to hand off is not in the log under its id: moving the
+            // cursor would skip it. Undo the move; the page is read again.
+            tx.rollback().await?;
+            return Err(sqlx::Error::Protocol(format!(
+                "log_handoff found {found} of {} events in the log",
+                handoffs.len()
+            )));
+        }
         tx.commit().await?;
         Ok(true)
     }

@@ -285,3 +285,82 @@ async fn a_cursor_lags_by_the_committed_events_it_has_not_read() {
     );
     db.drop_schema().await;
 }
+
+/// A handoff naming an event the log does not hold under that id (a bug the
+/// relay could have) is refused and the cursor does not move: the page is
+/// read again rather than its events skipped.
+#[tokio::test]
+async fn a_handoff_of_an_event_not_in_the_log_moves_nothing() {
+    let db = TestDb::new().await;
+    let reader = Reader::new(&db).await;
+    let append = db.sql(APPEND);
+    for i in 0..2 {
+        sqlx::query(&append)
+            .bind(Uuid::now_v7())
+            .bind(format!("a{i}"))
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+    let window = reader
+        .log
+        .window(&reader.destination, reader.owner)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut page = reader.log.page(&window, 10).await.unwrap();
+    assert_eq!(page.len(), 2);
+    let last = page[1].id;
+    page[0].id += 1_000_000; // not this event's id
+    let handoffs: Vec<_> = page
+        .iter()
+        .map(|event| postbox_store::Handoff {
+            event,
+            dead: false,
+            delay: Duration::from_secs(1),
+            attempts: 1,
+            error: "503".into(),
+            others: Vec::new(),
+        })
+        .collect();
+    let refused = reader
+        .log
+        .settle_page(&window, reader.owner, last, 0, true, &handoffs)
+        .await;
+    assert!(refused.is_err(), "refused: {refused:?}");
+    assert_eq!(
+        db.count("SELECT count(*) FROM {schema}.outbox").await,
+        0,
+        "nothing handed off"
+    );
+    let unmoved = reader
+        .log
+        .window(&reader.destination, reader.owner)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(unmoved, window, "the cursor did not move past the page");
+    let again = reader.log.page(&unmoved, 10).await.unwrap();
+    assert_eq!(again.len(), 2);
+
+    // Named rightly, both are handed off and the cursor moves.
+    page[0].id = again[0].id;
+    let handoffs: Vec<_> = page
+        .iter()
+        .map(|event| postbox_store::Handoff {
+            event,
+            dead: false,
+            delay: Duration::from_secs(1),
+            attempts: 1,
+            error: "503".into(),
+            others: Vec::new(),
+        })
+        .collect();
+    assert!(reader
+        .log
+        .settle_page(&window, reader.owner, last, 0, true, &handoffs)
+        .await
+        .unwrap());
+    assert_eq!(db.count("SELECT count(*) FROM {schema}.outbox").await, 2);
+    db.drop_schema().await;
+}

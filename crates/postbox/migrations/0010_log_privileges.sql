@@ -31,6 +31,8 @@ ALTER FUNCTION {schema}.log_truncate(integer, boolean)
 -- with 0 attempts; a later handoff of the same event by one of them
 -- replaces its placeholder and puts the outbox row back to pending (taking
 -- it from a claim in flight, which then redelivers where needed).
+-- Returns how many of the named events it found in the log: the caller
+-- rolls back unless that is all of them, so no event is ever skipped.
 CREATE FUNCTION {schema}.log_handoff(
     destination        text,
     ids                bigint[],
@@ -42,7 +44,7 @@ CREATE FUNCTION {schema}.log_handoff(
     attempts           integer[],
     other_event_ids    uuid[],
     other_destinations text[]
-) RETURNS void
+) RETURNS integer
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $fn$
 WITH h AS (
@@ -96,13 +98,15 @@ placeholders AS (
     SELECT r.id, p.destination, 'sent'::{schema}.event_status, 0, now(), now()
     FROM unnest(log_handoff.other_event_ids, log_handoff.other_destinations) AS p(event_id, destination)
     JOIN rows r ON r.event_id = p.event_id
-    ON CONFLICT (outbox_id, destination) DO NOTHING)
-UPDATE {schema}.outbox o
-SET status = 'pending', available_at = LEAST(o.available_at, now()),
-    lease_token = NULL, lease_expires_at = NULL
-FROM rows r
-WHERE o.id = r.id AND r.existed AND o.status <> 'pending'
-  AND o.id IN (SELECT outbox_id FROM mine)
+    ON CONFLICT (outbox_id, destination) DO NOTHING),
+revived AS (
+    UPDATE {schema}.outbox o
+    SET status = 'pending', available_at = LEAST(o.available_at, now()),
+        lease_token = NULL, lease_expires_at = NULL
+    FROM rows r
+    WHERE o.id = r.id AND r.existed AND o.status <> 'pending'
+      AND o.id IN (SELECT outbox_id FROM mine))
+SELECT count(*)::integer FROM h
 $fn$;
 
 REVOKE EXECUTE ON FUNCTION

@@ -3,7 +3,7 @@
 //! answer (or its absence) into an [`Outcome`] — see the table in the HTTP
 //! sink's docs.
 
-use crate::redact::sanitize_error;
+use crate::redact::{error_chain, sanitize_error};
 use crate::sink::{Outcome, SinkError};
 use chrono::{DateTime, NaiveDateTime, Utc};
 use reqwest::header::{HeaderMap, LOCATION, RETRY_AFTER};
@@ -103,21 +103,6 @@ pub(crate) fn client(
                 sanitize_error(&error_chain(&e.without_url()))
             ))
         })
-}
-
-/// A reqwest error and its sources, joined with `: ` (reqwest's own text is terse).
-pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let more = s.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = s.source();
-    }
-    text
 }
 
 /// Why a request got no answer, without the URL and sanitized.
