@@ -354,7 +354,7 @@ async fn sessions_expire() {
             .collect::<Vec<_>>()
             .join("; ");
         async move {
-            let client = reqwest::Client::builder()
+            let client = postbox_testkit::http()
                 .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .unwrap();

@@ -225,7 +225,7 @@ async fn stream_has(stream: &str, id: Uuid) -> bool {
     reply.ids.iter().any(|e| {
         e.map
             .get("id")
-            .and_then(|v| redis::from_redis_value::<String>(v).ok())
+            .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
             .is_some_and(|v| v == id.to_string())
     })
 }

@@ -56,7 +56,7 @@ async fn the_guard_table_names_every_state_changing_route_of_the_router() {
     // a state-changing method only where the table has its row; elsewhere
     // the method is not routed at all (405).
     let h = Harness::start().await;
-    let client = reqwest::Client::builder()
+    let client = postbox_testkit::http()
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap();

@@ -130,7 +130,9 @@ async fn page_with(url: &str, cookies: &[(String, String)]) -> String {
         .map(|(k, v)| format!("{k}={v}"))
         .collect::<Vec<_>>()
         .join("; ");
-    reqwest::Client::new()
+    postbox_testkit::http()
+        .build()
+        .unwrap()
         .get(url)
         .header("cookie", cookie)
         .send()
@@ -538,7 +540,9 @@ async fn the_audit_log_has_its_own_read_only_page() {
         reqwest::Method::PUT,
         reqwest::Method::DELETE,
     ] {
-        let r = reqwest::Client::new()
+        let r = postbox_testkit::http()
+            .build()
+            .unwrap()
             .request(method.clone(), h.url("/audit"))
             .send()
             .await

@@ -143,7 +143,7 @@ impl Agent {
     pub fn from_address(h: &Harness, local: &str) -> Agent {
         Agent {
             base: h.url(""),
-            client: reqwest::Client::builder()
+            client: postbox_testkit::http()
                 .redirect(reqwest::redirect::Policy::none())
                 .local_address(local.parse::<std::net::IpAddr>().unwrap())
                 .build()
@@ -255,7 +255,9 @@ pub async fn job_progress(url: String, cookies: Vec<(String, String)>) -> serde_
         .map(|(k, v)| format!("{k}={v}"))
         .collect::<Vec<_>>()
         .join("; ");
-    let r = reqwest::Client::new()
+    let r = postbox_testkit::http()
+        .build()
+        .unwrap()
         .get(url)
         .header(COOKIE, cookie)
         .send()

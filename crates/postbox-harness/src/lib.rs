@@ -54,6 +54,21 @@ pub enum Verdict {
 #[cfg(feature = "workloads")]
 pub use postbox::redact::error_chain;
 
+/// A Redis connection whose replies may take as long as a loaded machine
+/// needs: redis' default of 500 ms is shorter than a blocking read's wait, and
+/// a read abandoned by the client still takes its entries on the server
+/// (XREADGROUP moves them to the pending list, BLMPOP removes them).
+#[cfg(feature = "workloads")]
+pub(crate) async fn redis_connection(
+    client: &redis::Client,
+) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_response_timeout(Some(std::time::Duration::from_secs(30)));
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+}
+
 /// Lock `m`, taking the data of a poisoned lock as it is.
 #[cfg(feature = "workloads")]
 pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -504,7 +504,7 @@ mod with_redis {
                         entry
                             .map
                             .get(name)
-                            .and_then(|v| redis::from_redis_value::<Vec<u8>>(v).ok())
+                            .and_then(|v| redis::from_redis_value_ref::<Vec<u8>>(v).ok())
                     };
                     Received {
                         message_id: field("id").and_then(|v| String::from_utf8(v).ok()),

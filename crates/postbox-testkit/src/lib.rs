@@ -30,6 +30,13 @@ pub fn redis_url() -> String {
 }
 
 /// A name no other test uses: `prefix` + 12 random hex digits.
+/// An HTTP client builder for tests: reqwest needs a rustls provider even for
+/// plain-HTTP clients, so ring is installed first (as the relay's sinks do).
+pub fn http() -> reqwest::ClientBuilder {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+}
+
 pub fn unique(prefix: &str) -> String {
     let id = uuid::Uuid::new_v4().simple().to_string();
     format!("{prefix}{}", &id[..12])
@@ -145,11 +152,14 @@ where
     }
 }
 
-/// A Redis connection for assertions.
+/// A Redis connection for assertions (replies may take seconds on a loaded
+/// machine; redis' default response timeout is 500 ms).
 pub async fn redis() -> redis::aio::MultiplexedConnection {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_response_timeout(Some(std::time::Duration::from_secs(30)));
     redis::Client::open(redis_url())
         .expect("valid Redis URL")
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&config)
         .await
         .expect("connect to Redis (is it running? see DEVELOPERS.md)")
 }

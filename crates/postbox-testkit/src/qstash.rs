@@ -214,7 +214,7 @@ impl QstashServer {
             token: token.to_owned(),
             keys: Mutex::new((current_key.to_owned(), next_key.to_owned())),
             record: Mutex::default(),
-            client: reqwest::Client::builder()
+            client: crate::http()
                 .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .expect("build the delivery client"),

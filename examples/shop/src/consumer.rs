@@ -100,7 +100,7 @@ impl Consumer {
         stream: &str,
         name: &str,
     ) -> Result<Self, redis::RedisError> {
-        let config = ConnectionManagerConfig::new().set_response_timeout(BLOCK * 3);
+        let config = ConnectionManagerConfig::new().set_response_timeout(Some(BLOCK * 3));
         let client = redis::Client::open(redis_url)?;
         let mut redis = ConnectionManager::new_with_config(client, config).await?;
         let created: redis::RedisResult<()> =

@@ -215,7 +215,7 @@ impl Arrivals {
     async fn start(redis_url: &str, key: String) -> Result<Self, AnyError> {
         let received: Arc<Mutex<Vec<(Uuid, Instant)>>> = Arc::default();
         let client = redis::Client::open(redis_url)?;
-        let mut conn = client.get_multiplexed_async_connection().await?;
+        let mut conn = crate::redis_connection(&client).await?;
         let task = {
             let received = received.clone();
             tokio::spawn(async move {

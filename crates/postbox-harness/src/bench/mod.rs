@@ -227,7 +227,7 @@ fn redis_target(sink: &str) -> Option<(String, String)> {
 async fn clear_redis(sink: &str) {
     if let Some((url, key)) = redis_target(sink) {
         if let Ok(client) = redis::Client::open(url) {
-            if let Ok(mut c) = client.get_multiplexed_async_connection().await {
+            if let Ok(mut c) = crate::redis_connection(&client).await {
                 let _: Result<(), _> = c.del(&key).await;
             }
         }
@@ -402,7 +402,7 @@ impl Bench<'_> {
 /// The naive relay: 100 rows at a time, then LPUSH + UPDATE + COMMIT per row.
 async fn naive_relay(store: &BenchStore, n: i64, key: &str) -> Result<f64, AnyError> {
     let client = redis::Client::open(REDIS_DEFAULT)?;
-    let mut redis = client.get_multiplexed_async_connection().await?;
+    let mut redis = crate::redis_connection(&client).await?;
     let _: () = redis.del(key).await?;
     let started = Instant::now();
     let mut done = 0_i64;

@@ -71,7 +71,7 @@ impl Bench<'_> {
                 let Ok(client) = redis::Client::open(url) else {
                     return;
                 };
-                let Ok(mut c) = client.get_multiplexed_async_connection().await else {
+                let Ok(mut c) = crate::redis_connection(&client).await else {
                     return;
                 };
                 loop {

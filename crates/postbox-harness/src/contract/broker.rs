@@ -25,9 +25,8 @@ impl Cleanup {
     pub async fn run(&self) -> Result<(), AnyError> {
         match self {
             Cleanup::RedisKey { url, key } => {
-                let mut conn = redis::Client::open(url.as_str())?
-                    .get_multiplexed_async_connection()
-                    .await?;
+                let client = redis::Client::open(url.as_str())?;
+                let mut conn = crate::redis_connection(&client).await?;
                 redis::cmd("DEL")
                     .arg(key)
                     .query_async::<()>(&mut conn)

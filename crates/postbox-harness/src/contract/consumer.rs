@@ -44,7 +44,8 @@ pub struct Seen {
     pub malformed: AtomicU64,
     /// Per-aggregate order violations (ordered runs): one line each.
     pub order_violations: Mutex<Vec<String>>,
-    /// When the last delivery arrived.
+    /// When the consumer last made progress: a delivery arrived or a batch
+    /// was applied.
     pub last_delivery: Mutex<Option<Instant>>,
 }
 
@@ -189,7 +190,7 @@ impl Source {
     /// Consume the Redis stream `key` with a consumer group created now, from its start.
     pub async fn redis_stream(url: &str, key: &str) -> Result<Source, AnyError> {
         let client = redis::Client::open(url)?;
-        let mut conn = client.get_multiplexed_async_connection().await?;
+        let mut conn = crate::redis_connection(&client).await?;
         let _: () = conn.xgroup_create_mkstream(key, GROUP, "0").await?;
         Ok(Source::Redis {
             conn,
@@ -292,7 +293,7 @@ impl Source {
                         let body: Option<Vec<u8>> = e
                             .map
                             .get("body")
-                            .and_then(|v| redis::from_redis_value(v).ok());
+                            .and_then(|v| redis::from_redis_value_ref(v).ok());
                         let (event_id, aggregate_type, aggregate_id, sequence) = body
                             .as_deref()
                             .and_then(parse_body)
@@ -423,6 +424,10 @@ impl Consumer {
                 Ok(b) => b,
                 Err(e) => {
                     tracing::warn!(error = %error_chain(e.as_ref()), "reading from the broker failed; trying again");
+                    // A read whose reply was lost may still have been handed
+                    // to us (a Redis group read moves entries to our pending
+                    // list): read what we hold again, as for lost acks.
+                    source.acks_lost();
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 }
@@ -452,6 +457,7 @@ impl Consumer {
                 match self.apply_batch(&batch, crash).await {
                     Ok(r) => {
                         failures = 0;
+                        *lock(&seen.last_delivery) = Some(Instant::now());
                         seen.applied.fetch_add(r.applied, Ordering::Relaxed);
                         seen.duplicates.fetch_add(r.duplicates, Ordering::Relaxed);
                         lock(&seen.order_violations).extend(r.order_violations);

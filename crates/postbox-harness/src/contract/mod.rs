@@ -703,6 +703,10 @@ struct Drained {
     took: Duration,
 }
 
+/// How long the consumer must go without progress, once nothing is left to
+/// deliver, before the events it has not applied count as lost.
+const LOST_AFTER_QUIET: Duration = Duration::from_secs(15);
+
 /// Wait until nothing is pending or in flight and the consumer has applied
 /// every committed event (or has gone quiet: some are lost), at most `timeout`.
 async fn drain(db: &RunDatabase, seen: &Seen, timeout: Duration) -> Result<Drained, AnyError> {
@@ -719,7 +723,10 @@ async fn drain(db: &RunDatabase, seen: &Seen, timeout: Duration) -> Result<Drain
         if idle && applied >= committed_rows && seen.quiet_for() > Duration::from_millis(500) {
             break counts.failed;
         }
-        if idle && seen.quiet_for() > Duration::from_secs(5) {
+        // Lost, unless the consumer is still working: redeliveries come
+        // within seconds, but on a loaded machine one transaction of the
+        // consumer can take several.
+        if idle && seen.quiet_for() > LOST_AFTER_QUIET {
             break counts.failed;
         }
         if started.elapsed() > timeout {

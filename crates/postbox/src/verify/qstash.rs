@@ -202,8 +202,8 @@ pub fn sign(key: &str, claims: &Claims) -> Result<String, SignError> {
         return Err(SignError::EmptyKey);
     }
     let header = jsonwebtoken::Header::new(Algorithm::HS256);
-    jsonwebtoken::encode(&header, claims, &EncodingKey::from_secret(key.as_bytes()))
-        .map_err(|_| SignError::Encode)
+    let key = EncodingKey::from_secret(key.as_bytes()).map_err(|_| SignError::EmptyKey)?;
+    jsonwebtoken::encode(&header, claims, &key).map_err(|_| SignError::Encode)
 }
 
 /// One signing key prepared for verification. `Debug` is redacted.
@@ -211,8 +211,9 @@ pub fn sign(key: &str, claims: &Claims) -> Result<String, SignError> {
 struct Key(DecodingKey);
 
 impl Key {
-    fn new(key: &str) -> Self {
-        Self(DecodingKey::from_secret(key.as_bytes()))
+    /// `None` for an empty key (the only key jsonwebtoken refuses).
+    fn new(key: &str) -> Option<Self> {
+        DecodingKey::from_secret(key.as_bytes()).ok().map(Self)
     }
 }
 
@@ -260,12 +261,9 @@ impl Verifier {
     ///
     /// No expected URL is configured and the clock tolerance is 0 seconds.
     pub fn new(current_key: &str, next_key: Option<&str>) -> Result<Self, KeyError> {
-        if current_key.is_empty() {
-            return Err(KeyError::EmptyCurrentKey);
-        }
         Ok(Self {
-            current: Key::new(current_key),
-            next: next_key.filter(|k| !k.is_empty()).map(Key::new),
+            current: Key::new(current_key).ok_or(KeyError::EmptyCurrentKey)?,
+            next: next_key.and_then(Key::new),
             expected_url: None,
             clock_tolerance: 0,
         })
@@ -795,7 +793,7 @@ mod tests {
             let t = jsonwebtoken::encode(
                 &jsonwebtoken::Header::new(alg),
                 &claims(),
-                &EncodingKey::from_secret(CURRENT.as_bytes()),
+                &EncodingKey::from_secret(CURRENT.as_bytes()).unwrap(),
             )
             .expect("encodes");
             assert_eq!(

@@ -85,10 +85,10 @@ impl RedisSink {
             return Ok(c.clone());
         }
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(CONNECT_TIMEOUT)
-            .set_response_timeout(RESPONSE_TIMEOUT)
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(RESPONSE_TIMEOUT))
             .set_number_of_retries(2)
-            .set_max_delay(1000);
+            .set_max_delay(Duration::from_secs(1));
         let c = ConnectionManager::new_with_config(self.client.clone(), config).await?;
         *slot = Some(c.clone());
         Ok(c)

@@ -90,6 +90,9 @@ pub(crate) fn client(
     timeout: Duration,
     idle_per_host: usize,
 ) -> Result<reqwest::Client, SinkError> {
+    // reqwest takes the process's rustls provider; install ring unless the
+    // embedding application has installed one already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(timeout.min(Duration::from_secs(10)))
