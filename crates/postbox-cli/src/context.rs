@@ -35,6 +35,15 @@ pub struct Global {
     /// default: ./postbox.toml when it exists] (not for bench, demo, verify)
     #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Log lines as text, or as one JSON object per line (for log pipelines)
+    #[arg(
+        long,
+        env = "POSTBOX_LOG_FORMAT",
+        global = true,
+        value_enum,
+        default_value_t = crate::output::LogFormat::Text
+    )]
+    pub log_format: crate::output::LogFormat,
 }
 
 /// The config file read when neither `--config` nor `POSTBOX_CONFIG` names one,

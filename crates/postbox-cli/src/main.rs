@@ -13,7 +13,8 @@ mod observe;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use commands::{
-    bench, console, demo, dlq, enqueue, migrate, purge, receive, relay, status, verify,
+    bench, completions, console, demo, dlq, enqueue, man, migrate, purge, receive, relay, status,
+    verify,
 };
 use context::{error_chain, AnyError, Global, Settings};
 use std::process::ExitCode;
@@ -52,6 +53,10 @@ pub enum Command {
     Console(console::ConsoleArgs),
     /// Check the delivery contract under faults: producers, relays (killed, stalled), broker and database outages, an inbox consumer
     Verify(verify::VerifyArgs),
+    /// Print the shell completion script (bash, zsh, fish, elvish, powershell)
+    Completions(completions::CompletionsArgs),
+    /// Print the manual page (roff), or write one per command with --out-dir
+    Man(man::ManArgs),
 }
 
 fn main() -> ExitCode {
@@ -64,7 +69,19 @@ fn main() -> ExitCode {
         output::errln!("error: {refusal}");
         return ExitCode::from(2);
     }
-    init_logging(&cli.command);
+    // Generated from the clap definitions alone: no settings, no log, no runtime.
+    match cli.command {
+        Command::Completions(args) => return completions::run(Cli::command(), args),
+        Command::Man(args) => {
+            return man::run(Cli::command(), args).unwrap_or_else(|e| {
+                output::errln!("error: {}", error_chain(e.as_ref()));
+                ExitCode::FAILURE
+            })
+        }
+        _ => {}
+    }
+    let log_format = cli.global.log_format;
+    init_logging(&cli.command, log_format);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -74,6 +91,11 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
+        Err(e) if log_format == output::LogFormat::Json => {
+            // A log pipeline gets the failure as a log line too.
+            tracing::error!("{}", error_chain(e.as_ref()));
+            ExitCode::FAILURE
+        }
         Err(e) => {
             output::errln!("error: {}", error_chain(e.as_ref()));
             ExitCode::FAILURE
@@ -121,6 +143,7 @@ async fn run(cli: Cli) -> Result<ExitCode, AnyError> {
         Command::Receive(args) => receive::run(&settings, args).await,
         Command::Console(args) => console::run(&settings, args).await,
         Command::Verify(args) => verify::run(&settings, args).await,
+        Command::Completions(_) | Command::Man(_) => unreachable!("handled before the runtime"),
     };
     match result {
         // Before `postbox migrate`, say so instead of "relation does not exist".
@@ -130,12 +153,16 @@ async fn run(cli: Cli) -> Result<ExitCode, AnyError> {
 }
 
 /// The log: stderr, coloured only on a terminal (and not under `NO_COLOR`),
-/// never failing the process when stderr is closed (see `output`).
-fn init_logging(command: &Command) {
+/// never failing the process when stderr is closed (see `output`); with
+/// `--log-format json`, one JSON object per line (`output::init_json_log`).
+fn init_logging(command: &Command, format: output::LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("POSTBOX_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new(default_log_filter(command)));
+    if format == output::LogFormat::Json {
+        return output::init_json_log(filter);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(output::LogWriter)

@@ -50,6 +50,33 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogWriter {
     }
 }
 
+/// How log lines are written (`--log-format`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines: time, level, message, fields.
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `fields` (with
+    /// `message`), `span` and `spans` (the spans the event happened in).
+    Json,
+}
+
+/// The JSON log (`--log-format json`): the same filter and writer as the
+/// text log, never coloured, with the current span and its parents.
+pub fn init_json_log(filter: tracing_subscriber::EnvFilter) {
+    tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(filter)
+        .with_writer(LogWriter)
+        .with_ansi(false)
+        .log_internal_errors(false)
+        .with_target(false)
+        .with_current_span(true)
+        .with_span_list(true)
+        .init();
+}
+
+/// Progress of long operations: on a terminal only (see `postbox_harness::progress`).
+pub(crate) use postbox_harness::progress::Progress;
 pub(crate) use postbox_harness::{errln, out, outln};
 
 #[cfg(test)]

@@ -4,6 +4,7 @@ mod cli;
 mod console;
 mod dlq;
 mod guidance;
+mod installs;
 mod ops;
 mod pipes;
 mod receive;

@@ -7,6 +7,7 @@
 //! applies each event exactly once through the inbox. The report proves it.
 
 use crate::pgcluster::TempCluster;
+use crate::progress::Progress;
 use crate::{catalog, db, error_chain, lock, AnyError, Verdict};
 use async_trait::async_trait;
 use postbox::{InboxOutcome, NewEvent, Outbox, Schema};
@@ -121,10 +122,11 @@ async fn run_on(
     let mut ticker = tokio::time::interval(Duration::from_millis(500));
     let producing = futures::future::join_all(producers);
     tokio::pin!(producing);
+    let mut line = Progress::new("  orders", Some(options.orders));
     let produced = loop {
         tokio::select! {
             done = &mut producing => break done,
-            _ = ticker.tick() => progress(&counters, relay.delivered()),
+            _ = ticker.tick() => progress(&mut line, &counters, relay.delivered()),
         }
     };
     for p in produced {
@@ -137,11 +139,12 @@ async fn run_on(
             break;
         }
         ticker.tick().await;
-        progress(&counters, relay.delivered());
+        progress(&mut line, &counters, relay.delivered());
     }
     let relay_stats = relay.stop().await?;
     consumer.await??;
-    progress(&counters, relay_stats.delivered);
+    line.finish();
+    crate::outln!("{}", tally(&counters, relay_stats.delivered));
     let elapsed = started.elapsed();
 
     let totals = shop.totals().await?;
@@ -208,8 +211,15 @@ fn report(
     }
 }
 
-fn progress(c: &Counters, sent: u64) {
-    crate::outln!(
+/// The progress line (on a terminal only): orders attempted so far, and the tally.
+fn progress(line: &mut Progress, c: &Counters, sent: u64) {
+    let attempted = c.committed.load(Ordering::Relaxed) + c.rolled_back.load(Ordering::Relaxed);
+    line.update_with(attempted, tally(c, sent).trim());
+}
+
+/// Where the flow stands: committed, rolled back, sent, delivered, duplicates, applied.
+fn tally(c: &Counters, sent: u64) -> String {
+    format!(
         "  committed {:>6}  rolled back {:>5}  sent {:>6}  delivered {:>6}  duplicates {:>5}  applied {:>6}",
         c.committed.load(Ordering::Relaxed),
         c.rolled_back.load(Ordering::Relaxed),
@@ -217,7 +227,7 @@ fn progress(c: &Counters, sent: u64) {
         c.deliveries.load(Ordering::Relaxed),
         c.duplicates.load(Ordering::Relaxed),
         c.applied.load(Ordering::Relaxed),
-    );
+    )
 }
 
 /// The in-process relay, delivering into the demo's queue.

@@ -10,6 +10,8 @@
 //! - [`pgcluster`]: a throwaway PostgreSQL cluster when no database is given;
 //!   [`db`]: connecting to PostgreSQL (the CLI's commands connect through it
 //!   too).
+//! - [`output`] and [`progress`]: printing that survives closed pipes, and
+//!   progress shown on a terminal only.
 //! - [`process`]: child processes (waited for, signalled, their peak memory
 //!   read); [`supervisor`]: `postbox relay` children run to their end or kept
 //!   running; [`os`]: the one place that calls libc.
@@ -34,6 +36,7 @@ pub mod output;
 pub mod pgcluster;
 #[cfg(feature = "workloads")]
 pub mod process;
+pub mod progress;
 #[cfg(feature = "workloads")]
 pub mod supervisor;
 

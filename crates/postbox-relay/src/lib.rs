@@ -6,6 +6,13 @@
 //! relay runs); [`relay`] is the engine; [`sink`] is the transport boundary and [`sinks`] the transports;
 //! [`cloudevents`] the message body; [`redact`] keeps secrets out of errors;
 //! [`metrics`] names every exported metric; [`retention`] keeps the tables small.
+//!
+//! Cargo features, one per transport (a sink URL whose feature is not built
+//! is a configuration error naming it; `stdout` is always built):
+//! `redis`, `nats` (JetStream), `amqp` (RabbitMQ), `http` (webhooks) and
+//! `qstash` are on by default; `kafka` is opt-in (it compiles the bundled
+//! librdkafka: a C compiler and make). `failpoints` arms the named
+//! failpoints of [`failpoint`] for fault-injection runs.
 
 pub mod backoff;
 pub mod cloudevents;

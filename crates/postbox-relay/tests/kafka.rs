@@ -1,4 +1,5 @@
-//! The Kafka sink (cargo feature `kafka`). No Kafka broker runs on the
+//! The Kafka sink (cargo feature `kafka`, which `cargo test --workspace`
+//! builds: postbox-cli turns it on by default). No Kafka broker runs on the
 //! development machines or in CI. With the feature, the suite runs against
 //! librdkafka's mock cluster (real Kafka protocol over TCP, in-process, with
 //! brokers that can be taken down); against a real cluster only when

@@ -4,7 +4,7 @@
 //! `postbox_store::DeadLetters`.
 
 use crate::context::{AnyError, Settings};
-use crate::output::{errln, outln};
+use crate::output::{errln, outln, Progress as ProgressLine};
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use postbox_relay::redact::PayloadRedactor;
@@ -283,6 +283,8 @@ async fn act(dlq: &DeadLetters, target: &TargetArgs, action: Action) -> Result<E
         Action::Replay | Action::ReplayAsNew => "replayed",
         Action::Discard { .. } => "discarded",
     };
+    // On a terminal only: a line redrawn after each batch (quiet in a pipe).
+    let mut progress = ProgressLine::new(verb, None);
     let applied = dlq
         .apply(
             &selection,
@@ -290,10 +292,12 @@ async fn act(dlq: &DeadLetters, target: &TargetArgs, action: Action) -> Result<E
             &actor,
             target.batch_size,
             |p: Progress| {
-                errln!("{verb} {}/{}", p.done, p.total);
+                progress.set_total(Some(p.total));
+                progress.update(p.done);
             },
         )
         .await?;
+    progress.finish();
     for (original, copy) in &applied.new_ids {
         outln!("{original} -> {copy}");
     }

@@ -1,11 +1,13 @@
 //! `postbox migrate`: create or upgrade postbox's schema, and optionally the
 //! least-privilege roles.
 
-use crate::context::{AnyError, Settings};
-use crate::output::{out, outln};
+use crate::context::{error_chain, AnyError, Settings};
+use crate::output::{out, outln, Progress};
 use clap::Args;
+use postbox::Schema;
 use postbox_relay::{ReadMode, Store};
 use postbox_store::{ProducerTarget, Roles};
+use sqlx::PgPool;
 use std::process::ExitCode;
 
 #[derive(Args, Debug)]
@@ -24,6 +26,11 @@ pub struct MigrateArgs {
     /// log holds events a relay has not read.
     #[arg(long, value_name = "MODE", value_parser = parse_mode)]
     pub mode: Option<ReadMode>,
+    /// Migrate these schemas instead of --schema (comma-separated or
+    /// repeated), e.g. one per tenant; each gets the same --mode and
+    /// --create-roles. Progress shows on a terminal.
+    #[arg(long, value_name = "SCHEMA,…", value_delimiter = ',')]
+    pub schemas: Vec<String>,
 }
 
 fn parse_mode(s: &str) -> Result<ReadMode, String> {
@@ -31,27 +38,67 @@ fn parse_mode(s: &str) -> Result<ReadMode, String> {
 }
 
 pub async fn run(settings: &Settings, args: MigrateArgs) -> Result<ExitCode, AnyError> {
+    let schemas = if args.schemas.is_empty() {
+        vec![settings.schema.clone()]
+    } else {
+        args.schemas
+            .iter()
+            .map(|name| Schema::new(name.trim()).map_err(|e| format!("--schemas: {e}")))
+            .collect::<Result<Vec<_>, _>>()?
+    };
     if args.print_sql {
-        let roles = Roles::for_schema(&settings.schema)?;
-        out!("{}", roles.sql(&settings.schema));
+        for schema in &schemas {
+            let roles = Roles::for_schema(schema)?;
+            out!("{}", roles.sql(schema));
+        }
         return Ok(ExitCode::SUCCESS);
     }
     let pool = settings.pool("postbox-migrate").await?;
+    let mut progress = Progress::new("migrated", Some(schemas.len() as u64));
+    for (done, schema) in schemas.iter().enumerate() {
+        progress.update_with(done as u64, schema.name());
+        let mut lines = Vec::new();
+        let result = migrate_one(&pool, schema, &args, &mut lines).await;
+        progress.finish();
+        for line in lines {
+            outln!("{line}");
+        }
+        result.map_err(|e| -> AnyError {
+            if schemas.len() > 1 {
+                format!("schema {schema}: {}", error_chain(e.as_ref())).into()
+            } else {
+                e
+            }
+        })?;
+    }
+    progress.update(schemas.len() as u64);
+    progress.finish();
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Migrate one schema, then switch its producers' target and create its
+/// roles when asked; what it did goes into `lines` (printed once the progress
+/// line is cleared).
+async fn migrate_one(
+    pool: &PgPool,
+    schema: &Schema,
+    args: &MigrateArgs,
+    lines: &mut Vec<String>,
+) -> Result<(), AnyError> {
     let mut conn = pool.acquire().await?;
-    let applied = postbox::sqlx::migrate(&mut conn, &settings.schema).await?;
+    let applied = postbox::sqlx::migrate(&mut conn, schema).await?;
     if applied.is_empty() {
-        outln!("schema {} is up to date", settings.schema);
+        lines.push(format!("schema {schema} is up to date"));
     } else {
         let list: Vec<String> = applied.iter().map(i32::to_string).collect();
-        outln!(
-            "schema {}: applied migration(s) {}",
-            settings.schema,
+        lines.push(format!(
+            "schema {schema}: applied migration(s) {}",
             list.join(", ")
-        );
+        ));
     }
     drop(conn);
     if let Some(mode) = args.mode {
-        let log = Store::new(pool.clone(), settings.schema.clone()).log();
+        let log = Store::new(pool.clone(), schema.clone()).log();
         let target = match mode {
             ReadMode::Claim => ProducerTarget::Outbox,
             ReadMode::Log => ProducerTarget::Log,
@@ -67,22 +114,19 @@ pub async fn run(settings: &Settings, args: MigrateArgs) -> Result<ExitCode, Any
             }
         }
         log.set_producer_target(target).await?;
-        outln!(
-            "schema {}: producers write into the {}",
-            settings.schema,
+        lines.push(format!(
+            "schema {schema}: producers write into the {}",
             target.as_str()
-        );
+        ));
     }
     if args.create_roles {
-        let roles = Store::new(pool, settings.schema.clone())
+        let roles = Store::new(pool.clone(), schema.clone())
             .create_roles()
             .await?;
-        outln!(
+        lines.push(format!(
             "roles {}, {} and {} are in place (NOLOGIN: GRANT them to login users)",
-            roles.producer,
-            roles.relay,
-            roles.monitor
-        );
+            roles.producer, roles.relay, roles.monitor
+        ));
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }

@@ -3,10 +3,12 @@
 //! call the harness (`postbox_harness`).
 
 pub mod bench;
+pub mod completions;
 pub mod console;
 pub mod demo;
 pub mod dlq;
 pub mod enqueue;
+pub mod man;
 pub mod migrate;
 pub mod purge;
 pub mod receive;

@@ -2,16 +2,13 @@
 //! expired idempotency keys in bounded batches.
 
 use crate::context::{cancel_on_signal, name_the_flag, AnyError, Settings};
-use crate::output::{errln, outln};
+use crate::output::{outln, Progress};
 use clap::Args;
-use postbox_relay::retention::{self, Progress, Table};
+use postbox_relay::retention::{self, Table};
 use postbox_relay::{RetentionConfig, Store};
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-
-/// Least time between two progress lines of a long purge.
-const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
 #[derive(Args, Debug)]
 pub struct PurgeArgs {
@@ -67,24 +64,18 @@ pub async fn run(settings: &Settings, args: PurgeArgs) -> Result<ExitCode, AnyEr
     } else {
         "deleted"
     };
-    let mut last_line = Instant::now();
-    let report = retention::purge(&store, &config, &stop, |p: Progress| {
-        if last_line.elapsed() >= PROGRESS_EVERY {
-            last_line = Instant::now();
-            let what = match p.table {
-                Table::Outbox => format!("{} sent events {verb}", p.removed),
-                Table::Inbox => format!("{} inbox records deleted", p.removed),
-                Table::IdempotencyKeys => {
-                    format!("{} expired idempotency keys deleted", p.removed)
-                }
-            };
-            errln!(
-                "purge: {what} so far ({})",
-                humantime::format_duration(Duration::from_secs(p.elapsed.as_secs()))
-            );
-        }
+    // On a terminal only: a line redrawn as batches go (quiet in a pipe).
+    let mut progress = Progress::new("purge:", None);
+    let report = retention::purge(&store, &config, &stop, |p: retention::Progress| {
+        let what = match p.table {
+            Table::Outbox => format!("sent events {verb}"),
+            Table::Inbox => "inbox records deleted".to_owned(),
+            Table::IdempotencyKeys => "expired idempotency keys deleted".to_owned(),
+        };
+        progress.update_with(p.removed, &what);
     })
     .await?;
+    progress.finish();
     let mut line = format!("purged: {} sent events {verb}", report.outbox);
     if config.inbox {
         line.push_str(&format!(", {} inbox records deleted", report.inbox));

@@ -36,7 +36,7 @@ impl Bench<'_> {
         if log {
             mode = format!("log mode, {mode}");
         }
-        crate::errln!(
+        crate::progressln!(
             "latency: {} events/s for {} with {mode}…",
             options.rate,
             humantime::format_duration(options.duration)

@@ -79,7 +79,7 @@ pub enum Part {
 const REDIS_DEFAULT: &str = "redis://127.0.0.1:6379";
 const KEY: &str = "postbox-bench:events";
 /// How often a long drain says how far it got.
-const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
 /// Run the benchmark on `database_url`, or on a throwaway cluster without
 /// one, and print what it measured.
@@ -270,19 +270,22 @@ impl Bench<'_> {
                 self.options.batch_size.to_string(),
             ])
             .args(extra.iter().copied());
-        // Progress within a long drain: what is still pending, every few seconds.
+        // Progress within a long drain (on a terminal only): what is no longer pending.
         let log_mode = extra.contains(&"log");
-        let started = Instant::now();
+        let total = u64::try_from(self.options.events).ok();
+        let mut progress = crate::progress::Progress::new("  drained", total);
         let run = run_together(&command, n);
         tokio::pin!(run);
         loop {
             tokio::select! {
                 done = &mut run => return done,
-                _ = tokio::time::sleep(PROGRESS_EVERY) => {
-                    let elapsed = humantime::format_duration(Duration::from_secs(started.elapsed().as_secs()));
+                _ = tokio::time::sleep(PROGRESS_EVERY), if crate::progress::shown() => {
                     match self.store.pending().await {
-                        Ok(left) if !log_mode => crate::errln!("  … {left} events still pending after {elapsed}"),
-                        _ => crate::errln!("  … still draining after {elapsed}"),
+                        Ok(left) if !log_mode => {
+                            let left = u64::try_from(left).unwrap_or(0);
+                            progress.update(total.unwrap_or(0).saturating_sub(left));
+                        }
+                        _ => progress.update_with(0, "(log mode: no pending count)"),
                     }
                 }
             }
@@ -291,14 +294,14 @@ impl Bench<'_> {
 
     async fn drain(&self) -> Result<Drain, AnyError> {
         let options = self.options;
-        crate::errln!("drain: {} events through the relay…", options.events);
+        crate::progressln!("drain: {} events through the relay…", options.events);
         self.seeded(options.events).await?;
         let lsn = self.store.wal_lsn().await?;
         let relay = self.drain_with_relays(1, &[]).await?;
         let wal_claim = self.store.wal_since(&lsn).await?;
         let table_after = self.store.table_size().await?;
 
-        crate::errln!("drain: the same events through the relay in log mode…");
+        crate::progressln!("drain: the same events through the relay in log mode…");
         self.reset().await?;
         self.store.seed_log(options.events, 0).await?;
         let lsn = self.store.wal_lsn().await?;
@@ -306,20 +309,20 @@ impl Bench<'_> {
         let wal_log = self.store.wal_since(&lsn).await?;
         let log_after = self.store.log_size().await?;
 
-        crate::errln!("drain: the same events through the pure-SQL log ceiling…");
+        crate::progressln!("drain: the same events through the pure-SQL log ceiling…");
         self.reset().await?;
         self.store.seed_log(options.events, 0).await?;
         let started = Instant::now();
         self.store.log_ceiling(options.batch_size).await?;
         let log_ceiling = options.events as f64 / started.elapsed().as_secs_f64();
 
-        crate::errln!("drain: the same events through the pure-SQL ceiling…");
+        crate::progressln!("drain: the same events through the pure-SQL ceiling…");
         self.seeded(options.events).await?;
         let started = Instant::now();
         self.store.ceiling(options.batch_size).await?;
         let ceiling = options.events as f64 / started.elapsed().as_secs_f64();
 
-        crate::errln!(
+        crate::progressln!(
             "drain: {} events through the naive relay…",
             options.naive_events
         );
@@ -355,7 +358,7 @@ impl Bench<'_> {
 
     async fn scale(&self, n: usize) -> Result<Scale, AnyError> {
         let events = self.options.events;
-        crate::errln!("scale: {events} events through {n} relay process(es)…");
+        crate::progressln!("scale: {events} events through {n} relay process(es)…");
         self.seeded(events).await?;
         let run = self.drain_with_relays(n, &[]).await?;
         Ok(Scale {
@@ -370,7 +373,7 @@ impl Bench<'_> {
         let (events, aggregates) = (self.options.events, self.options.aggregates);
         let mut rates = [0.0; 2];
         for (rate, extra) in rates.iter_mut().zip([&[][..], &["--ordered"][..]]) {
-            crate::errln!(
+            crate::progressln!(
                 "ordered: {events} events over {aggregates} aggregates, relay {}…",
                 if extra.is_empty() {
                     "unordered"

@@ -21,7 +21,7 @@ impl Bench<'_> {
     pub(super) async fn sustained(&self) -> Result<Sustained, AnyError> {
         let options = self.options;
         let rate = options.sustained_rate.max(1);
-        crate::errln!(
+        crate::progressln!(
             "sustained: {rate} events/s for {} with retention on…",
             humantime::format_duration(options.sustained_duration)
         );
