@@ -250,6 +250,74 @@ mod sqs {
         );
     }
 
+    #[tokio::test]
+    async fn the_relay_delivers_to_sqs_with_attributes() {
+        let db = postbox_testkit::TestDb::new().await;
+        let name = unique("relay-");
+        let url = create_queue(&name).await;
+        let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let event = postbox::NewEvent::new(
+            "order.created",
+            "order",
+            "o-1",
+            &serde_json::json!({"total": 5}),
+        )
+        .unwrap()
+        .headers([("traceparent", traceparent), ("x-tenant", "acme")])
+        .unwrap();
+        let id = db.enqueue_events(&[event]).await[0];
+        let sink = SqsSink::from_url(
+            &format!("sqs://{name}?{}", params(&broker())),
+            SinkOptions {
+                source: "shop".into(),
+                ..SinkOptions::default()
+            },
+        )
+        .unwrap()
+        .with_credentials(KEY_ID, SECRET);
+        sink.check().await.expect("the queue is found");
+        let stats = crate::support::drain(&db, Arc::new(sink), crate::support::fast_config()).await;
+        assert_eq!(stats.delivered, 1);
+
+        let answer = client()
+            .await
+            .receive_message()
+            .queue_url(&url)
+            .message_attribute_names("All")
+            .send()
+            .await
+            .unwrap();
+        let m = &answer.messages()[0];
+        let attribute = |name: &str| {
+            let v = m.message_attributes().and_then(|a| a.get(name)).cloned();
+            v.map(|v| {
+                (
+                    v.data_type().to_owned(),
+                    v.string_value().unwrap_or_default().to_owned(),
+                )
+            })
+        };
+        let s = |t: &str, v: &str| Some((t.to_owned(), v.to_owned()));
+        assert_eq!(
+            attribute("ce-id"),
+            s("String", &id.hyphenated().to_string())
+        );
+        assert_eq!(attribute("ce-type"), s("String", "order.created"));
+        assert_eq!(attribute("ce-source"), s("String", "shop"));
+        assert_eq!(attribute("ce-subject"), s("String", "o-1"));
+        assert_eq!(attribute("ce-aggregatetype"), s("String", "order"));
+        assert_eq!(attribute("ce-schemaversion"), s("Number", "1"));
+        assert_eq!(attribute("traceparent"), s("String", traceparent));
+        assert_eq!(
+            attribute("postbox-headers"),
+            s("String", r#"{"x-tenant":"acme"}"#)
+        );
+        let body: serde_json::Value = serde_json::from_str(m.body().unwrap()).unwrap();
+        assert_eq!(body["traceparent"], traceparent);
+        assert_eq!(body["data"]["total"], 5);
+        let _ = client().await.delete_queue().queue_url(url).send().await;
+    }
+
     /// Throughput: `cargo test -p postbox-relay --test main --release -- --ignored --nocapture throughput`
     #[tokio::test]
     #[ignore = "a measurement, not a check"]
