@@ -27,7 +27,7 @@ fn broker() -> String {
 
 /// A sink URL's parameters pointing at `host_port` (moto, or the proxy in front of it).
 fn params(host_port: &str) -> String {
-    params_with(host_port, "5s")
+    params_with(host_port, "10s")
 }
 
 /// The same with another call timeout. moto is one Python process serving
@@ -163,7 +163,7 @@ mod sqs {
     async fn conformance_for(name: String) {
         let fifo = name.ends_with(".fifo");
         // A FIFO batch of 500 keeps moto busy for many seconds (see `params_with`).
-        let (timeout, hang) = if fifo { ("20s", 50) } else { ("5s", 15) };
+        let (timeout, hang) = if fifo { ("20s", 50) } else { ("10s", 25) };
         let url = create_queue(&name).await;
         let spec = Spec {
             name: if fifo { "sqs (fifo)" } else { "sqs" },
@@ -399,7 +399,7 @@ mod sns {
             keyed: false,
             poison: Some(|m| m.event_type = "conformance.\u{1}".into()),
             outage: true,
-            hang_deadline: Some(Duration::from_secs(15)),
+            hang_deadline: Some(Duration::from_secs(25)),
         };
         conformance::run(spec, |proxy| async move {
             let sink = SnsSink::from_url(
@@ -588,7 +588,7 @@ mod kinesis {
             // Not a partition key.
             poison: Some(|m| m.aggregate_id = "k".repeat(300)),
             outage: true,
-            hang_deadline: Some(Duration::from_secs(15)),
+            hang_deadline: Some(Duration::from_secs(25)),
         };
         conformance::run(spec, |proxy| async move {
             let sink = KinesisSink::from_url(
