@@ -447,7 +447,9 @@ where
     feature = "redis",
     feature = "nats",
     feature = "amqp",
-    feature = "kafka"
+    feature = "kafka",
+    feature = "sqs",
+    feature = "kinesis"
 ))]
 pub async fn throughput(sink: &dyn Sink, total: usize, batch: usize) -> f64 {
     let events: Vec<Message> = (0..total)

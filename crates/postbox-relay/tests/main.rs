@@ -21,13 +21,18 @@ mod trouble;
 
 #[cfg(feature = "amqp")]
 mod amqp;
+#[cfg(any(feature = "sqs", feature = "sns", feature = "kinesis"))]
+mod aws;
 #[cfg(any(
     feature = "redis",
     feature = "nats",
     feature = "amqp",
     feature = "http",
     feature = "qstash",
-    feature = "kafka"
+    feature = "kafka",
+    feature = "sqs",
+    feature = "sns",
+    feature = "kinesis"
 ))]
 mod conformance;
 #[cfg(feature = "http")]

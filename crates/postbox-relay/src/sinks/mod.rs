@@ -20,6 +20,8 @@ pub mod amqp;
 pub mod http;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+#[cfg(feature = "kinesis")]
+pub mod kinesis;
 #[cfg(feature = "nats")]
 pub mod nats;
 mod options;
@@ -28,6 +30,10 @@ pub mod qstash;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub(crate) mod shared;
+#[cfg(feature = "sns")]
+pub mod sns;
+#[cfg(feature = "sqs")]
+pub mod sqs;
 pub mod stdout;
 
 pub use options::{OptionTables, OptionsTable, SinkOptions, SinkSection};
@@ -142,6 +148,9 @@ registry! {
     nats: feature "nats", prefixes ["nats://"];
     amqp: feature "amqp", prefixes ["amqp://", "amqps://"];
     kafka: feature "kafka", prefixes ["kafka://"];
+    sqs: feature "sqs", prefixes ["sqs://"];
+    sns: feature "sns", prefixes ["sns://"];
+    kinesis: feature "kinesis", prefixes ["kinesis://"];
     http: feature "http", prefixes ["http://", "https://"], options http::HttpOptions;
     qstash: feature "qstash", prefixes ["qstash:"], options qstash::QstashOptions;
     stdout: prefixes ["stdout"];
@@ -149,7 +158,8 @@ registry! {
 
 /// Build the sink a URL names: `redis://…`, `rediss://…`, `nats://…`,
 /// `amqp://…`, `amqps://…`, `kafka://…`, `http://…`, `https://…` (webhooks),
-/// `qstash:DESTINATION_URL` or `stdout` — each only when its cargo feature
+/// `qstash:DESTINATION_URL`, `sqs://QUEUE`, `sns://TOPIC`, `kinesis://STREAM`
+/// or `stdout` — each only when its cargo feature
 /// is built (see [`SINKS`]).
 ///
 /// The HTTP sink reads its signing secrets (`POSTBOX_WEBHOOK_SECRET`, or the
@@ -227,6 +237,9 @@ mod tests {
             "kafka" => cfg!(feature = "kafka"),
             "http" => cfg!(feature = "http"),
             "qstash" => cfg!(feature = "qstash"),
+            "sqs" => cfg!(feature = "sqs"),
+            "sns" => cfg!(feature = "sns"),
+            "kinesis" => cfg!(feature = "kinesis"),
             other => panic!("no cargo feature {other}"),
         }
     }

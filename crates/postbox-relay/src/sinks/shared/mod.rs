@@ -1,9 +1,12 @@
 //! What more than one sink uses, in one place: destination-name templates
 //! ([`KeyTemplate`]), sink-URL parameters (`params`), the HTTP plumbing of the
 //! HTTP and QStash sinks (`http`: the client, URL checks, answers to
-//! outcomes, `Retry-After`) and the request rate limit (`rate`, on
+//! outcomes, `Retry-After`), the AWS sinks' configuration and batching
+//! (`aws`) and the request rate limit (`rate`, on
 //! `governor`). Each part is built only with the sinks that use it.
 
+#[cfg(feature = "aws")]
+pub(crate) mod aws;
 #[cfg(any(feature = "http", feature = "qstash"))]
 pub(crate) mod http;
 #[cfg(any(
@@ -11,7 +14,8 @@ pub(crate) mod http;
     feature = "nats",
     feature = "amqp",
     feature = "kafka",
-    feature = "http"
+    feature = "http",
+    feature = "aws"
 ))]
 pub(crate) mod params;
 #[cfg(feature = "http")]

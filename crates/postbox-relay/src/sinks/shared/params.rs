@@ -7,7 +7,8 @@
     feature = "redis",
     feature = "nats",
     feature = "amqp",
-    feature = "kafka"
+    feature = "kafka",
+    feature = "aws"
 ))]
 use crate::sink::SinkError;
 
@@ -17,7 +18,8 @@ use crate::sink::SinkError;
     feature = "redis",
     feature = "nats",
     feature = "amqp",
-    feature = "kafka"
+    feature = "kafka",
+    feature = "aws"
 ))]
 pub(crate) fn unknown(name: &str, expected: &[&str]) -> SinkError {
     let list = match expected {
@@ -33,7 +35,7 @@ pub(crate) fn unknown(name: &str, expected: &[&str]) -> SinkError {
 
 /// The `timeout` URL parameter the broker sinks take: a positive duration
 /// such as `5s` or `500ms`.
-#[cfg(any(feature = "nats", feature = "amqp", feature = "kafka"))]
+#[cfg(any(feature = "nats", feature = "amqp", feature = "kafka", feature = "aws"))]
 pub(crate) fn timeout(value: &str) -> Result<std::time::Duration, SinkError> {
     humantime::parse_duration(value)
         .ok()
@@ -89,7 +91,7 @@ mod tests {
         assert!(e.ends_with("expected topic"), "{e}");
     }
 
-    #[cfg(any(feature = "nats", feature = "amqp", feature = "kafka"))]
+    #[cfg(any(feature = "nats", feature = "amqp", feature = "kafka", feature = "aws"))]
     #[test]
     fn timeouts_are_positive_durations() {
         assert_eq!(
