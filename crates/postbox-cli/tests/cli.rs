@@ -578,3 +578,66 @@ async fn log_mode_from_migrate_to_a_drained_relay_and_back() {
     assert!(ok(postbox(&db, &["migrate", "--mode", "claim"])).contains("into the outbox"));
     db.drop_schema().await;
 }
+
+#[tokio::test]
+async fn enqueue_schedules_events_and_status_counts_them_apart() {
+    let db = TestDb::new().await;
+    let args = |extra: &[&str]| {
+        let mut a = vec![
+            "enqueue",
+            "--type",
+            "order.created",
+            "--aggregate-type",
+            "order",
+            "--aggregate-id",
+            "1",
+            "--payload",
+            "{}",
+        ];
+        a.extend_from_slice(extra);
+        a.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let run = |extra: &[&str]| {
+        let a = args(extra);
+        postbox(&db, &a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let at = (chrono::Utc::now() + chrono::Duration::hours(2)).to_rfc3339();
+    ok(run(&["--deliver-after", "1h"]));
+    ok(run(&["--deliver-at", &at]));
+    ok(run(&[]));
+
+    let both = run(&["--deliver-after", "1h", "--deliver-at", &at]);
+    assert!(!both.status.success());
+    assert!(stderr(&both).contains("--deliver-at"), "{}", stderr(&both));
+    let bad = run(&["--deliver-at", "tomorrow"]);
+    assert!(!bad.status.success());
+    assert!(
+        stderr(&bad).contains("--deliver-at") && stderr(&bad).contains("RFC 3339"),
+        "{}",
+        stderr(&bad)
+    );
+
+    let status: serde_json::Value =
+        serde_json::from_str(&ok(postbox(&db, &["status", "--json"]))).unwrap();
+    assert_eq!(
+        (&status["pending"], &status["scheduled"]),
+        (&1.into(), &2.into())
+    );
+    let next = status["next_scheduled_in_seconds"].as_f64().unwrap();
+    assert!((3000.0..=3600.0).contains(&next), "{next}");
+    let text = ok(postbox(&db, &["status"]));
+    assert!(text.contains("scheduled   2  (the first due in"), "{text}");
+
+    // A drain delivers the due event and does not wait for the scheduled ones.
+    let out = postbox(&db, &["relay", "--sink", "stdout", "--drain"]);
+    let all = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(out.status.success(), "{all}");
+    assert!(all.contains("drained: 1 delivered"), "{all}");
+    let status: serde_json::Value =
+        serde_json::from_str(&ok(postbox(&db, &["status", "--json"]))).unwrap();
+    assert_eq!(
+        (&status["pending"], &status["scheduled"]),
+        (&0.into(), &2.into())
+    );
+    db.drop_schema().await;
+}

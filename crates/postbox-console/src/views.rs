@@ -234,6 +234,16 @@ pub(crate) fn overview(session: &Session, v: &OverviewView<'_>) -> Markup {
                     span.label { "Pending" } span.value #pending { (c.pending) }
                     span.hint { (now.retrying) " of them retrying" }
                 }
+                div.card {
+                    span.label { "Scheduled" } span.value #scheduled { (c.scheduled) }
+                    span.hint {
+                        @if let Some(next) = c.next_scheduled_in_seconds {
+                            "the first due in " (age(next))
+                        } @else {
+                            "for later delivery"
+                        }
+                    }
+                }
                 div.card.(if c.oldest_pending_age_seconds.unwrap_or(0.0) > 300.0 { "warn" } else { "" }) {
                     span.label { "Oldest pending" }
                     span.value #oldest-pending {

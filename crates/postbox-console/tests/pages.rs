@@ -773,3 +773,26 @@ async fn the_overview_shows_log_cursors_in_log_mode() {
     );
     h.finish().await;
 }
+
+/// Events scheduled for later are shown apart from pending ones.
+#[tokio::test]
+async fn the_overview_shows_scheduled_events_apart_from_pending_ones() {
+    let h = Harness::start().await;
+    let event = |i: usize| {
+        NewEvent::new("order.paid", "order", i.to_string(), &serde_json::json!({})).unwrap()
+    };
+    h.db.enqueue_events(&[
+        event(0),
+        event(1).deliver_after(Duration::from_secs(3600)).unwrap(),
+        event(2).deliver_after(Duration::from_secs(7200)).unwrap(),
+    ])
+    .await;
+    let mut a = h.signed_in("sam", Role::Viewer).await;
+    let page = a.get("/").await;
+    assert_eq!(page.status, StatusCode::OK);
+    let b = &page.body;
+    assert!(b.contains("id=\"pending\">1<"), "{b}");
+    assert!(b.contains("id=\"scheduled\">2<"), "{b}");
+    assert!(b.contains("the first due in"), "{b}");
+    h.finish().await;
+}

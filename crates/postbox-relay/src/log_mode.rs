@@ -11,7 +11,9 @@
 //! window the reader keeps the window it moved (opening it once) and reads
 //! the next page while the current one publishes: the page read is the same
 //! whatever publishing does, since a window's events are fixed by its two
-//! snapshots.
+//! snapshots. An event scheduled for later (`deliver_at` still ahead) is not
+//! published: it is handed to the outbox, due at its time, so the cursor
+//! never waits for it.
 
 use crate::backoff;
 use crate::metrics as m;
@@ -247,15 +249,39 @@ async fn publish_page(
     let config = &shared.config;
     let mut mine = Vec::with_capacity(page.len());
     let mut targets_of = Vec::with_capacity(page.len());
+    let mut handoffs = Vec::new();
+    let others = |targets: &[usize]| -> Vec<String> {
+        targets
+            .iter()
+            .filter(|&&t| t != d)
+            .map(|&t| router.destinations()[t].name.clone())
+            .collect()
+    };
     for (i, e) in page.iter().enumerate() {
         let targets = router.targets(&e.event.event_type);
-        if targets.contains(&d) {
-            mine.push(i);
-            targets_of.push(targets);
+        if !targets.contains(&d) {
+            continue;
         }
+        if e.scheduled {
+            // Not due yet: the outbox keeps it until its time (the hand-off
+            // makes it due then), so the cursor moves on.
+            handoffs.push((
+                i,
+                Pending {
+                    dead: false,
+                    delay: Duration::ZERO,
+                    attempts: 0,
+                    error: String::new(),
+                    others: others(&targets),
+                },
+            ));
+            continue;
+        }
+        mine.push(i);
+        targets_of.push(targets);
     }
     if mine.is_empty() {
-        return (Vec::new(), Vec::new());
+        return (Vec::new(), handoffs);
     }
     let messages: Vec<Message> = mine
         .iter()
@@ -263,15 +289,8 @@ async fn publish_page(
         .collect();
     let outcomes = publish_to(shared, d, &messages).await;
     let mut delivered = Vec::new();
-    let mut handoffs = Vec::new();
     for ((&i, outcome), targets) in mine.iter().zip(outcomes).zip(targets_of) {
-        let others = || -> Vec<String> {
-            targets
-                .iter()
-                .filter(|&&t| t != d)
-                .map(|&t| router.destinations()[t].name.clone())
-                .collect()
-        };
+        let others = || others(&targets);
         let pending = match outcome {
             Outcome::Delivered => {
                 delivered.push(i);
@@ -314,13 +333,15 @@ async fn publish_page(
 
 fn count(shared: &Shared, delivered: usize, handoffs: &[Handoff<'_>]) {
     let dead = handoffs.iter().filter(|h| h.dead).count();
+    let scheduled = handoffs.iter().filter(|h| h.event.scheduled).count();
     let stats = &shared.stats;
     stats
         .delivered
         .fetch_add(delivered as u64, Ordering::Relaxed);
-    stats
-        .retried
-        .fetch_add((handoffs.len() - dead) as u64, Ordering::Relaxed);
+    stats.retried.fetch_add(
+        (handoffs.len() - dead - scheduled) as u64,
+        Ordering::Relaxed,
+    );
     stats
         .dead_lettered
         .fetch_add(dead as u64, Ordering::Relaxed);

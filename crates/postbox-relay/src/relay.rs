@@ -476,12 +476,13 @@ async fn claim_loop(shared: &Shared, mode: RunMode, to_publish: mpsc::Sender<Cla
                         && next.pending_in.is_some_and(|d| d.is_zero())
                     {
                         // Due events, nothing in flight anywhere, and the ordered
-                        // claim takes none: they wait behind blocking dead letters.
+                        // claim takes none: they wait behind blocking dead letters
+                        // or events of their aggregate scheduled for later.
                         // Look a few times to let other relays' claims settle.
                         only_blocked += 1;
                         if only_blocked >= 3 {
                             tracing::info!(
-                                "outbox drained: only aggregates blocked by dead letters remain"
+                                "outbox drained: only aggregates held back by dead letters or scheduled events remain"
                             );
                             return;
                         }

@@ -15,6 +15,7 @@ mod redis_sink;
 mod retention_idempotency;
 mod roles;
 mod routing;
+mod scheduled;
 mod secrets;
 #[cfg(feature = "redis")]
 mod trouble;

@@ -76,12 +76,14 @@ ORDER BY 1;
 -- attempted, pending events waiting for a retry (attempted before), events
 -- claimed by a relay, unresolved dead letters, and the oldest pending
 -- event's age. Each part reads a partial index (pending, processing, failed
--- rows), not the whole table.
+-- rows), not the whole table. Events scheduled for later (migration 12) are
+-- neither pending nor old yet: left out until they are due.
 WITH p AS (
     SELECT count(*) FILTER (WHERE attempts = 0) AS pending,
            count(*) FILTER (WHERE attempts > 0) AS retrying,
            min(created_at) AS oldest
-    FROM {schema}.outbox WHERE status = 'pending')
+    FROM {schema}.outbox
+    WHERE status = 'pending' AND NOT COALESCE(deliver_at > now(), false))
 SELECT p.pending,
        p.retrying,
        (SELECT count(*) FROM {schema}.outbox WHERE status = 'processing') AS processing,

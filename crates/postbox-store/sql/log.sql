@@ -58,9 +58,11 @@ SELECT LEAST(
 -- the id index from $3: a page of a large window costs about a page of rows,
 -- not the whole window.
 -- A log event is on its first attempt (`attempts` 1): retries happen in the outbox.
+-- `scheduled`: its delivery time (migration 12) is still ahead; the reader
+-- hands it to the outbox rather than publish it.
 SELECT id, event_id, event_type, aggregate_type, aggregate_id, schema_version,
        payload::text AS payload, headers::text AS headers, created_at, sequence,
-       1 AS attempts
+       1 AS attempts, COALESCE(deliver_at > now(), false) AS scheduled
 FROM {schema}.log
 WHERE id > $3
   AND pg_visible_in_snapshot(txid, $2::text::pg_snapshot)
@@ -94,7 +96,8 @@ UPDATE {schema}.log_settings SET producer_target = $1;
 -- 10's log_handoff: the events are copied from the log, the relay says only
 -- how their delivery went). $2/$3 log ids and event ids, $4 dead, $5 delay
 -- in seconds, $6 error, $7 fan-out, $8 attempts so far, $9/$10 the other
--- destinations of fan-out events.
+-- destinations of fan-out events. An event scheduled for later is due in the
+-- outbox at its `deliver_at` at the earliest (migration 12).
 -- Returns how many of the events it found in the log.
 SELECT {schema}.log_handoff($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) AS found;
 

@@ -24,15 +24,16 @@ GRANT USAGE ON SCHEMA {schema} TO {producer}, {relay}, {monitor};
 -- Producer: can enqueue and nothing else. It calls the SECURITY DEFINER
 -- enqueue functions (migration 7; the Rust library calls enqueue_one and
 -- enqueue_many), which alone write the outbox and the sequence counters, so
--- it cannot add an event already sent or failed, due in the far future, with
--- an error or a lease, nor renumber an aggregate; and it cannot read, change
--- or delete events. The REVOKEs take back what earlier versions of this
--- script granted.
+-- it cannot add an event already sent or failed, with an error or a lease,
+-- nor renumber an aggregate (it may schedule an event for later: migration
+-- 12's `deliver_at`); and it cannot read, change or delete events. The
+-- REVOKEs take back what earlier versions of this script granted.
 REVOKE ALL ON {schema}.outbox, {schema}.aggregate_sequences FROM {producer};
 GRANT EXECUTE ON FUNCTION
-    {schema}.enqueue(text, text, text, jsonb, jsonb),
-    {schema}.enqueue_one(uuid, text, text, text, integer, jsonb, jsonb),
-    {schema}.enqueue_many(uuid[], text[], text[], text[], integer[], jsonb[], jsonb[]),
+    {schema}.enqueue(text, text, text, jsonb, jsonb, timestamptz),
+    {schema}.enqueue_one(uuid, text, text, text, integer, jsonb, jsonb, timestamptz),
+    {schema}.enqueue_many(uuid[], text[], text[], text[], integer[], jsonb[], jsonb[],
+                          timestamptz[]),
     {schema}.uuid_v7()
   TO {producer};
 -- Request idempotency keys are written in the producer's own transaction.

@@ -2,21 +2,35 @@
 -- console's overview read.
 
 -- name: status_counts
--- Counts by status and the age of the oldest pending event.
-SELECT count(*) FILTER (WHERE status = 'pending') AS pending,
+-- Counts by status and the age of the oldest pending event. Events scheduled
+-- for later (pending, their `deliver_at` still ahead: migration 12) are
+-- counted apart and left out of `pending` and its age: they are not late,
+-- they are not due yet. `next_scheduled_in_seconds`: until the first is due.
+SELECT count(*) FILTER (WHERE status = 'pending' AND NOT COALESCE(deliver_at > now(), false))
+         AS pending,
+       count(*) FILTER (WHERE status = 'pending' AND deliver_at > now()) AS scheduled,
        count(*) FILTER (WHERE status = 'processing') AS processing,
        count(*) FILTER (WHERE status = 'sent') AS sent,
        count(*) FILTER (WHERE status = 'failed' AND resolved_at IS NULL) AS failed,
-       extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 'pending'))::float8
-         AS oldest_pending_age_seconds
+       extract(epoch FROM now() - min(created_at)
+                 FILTER (WHERE status = 'pending' AND NOT COALESCE(deliver_at > now(), false)))::float8
+         AS oldest_pending_age_seconds,
+       extract(epoch FROM min(deliver_at) FILTER (WHERE status = 'pending' AND deliver_at > now())
+                 - now())::float8
+         AS next_scheduled_in_seconds
 FROM {schema}.outbox;
 
 -- name: gauges
 -- The backlog gauges, read every few seconds by the metrics task. Each count
 -- reads one small partial index; the oldest pending event is the lowest
--- pending id (ids grow with inserts), looked up by primary key.
+-- pending id (ids grow with inserts), looked up by primary key. An event
+-- scheduled for later (migration 12) is pending but not late: it is not the
+-- oldest pending event before it is due.
 WITH p AS (
-    SELECT count(*) AS n, min(id) AS oldest FROM {schema}.outbox WHERE status = 'pending'
+    SELECT count(*) AS n,
+           min(id) FILTER (WHERE available_at <= now() OR NOT COALESCE(deliver_at > now(), false))
+             AS oldest
+    FROM {schema}.outbox WHERE status = 'pending'
 )
 SELECT p.n AS pending,
        (SELECT count(*) FROM {schema}.outbox WHERE status = 'processing') AS processing,

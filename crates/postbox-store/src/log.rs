@@ -64,6 +64,18 @@ pub struct LogEvent {
     /// The log row id (the page cursor).
     pub id: i64,
     pub event: ClaimedEvent,
+    /// Scheduled for later (its `deliver_at` was still ahead when the page
+    /// was read): not to be published now, but handed to the outbox, which
+    /// keeps it until it is due.
+    pub scheduled: bool,
+}
+
+/// A page row: the event, and whether it is scheduled for later.
+#[derive(sqlx::FromRow)]
+struct PageRow {
+    #[sqlx(flatten)]
+    row: ClaimedRow,
+    scheduled: bool,
 }
 
 struct Queries {
@@ -209,7 +221,7 @@ impl Log {
 
     /// Up to `limit` events of `window` after its position, in id order.
     pub async fn page(&self, window: &LogWindow, limit: i64) -> Result<Vec<LogEvent>, sqlx::Error> {
-        let rows: Vec<ClaimedRow> = sqlx::query_as(&self.sql.page)
+        let rows: Vec<PageRow> = sqlx::query_as(&self.sql.page)
             .bind(&window.lo)
             .bind(&window.hi)
             .bind(window.after_id)
@@ -217,7 +229,14 @@ impl Log {
             .fetch_all(&self.pool)
             .await?;
         rows.into_iter()
-            .map(|row| row.decode().map(|(id, event)| LogEvent { id, event }))
+            .map(|r| {
+                let scheduled = r.scheduled;
+                r.row.decode().map(|(id, event)| LogEvent {
+                    id,
+                    event,
+                    scheduled,
+                })
+            })
             .collect()
     }
 

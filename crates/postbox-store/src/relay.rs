@@ -208,11 +208,17 @@ pub struct Rescued {
 /// Counts by status.
 #[derive(Debug, Default, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
 pub struct StatusCounts {
+    /// Pending and due (or waiting for a retry); not the scheduled ones.
     pub pending: i64,
+    /// Pending and scheduled for later: not due before their `deliver_at`.
+    pub scheduled: i64,
     pub processing: i64,
     pub sent: i64,
     pub failed: i64,
+    /// The oldest pending event's age (scheduled events left out).
     pub oldest_pending_age_seconds: Option<f64>,
+    /// Until the first scheduled event is due.
+    pub next_scheduled_in_seconds: Option<f64>,
 }
 
 /// The backlog as the metrics task sees it (cheap to read).

@@ -1,6 +1,8 @@
 use crate::Error;
+use chrono::{DateTime, Datelike, Utc};
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::time::Duration;
 use uuid::Uuid;
 
 /// Longest accepted event type, aggregate type, aggregate id: 255 bytes.
@@ -19,7 +21,20 @@ pub struct NewEvent {
     pub(crate) schema_version: i32,
     pub(crate) payload: String,
     pub(crate) headers: String,
+    pub(crate) deliver: Option<Deliver>,
 }
+
+/// When a scheduled event becomes deliverable.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Deliver {
+    /// At this time (by the producer's clock).
+    At(DateTime<Utc>),
+    /// This long after it is enqueued (by the database's clock).
+    After(Duration),
+}
+
+/// The longest [`NewEvent::deliver_after`] delay: about 100 years.
+pub const MAX_DELIVER_AFTER: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
 
 impl NewEvent {
     /// An event of `event_type` about the aggregate (`aggregate_type`, `aggregate_id`),
@@ -50,6 +65,7 @@ impl NewEvent {
             schema_version: 1,
             payload: payload.into(),
             headers: "{}".to_owned(),
+            deliver: None,
         };
         serde_json::from_str::<serde::de::IgnoredAny>(&event.payload).map_err(Error::Payload)?;
         check_json_text("payload", &event.payload)?;
@@ -121,6 +137,60 @@ impl NewEvent {
         Ok(self)
     }
 
+    /// Schedule the event: no relay delivers it before `time` (a time in the
+    /// past means at once). The event is committed with the caller's
+    /// transaction as usual and stays invisible to relays until then; in
+    /// ordered routes it also holds back the later events of its aggregate
+    /// (see the README's delivery contract). Replaces an earlier
+    /// [`NewEvent::deliver_after`].
+    ///
+    /// Years outside 1..=9999 are refused.
+    pub fn deliver_at(mut self, time: DateTime<Utc>) -> Result<Self, Error> {
+        if !(1..=9999).contains(&time.year()) {
+            return Err(Error::InvalidEvent {
+                field: "deliver_at",
+                reason: format!("must be a time in the years 1 to 9999, got {time}"),
+            });
+        }
+        self.deliver = Some(Deliver::At(time));
+        Ok(self)
+    }
+
+    /// Schedule the event `delay` after it is enqueued, measured by the
+    /// database's clock when the enqueue statement runs (so the producer's
+    /// clock does not matter). At most [`MAX_DELIVER_AFTER`]. Replaces an
+    /// earlier [`NewEvent::deliver_at`].
+    pub fn deliver_after(mut self, delay: Duration) -> Result<Self, Error> {
+        if delay > MAX_DELIVER_AFTER {
+            return Err(Error::InvalidEvent {
+                field: "deliver_after",
+                reason: format!(
+                    "must be at most {} seconds (about 100 years), got {} seconds",
+                    MAX_DELIVER_AFTER.as_secs(),
+                    delay.as_secs()
+                ),
+            });
+        }
+        self.deliver = Some(Deliver::After(delay));
+        Ok(self)
+    }
+
+    /// The time asked for with [`NewEvent::deliver_at`], if any.
+    pub fn scheduled_at(&self) -> Option<DateTime<Utc>> {
+        match self.deliver {
+            Some(Deliver::At(t)) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The delay asked for with [`NewEvent::deliver_after`], if any.
+    pub fn scheduled_after(&self) -> Option<Duration> {
+        match self.deliver {
+            Some(Deliver::After(d)) => Some(d),
+            _ => None,
+        }
+    }
+
     /// Use a given event id instead of a fresh UUIDv7 (for example to re-enqueue
     /// the same logical event from another system).
     pub fn with_event_id(mut self, event_id: Uuid) -> Self {
@@ -141,6 +211,11 @@ impl NewEvent {
     /// The payload as JSON text.
     pub fn payload_json(&self) -> &str {
         &self.payload
+    }
+
+    /// [`NewEvent::deliver_after`] in seconds, as the enqueue statements take it.
+    pub(crate) fn deliver_after_secs(&self) -> Option<f64> {
+        self.scheduled_after().map(|d| d.as_secs_f64())
     }
 
     pub(crate) fn check_payload_size(&self, max: usize) -> Result<(), Error> {

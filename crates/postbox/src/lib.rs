@@ -49,7 +49,7 @@ pub mod tokio_postgres;
 pub mod verify;
 
 pub use error::Error;
-pub use event::{NewEvent, MAX_NAME_BYTES};
+pub use event::{NewEvent, MAX_DELIVER_AFTER, MAX_NAME_BYTES};
 pub use inbox::{InboxOutcome, SequenceCheck};
 pub use migrations::{Migration, MIGRATIONS};
 pub use schema::Schema;

@@ -72,6 +72,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "log_privileges",
         sql: include_str!("../migrations/0010_log_privileges.sql"),
     },
+    Migration {
+        version: 12,
+        name: "scheduled",
+        sql: include_str!("../migrations/0012_scheduled.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.

@@ -137,6 +137,9 @@ pub(crate) struct Columns {
     pub schema_versions: Vec<i32>,
     pub payloads: Vec<String>,
     pub headers: Vec<String>,
+    /// `None` when no event of the batch is scheduled.
+    pub deliver_ats: Option<Vec<Option<chrono::DateTime<chrono::Utc>>>>,
+    pub deliver_after_secs: Option<Vec<Option<f64>>>,
 }
 
 impl Columns {
@@ -149,6 +152,14 @@ impl Columns {
             schema_versions: events.iter().map(|e| e.schema_version).collect(),
             payloads: events.iter().map(|e| e.payload.clone()).collect(),
             headers: events.iter().map(|e| e.headers.clone()).collect(),
+            deliver_ats: events
+                .iter()
+                .any(|e| e.deliver.is_some())
+                .then(|| events.iter().map(|e| e.scheduled_at()).collect()),
+            deliver_after_secs: events
+                .iter()
+                .any(|e| e.deliver.is_some())
+                .then(|| events.iter().map(|e| e.deliver_after_secs()).collect()),
         }
     }
 }

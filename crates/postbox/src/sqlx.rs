@@ -27,6 +27,8 @@ pub async fn enqueue(
         .bind(event.schema_version)
         .bind(&event.payload)
         .bind(&event.headers)
+        .bind(event.scheduled_at())
+        .bind(event.deliver_after_secs())
         .execute(conn)
         .await?;
     Ok(event.event_id)
@@ -54,6 +56,8 @@ pub async fn enqueue_batch(
         .bind(&c.schema_versions)
         .bind(&c.payloads)
         .bind(&c.headers)
+        .bind(&c.deliver_ats)
+        .bind(&c.deliver_after_secs)
         .execute(conn)
         .await?;
     Ok(c.event_ids)

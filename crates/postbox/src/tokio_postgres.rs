@@ -26,6 +26,8 @@ pub async fn enqueue<C: GenericClient>(
                 &event.schema_version,
                 &event.payload,
                 &event.headers,
+                &event.scheduled_at(),
+                &event.deliver_after_secs(),
             ],
         )
         .await?;
@@ -57,6 +59,8 @@ pub async fn enqueue_batch<C: GenericClient>(
                 &c.schema_versions,
                 &c.payloads,
                 &c.headers,
+                &c.deliver_ats,
+                &c.deliver_after_secs,
             ],
         )
         .await?;

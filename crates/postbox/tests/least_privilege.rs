@@ -30,8 +30,9 @@ async fn a_role_with_only_execute_enqueues_through_both_drivers() {
         "CREATE ROLE {role} NOLOGIN; CREATE ROLE {outsider} NOLOGIN; \
          GRANT USAGE ON SCHEMA {{schema}} TO {role}, {outsider}; \
          GRANT EXECUTE ON FUNCTION \
-           {{schema}}.enqueue_one(uuid, text, text, text, integer, jsonb, jsonb), \
-           {{schema}}.enqueue_many(uuid[], text[], text[], text[], integer[], jsonb[], jsonb[]) \
+           {{schema}}.enqueue_one(uuid, text, text, text, integer, jsonb, jsonb, timestamptz), \
+           {{schema}}.enqueue_many(uuid[], text[], text[], text[], integer[], jsonb[], jsonb[], \
+                                   timestamptz[]) \
          TO {role}"
     ))
     .await;

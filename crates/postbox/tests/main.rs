@@ -7,4 +7,5 @@ mod inbox;
 mod least_privilege;
 mod migrate;
 mod received;
+mod scheduled;
 mod sequences;

@@ -26,6 +26,18 @@ pub struct EnqueueArgs {
     /// Payload schema version
     #[arg(long, default_value_t = 1)]
     pub schema_version: i32,
+    /// Deliver no earlier than TIME (RFC 3339, e.g. 2030-01-31T09:00:00Z)
+    #[arg(long, value_name = "TIME", value_parser = parse_time, conflicts_with = "deliver_after")]
+    pub deliver_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Deliver no earlier than DURATION from now (e.g. 90s, 10m, 2h), by the database's clock
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub deliver_after: Option<std::time::Duration>,
+}
+
+fn parse_time(text: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(|t| t.with_timezone(&chrono::Utc))
+        .map_err(|e| format!("{e}: expected an RFC 3339 time such as 2030-01-31T09:00:00Z"))
 }
 
 /// `--payload` is not JSON.
@@ -63,6 +75,11 @@ pub async fn run(settings: &Settings, args: EnqueueArgs) -> Result<ExitCode, Any
     )?
     .schema_version(args.schema_version)?
     .headers(headers)?;
+    let event = match (args.deliver_at, args.deliver_after) {
+        (Some(at), _) => event.deliver_at(at)?,
+        (None, Some(after)) => event.deliver_after(after)?,
+        (None, None) => event,
+    };
     let outbox = Outbox::new(settings.schema.clone());
     let pool = settings.pool("postbox-enqueue").await?;
     let mut tx = pool.begin().await?;

@@ -13,8 +13,8 @@ use tokio_util::sync::CancellationToken;
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
-    /// Print JSON: pending, processing, sent, failed, oldest_pending_age_seconds,
-    /// oldest_pending_event_id, dead_letters, pending_attempts
+    /// Print JSON: pending, scheduled, processing, sent, failed, oldest_pending_age_seconds,
+    /// next_scheduled_in_seconds, oldest_pending_event_id, dead_letters, pending_attempts
     #[arg(long)]
     pub json: bool,
     /// Refresh every INTERVAL [default: 2s] until interrupted (JSON: one line per refresh)
@@ -125,6 +125,16 @@ fn render_status(schema: &Schema, r: &StatusReport) -> String {
     let _ = writeln!(out, "schema      {schema}");
     let _ = writeln!(out, "producers   write into the {}", r.producers_write_into);
     let _ = writeln!(out, "pending     {}", c.pending);
+    if c.scheduled > 0 {
+        let _ = writeln!(
+            out,
+            "scheduled   {}  (the first due in {})",
+            c.scheduled,
+            format_age(c.next_scheduled_in_seconds)
+        );
+    } else {
+        let _ = writeln!(out, "scheduled   0");
+    }
     let _ = writeln!(out, "processing  {}", c.processing);
     let _ = writeln!(out, "sent        {}", c.sent);
     let _ = writeln!(out, "failed      {}  (dead letters)", c.failed);
