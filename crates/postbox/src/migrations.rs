@@ -72,6 +72,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "log_privileges",
         sql: include_str!("../migrations/0010_log_privileges.sql"),
     },
+    Migration {
+        version: 11,
+        name: "logical",
+        sql: include_str!("../migrations/0011_logical.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.
