@@ -13,7 +13,7 @@ mod observe;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use commands::{
-    bench, console, demo, dlq, enqueue, migrate, purge, receive, relay, status, verify,
+    bench, console, demo, dlq, enqueue, migrate, purge, receive, relay, slot, status, verify,
 };
 use context::{error_chain, AnyError, Global, Settings};
 use std::process::ExitCode;
@@ -52,6 +52,8 @@ pub enum Command {
     Console(console::ConsoleArgs),
     /// Check the delivery contract under faults: producers, relays (killed, stalled), broker and database outages, an inbox consumer
     Verify(verify::VerifyArgs),
+    /// Logical mode's replication slots: status (lag, retained WAL, invalidation) and drop
+    Slot(slot::SlotArgs),
 }
 
 fn main() -> ExitCode {
@@ -121,6 +123,7 @@ async fn run(cli: Cli) -> Result<ExitCode, AnyError> {
         Command::Receive(args) => receive::run(&settings, args).await,
         Command::Console(args) => console::run(&settings, args).await,
         Command::Verify(args) => verify::run(&settings, args).await,
+        Command::Slot(args) => slot::run(&settings, args).await,
     };
     match result {
         // Before `postbox migrate`, say so instead of "relation does not exist".

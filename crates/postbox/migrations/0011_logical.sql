@@ -104,8 +104,10 @@ $fn$;
 
 -- Make sure the publication pgoutput reads the slot through exists: named
 -- like the slot, publishing no table (only logical messages are read).
--- Creating it needs CREATE on the database (in its own transaction, after
--- the slot's).
+-- Creating it needs CREATE on the database. It must exist before the slot:
+-- pgoutput looks the publication up in the catalog as of each change it
+-- decodes, so a slot created first fails on the first table change written
+-- before the publication.
 CREATE FUNCTION {schema}.logical_ensure_publication(slot text) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp AS $fn$

@@ -15,12 +15,12 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let slot = postbox_testkit::unique("pbx_emit_");
-    sqlx::query(&db.sql("SELECT {schema}.logical_ensure_slot($1)"))
+    sqlx::query(&db.sql("SELECT {schema}.logical_ensure_publication($1)"))
         .bind(&slot)
         .execute(&db.pool)
         .await
         .unwrap();
-    sqlx::query(&db.sql("SELECT {schema}.logical_ensure_publication($1)"))
+    sqlx::query(&db.sql("SELECT {schema}.logical_ensure_slot($1)"))
         .bind(&slot)
         .execute(&db.pool)
         .await

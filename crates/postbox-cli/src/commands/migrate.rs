@@ -53,7 +53,8 @@ pub async fn run(settings: &Settings, args: MigrateArgs) -> Result<ExitCode, Any
     if let Some(mode) = args.mode {
         let log = Store::new(pool.clone(), settings.schema.clone()).log();
         let target = match mode {
-            ReadMode::Claim => ProducerTarget::Outbox,
+            // Logical mode's producers call emit; enqueue keeps its table.
+            ReadMode::Claim | ReadMode::Logical => ProducerTarget::Outbox,
             ReadMode::Log => ProducerTarget::Log,
         };
         if target == ProducerTarget::Outbox && log.producer_target().await? == ProducerTarget::Log {
