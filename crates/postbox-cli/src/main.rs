@@ -13,8 +13,8 @@ mod observe;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use commands::{
-    bench, completions, console, demo, dlq, enqueue, man, migrate, purge, receive, relay, status,
-    verify,
+    bench, completions, console, demo, dlq, enqueue, man, migrate, purge, receive, relay, slot,
+    status, verify,
 };
 use context::{error_chain, AnyError, Global, Settings};
 use std::process::ExitCode;
@@ -57,6 +57,8 @@ pub enum Command {
     Completions(completions::CompletionsArgs),
     /// Print the manual page (roff), or write one per command with --out-dir
     Man(man::ManArgs),
+    /// Logical mode's replication slots: status (lag, retained WAL, invalidation) and drop
+    Slot(slot::SlotArgs),
 }
 
 fn main() -> ExitCode {
@@ -144,6 +146,7 @@ async fn run(cli: Cli) -> Result<ExitCode, AnyError> {
         Command::Console(args) => console::run(&settings, args).await,
         Command::Verify(args) => verify::run(&settings, args).await,
         Command::Completions(_) | Command::Man(_) => unreachable!("handled before the runtime"),
+        Command::Slot(args) => slot::run(&settings, args).await,
     };
     match result {
         // Before `postbox migrate`, say so instead of "relation does not exist".

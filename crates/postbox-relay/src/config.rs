@@ -31,6 +31,10 @@ pub enum ReadMode {
     /// destination; events a destination does not take go to the outbox's
     /// retry and dead-letter machinery, which runs alongside.
     Log,
+    /// Read events emitted into the WAL (`emit`) from a replication slot;
+    /// events a destination does not take go to the outbox's retry and
+    /// dead-letter machinery, which runs alongside.
+    Logical,
 }
 
 impl std::str::FromStr for ReadMode {
@@ -39,7 +43,10 @@ impl std::str::FromStr for ReadMode {
         match s {
             "claim" => Ok(ReadMode::Claim),
             "log" => Ok(ReadMode::Log),
-            other => Err(format!("unknown mode {other:?}: expected claim or log")),
+            "logical" => Ok(ReadMode::Logical),
+            other => Err(format!(
+                "unknown mode {other:?}: expected claim, log or logical"
+            )),
         }
     }
 }
@@ -95,6 +102,13 @@ pub struct RelayConfig {
     /// PostgreSQL crash only redelivers the event (see
     /// [`postbox_store::RelayCommit`]).
     pub synchronous_commit: bool,
+    /// Logical mode: the replication slot to read (created on first start,
+    /// with a publication of the same name); default `postbox_<schema>`.
+    pub logical_slot: Option<String>,
+    /// Logical mode: how often the slot is read when the last read found
+    /// nothing new (a read that finds events is followed by the next at once).
+    #[serde(with = "humantime_serde")]
+    pub logical_poll_interval: Duration,
 }
 
 impl Default for RelayConfig {
@@ -113,6 +127,8 @@ impl Default for RelayConfig {
             listen: true,
             shutdown_timeout: Duration::from_secs(30),
             synchronous_commit: true,
+            logical_slot: None,
+            logical_poll_interval: Duration::from_millis(10),
         }
     }
 }
@@ -134,6 +150,7 @@ impl RelayConfig {
             ("backoff_max", self.backoff_max),
             ("rescue_interval", self.rescue_interval),
             ("log_segment_age", self.log_segment_age),
+            ("logical_poll_interval", self.logical_poll_interval),
         ];
         for (name, d) in positive {
             if d.is_zero() {
@@ -153,6 +170,9 @@ impl RelayConfig {
                 ),
             ));
         }
+        if let Some(slot) = &self.logical_slot {
+            check_slot_name(slot).map_err(|reason| ConfigError::new(f("logical_slot"), reason))?;
+        }
         if self.max_attempts < 1 {
             return Err(ConfigError::new(
                 f("max_attempts"),
@@ -167,6 +187,32 @@ impl RelayConfig {
         }
         Ok(())
     }
+}
+
+impl RelayConfig {
+    /// The replication slot logical mode reads for `schema`.
+    pub fn slot_name(&self, schema: &postbox::Schema) -> String {
+        self.logical_slot
+            .clone()
+            .unwrap_or_else(|| format!("postbox_{}", schema.name()))
+    }
+}
+
+/// PostgreSQL's rule for replication slot names.
+pub fn check_slot_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 63 {
+        return Err(format!(
+            "must be 1 to 63 characters long, got {}",
+            name.len()
+        ));
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    {
+        return Err("only lower-case ASCII letters, digits and '_' are allowed".to_owned());
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -201,6 +247,13 @@ mod tests {
                     ..Default::default()
                 },
                 "relay.publish_timeout",
+            ),
+            (
+                RelayConfig {
+                    logical_slot: Some("Bad-Name".to_owned()),
+                    ..Default::default()
+                },
+                "relay.logical_slot",
             ),
             (
                 RelayConfig {

@@ -20,6 +20,7 @@ pub mod config;
 pub mod failpoint;
 pub mod health;
 mod log_mode;
+pub mod logical_mode;
 pub mod metrics;
 pub mod relay;
 pub mod retention;

@@ -44,6 +44,13 @@ pub const RECEIVE_REJECTED: &str = "postbox_receive_rejected_total";
 pub const LOG_LAG_EVENTS: &str = "postbox_log_lag_events";
 /// Log mode: age of the oldest event a destination's cursor has not read (0 when caught up).
 pub const LOG_LAG_SECONDS: &str = "postbox_log_lag_seconds";
+/// Logical mode: WAL written since the replication slot's confirmed position (label `slot`).
+pub const SLOT_LAG_BYTES: &str = "postbox_slot_lag_bytes";
+/// Logical mode: seconds since the relay last read the slot up to the WAL's
+/// flush position (label `slot`; 0 while it keeps up).
+pub const SLOT_LAG_SECONDS: &str = "postbox_slot_lag_seconds";
+/// Logical mode: WAL the replication slot keeps from being removed (label `slot`).
+pub const SLOT_RETAINED_BYTES: &str = "postbox_slot_retained_bytes";
 
 /// The values of the `outcome` label of [`PUBLISH_OUTCOMES`].
 pub const OUTCOME_LABELS: [&str; 4] = ["delivered", "retry", "reject", "deferred"];

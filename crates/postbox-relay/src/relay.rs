@@ -158,6 +158,12 @@ impl Relay {
                 "log mode does not keep per-aggregate order yet: run ordered routes in claim mode",
             ));
         }
+        if config.mode == ReadMode::Logical && router.claim_order().is_some() {
+            return Err(ConfigError::new(
+                "relay.mode",
+                "logical mode does not keep per-aggregate order across retries yet: run ordered routes in claim mode",
+            ));
+        }
         let store = store.with_relay_commit(if config.synchronous_commit {
             RelayCommit::Synchronous
         } else {
@@ -268,6 +274,7 @@ impl Relay {
         let readers = match shared.config.mode {
             ReadMode::Claim => Vec::new(),
             ReadMode::Log => self.start_log_readers(&shared, mode).await,
+            ReadMode::Logical => vec![spawn(crate::logical_mode::read_loop(shared.clone(), mode))],
         };
         if mode == RunMode::Drain {
             // The readers hand what they could not deliver to the outbox:
@@ -756,6 +763,8 @@ async fn speak_up(shared: &Shared, d: usize, report: Report, outcomes: &[Outcome
                         .find(|l| l.destination == destination.name)
                         .map(|l| l.lag_events)
                 }),
+                // The slot's lag is in bytes, not events.
+                ReadMode::Logical => None,
             };
             tracing::warn!(
                 destination = %destination.name,

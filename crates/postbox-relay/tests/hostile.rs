@@ -581,6 +581,7 @@ fn relay_config() -> impl Strategy<Value = RelayConfig> {
                 listen,
                 shutdown_timeout,
                 synchronous_commit: true,
+                ..RelayConfig::default()
             },
         )
 }

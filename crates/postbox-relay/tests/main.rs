@@ -7,6 +7,7 @@ mod engine;
 mod health;
 mod hostile;
 mod log_mode;
+mod logical;
 mod metrics;
 mod ordering;
 mod quarantine;

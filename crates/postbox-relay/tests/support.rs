@@ -29,6 +29,8 @@ pub fn fast_config() -> RelayConfig {
         listen: true,
         shutdown_timeout: Duration::from_secs(10),
         synchronous_commit: true,
+        logical_slot: None,
+        logical_poll_interval: Duration::from_millis(10),
     }
 }
 

@@ -36,6 +36,11 @@ GRANT EXECUTE ON FUNCTION
                           timestamptz[]),
     {schema}.uuid_v7()
   TO {producer};
+-- Logical mode (migration 11): events written into the WAL only.
+GRANT EXECUTE ON FUNCTION
+    {schema}.emit(text, text, text, jsonb, jsonb),
+    {schema}.emit_one(uuid, text, text, text, integer, jsonb, jsonb)
+  TO {producer};
 -- Request idempotency keys are written in the producer's own transaction.
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.idempotency_keys TO {producer};
 
@@ -75,6 +80,17 @@ GRANT EXECUTE ON FUNCTION
     {schema}.log_truncate(integer, boolean),
     {schema}.log_handoff(text, bigint[], uuid[], boolean[], float8[], text[], boolean[],
                          integer[], uuid[], text[])
+  TO {relay};
+-- Logical mode: events a destination did not take go to the outbox through
+-- logical_handoff (migration 11). The event exists only in the WAL, so the
+-- relay passes its content: a relay role can add events to the outbox this
+-- way. Reading the slot needs the REPLICATION attribute on the relay's login
+-- role, which a DBA grants (ALTER ROLE … REPLICATION); it is not a group
+-- privilege.
+GRANT EXECUTE ON FUNCTION
+    {schema}.logical_handoff(text, uuid[], text[], text[], text[], integer[], jsonb[], jsonb[],
+                             timestamptz[], boolean[], float8[], text[], boolean[], integer[],
+                             uuid[], text[])
   TO {relay};
 
 -- Monitor: read-only, for `postbox status` and dashboards (every table of

@@ -19,12 +19,15 @@
 //! - [`Events`] — events as operators look them up ([`EventRecord`], the one
 //!   read model of an outbox row);
 //! - [`ConsoleStore`] — the console's users, sessions and overview;
-//! - [`Log`] — log mode's snapshot cursors over the append-only log.
+//! - [`Log`] — log mode's snapshot cursors over the append-only log;
+//! - [`Logical`] — logical mode's replication slot: peek, decode, confirm,
+//!   status, and the hand-off of what a destination did not take.
 
 mod console;
 mod dead_letters;
 mod events;
 mod log;
+mod logical;
 mod relay;
 mod roles;
 
@@ -39,6 +42,9 @@ pub use dead_letters::{
 };
 pub use events::{DeliveryRecord, EventQuery, EventRecord, EventRow, Events, Status, StatusFilter};
 pub use log::{CursorLag, Handoff, Log, LogEvent, LogWindow, ProducerTarget};
+pub use logical::{
+    decode_change, decode_event, Change, Logical, LogicalEvent, LogicalHandoff, Lsn, SlotStatus,
+};
 pub use relay::{
     AttemptsCount, Claim, ClaimOrder, ClaimedEvent, DbHealth, DeliveryState, DeliveryUpdate,
     DestinationCounts, Failure, Gauges, NextDue, RelayCommit, Rescued, ScheduledLater, Settled,

@@ -290,6 +290,11 @@ impl Store {
         Log::new(self.pool.clone(), &self.schema)
     }
 
+    /// Logical mode's slot operations for this store's schema.
+    pub fn logical(&self) -> crate::Logical {
+        crate::Logical::new(self.pool.clone(), &self.schema)
+    }
+
     /// The console's operations for this store's schema.
     pub fn console(&self) -> ConsoleStore {
         ConsoleStore::new(self.pool.clone(), &self.schema)
@@ -682,7 +687,7 @@ struct DeliveryStateRow {
     due_in_secs: f64,
 }
 
-fn decode_error(column: &str, e: serde_json::Error) -> sqlx::Error {
+pub(crate) fn decode_error(column: &str, e: serde_json::Error) -> sqlx::Error {
     sqlx::Error::ColumnDecode {
         index: column.to_owned(),
         source: Box::new(e),
@@ -694,7 +699,7 @@ fn decode_error(column: &str, e: serde_json::Error) -> sqlx::Error {
 /// Values are read raw first: serde_json reads a raw value of any depth, while
 /// a `Value` stops at 128 levels, and a row that fails to decode fails the
 /// claim of its whole batch. A value too deep for `Value` travels verbatim.
-fn header_map(json: &str) -> Result<BTreeMap<String, String>, serde_json::Error> {
+pub(crate) fn header_map(json: &str) -> Result<BTreeMap<String, String>, serde_json::Error> {
     let map: BTreeMap<String, Box<RawValue>> = serde_json::from_str(json)?;
     map.into_iter()
         .map(|(k, raw)| {

@@ -24,3 +24,9 @@ SELECT {schema}.enqueue_many($1::uuid[], $2::text[], $3::text[], $4::text[], $5:
                                                ORDER BY s.ord)
                               FROM unnest($8::timestamptz[], $9::float8[])
                                    WITH ORDINALITY AS s(at, secs, ord)));
+
+-- name: emit_one
+-- One event written into the WAL only, as a transactional logical message
+-- (migration 11): decoded by a logical-mode relay if and when the caller's
+-- transaction commits. No table row is written.
+SELECT {schema}.emit_one($1, $2, $3, $4, $5, $6::text::jsonb, $7::text::jsonb);

@@ -73,6 +73,11 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../migrations/0010_log_privileges.sql"),
     },
     Migration {
+        version: 11,
+        name: "logical",
+        sql: include_str!("../migrations/0011_logical.sql"),
+    },
+    Migration {
         version: 12,
         name: "scheduled",
         sql: include_str!("../migrations/0012_scheduled.sql"),

@@ -10,6 +10,7 @@ use crate::Schema;
 pub(crate) struct Queries {
     pub insert_one: String,
     pub insert_many: String,
+    pub emit_one: String,
     pub inbox_record: String,
     pub inbox_purge: String,
     pub inbox_sequence: String,
@@ -67,6 +68,7 @@ impl Queries {
         let queries = Self {
             insert_one: outbox.render("insert_one", schema),
             insert_many: outbox.render("insert_many", schema),
+            emit_one: outbox.render("emit_one", schema),
             inbox_record: inbox.render("record", schema),
             inbox_purge: inbox.render("purge", schema),
             inbox_sequence: inbox.render("sequence", schema),

@@ -34,6 +34,34 @@ pub async fn enqueue(
     Ok(event.event_id)
 }
 
+/// Emit one event into the WAL only, in the caller's transaction; returns
+/// its event id.
+///
+/// No table row is written: the event is a transactional logical message
+/// that a relay in logical mode (`postbox relay --mode logical`) reads from
+/// its replication slot once the transaction commits, and never if it rolls
+/// back. Emitted events carry no per-aggregate `sequence`; they are delivered
+/// in commit order. The server needs `wal_level = logical`, otherwise nothing
+/// reads the message.
+pub async fn emit(
+    outbox: &Outbox,
+    conn: &mut PgConnection,
+    event: &NewEvent,
+) -> Result<Uuid, Error> {
+    outbox.check(event)?;
+    ::sqlx::query(&outbox.sql.emit_one)
+        .bind(event.event_id)
+        .bind(&event.event_type)
+        .bind(&event.aggregate_type)
+        .bind(&event.aggregate_id)
+        .bind(event.schema_version)
+        .bind(&event.payload)
+        .bind(&event.headers)
+        .execute(conn)
+        .await?;
+    Ok(event.event_id)
+}
+
 /// Enqueue many events with one statement in the caller's transaction; returns
 /// their ids in input order.
 pub async fn enqueue_batch(

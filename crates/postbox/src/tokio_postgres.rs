@@ -34,6 +34,32 @@ pub async fn enqueue<C: GenericClient>(
     Ok(event.event_id)
 }
 
+/// Emit one event into the WAL only, in the caller's transaction; returns
+/// its event id (see [`crate::sqlx::emit`]: no table row, delivered by a
+/// logical-mode relay once the transaction commits).
+pub async fn emit<C: GenericClient>(
+    outbox: &Outbox,
+    client: &C,
+    event: &NewEvent,
+) -> Result<Uuid, Error> {
+    outbox.check(event)?;
+    client
+        .execute(
+            &outbox.sql.emit_one,
+            &[
+                &event.event_id,
+                &event.event_type,
+                &event.aggregate_type,
+                &event.aggregate_id,
+                &event.schema_version,
+                &event.payload,
+                &event.headers,
+            ],
+        )
+        .await?;
+    Ok(event.event_id)
+}
+
 /// Enqueue many events with one statement in the caller's transaction; returns
 /// their ids in input order.
 pub async fn enqueue_batch<C: GenericClient>(

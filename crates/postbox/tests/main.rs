@@ -1,5 +1,6 @@
 //! The library's integration tests, against a real PostgreSQL (one schema per test).
 
+mod emit;
 mod enqueue;
 mod hostile;
 mod idempotency;

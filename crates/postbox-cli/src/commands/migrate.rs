@@ -100,7 +100,8 @@ async fn migrate_one(
     if let Some(mode) = args.mode {
         let log = Store::new(pool.clone(), schema.clone()).log();
         let target = match mode {
-            ReadMode::Claim => ProducerTarget::Outbox,
+            // Logical mode's producers call emit; enqueue keeps its table.
+            ReadMode::Claim | ReadMode::Logical => ProducerTarget::Outbox,
             ReadMode::Log => ProducerTarget::Log,
         };
         if target == ProducerTarget::Outbox && log.producer_target().await? == ProducerTarget::Log {

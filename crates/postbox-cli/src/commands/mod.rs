@@ -13,5 +13,6 @@ pub mod migrate;
 pub mod purge;
 pub mod receive;
 pub mod relay;
+pub mod slot;
 pub mod status;
 pub mod verify;

@@ -24,11 +24,16 @@ pub struct RelayArgs {
     /// Where to deliver: a sink URL (--help lists every scheme)
     #[arg(long, env = "POSTBOX_SINK", hide_env_values = true, long_help = sink_help())]
     pub sink: Option<String>,
-    /// How to read events: claim (the outbox table) or log (the append-only
-    /// log, for a schema migrated with --mode log) [default: relay.mode in the
-    /// config file, or claim]
+    /// How to read events: claim (the outbox table), log (the append-only
+    /// log, for a schema migrated with --mode log) or logical (events emitted
+    /// into the WAL, read from a replication slot; needs wal_level = logical)
+    /// [default: relay.mode in the config file, or claim]
     #[arg(long, value_name = "MODE", value_parser = parse_mode)]
     pub mode: Option<ReadMode>,
+    /// Logical mode: the replication slot to read, created on first start
+    /// [default: relay.logical_slot in the config file, or postbox_<schema>]
+    #[arg(long, value_name = "NAME")]
+    pub slot: Option<String>,
     /// Events per claim [default: 500, or relay.batch_size in the config file]
     #[arg(long, env = "POSTBOX_BATCH_SIZE")]
     pub batch_size: Option<u32>,
@@ -85,14 +90,20 @@ pub fn resolve_relay(
     if let Some(mode) = args.mode {
         config.mode = mode;
     }
+    if let Some(slot) = &args.slot {
+        config.logical_slot = Some(slot.clone());
+    }
     config.validate().map_err(|e| {
         name_the_flag(
             e,
-            &[(
-                "relay.batch_size",
-                "--batch-size",
-                args.batch_size.is_some(),
-            )],
+            &[
+                (
+                    "relay.batch_size",
+                    "--batch-size",
+                    args.batch_size.is_some(),
+                ),
+                ("relay.logical_slot", "--slot", args.slot.is_some()),
+            ],
         )
     })?;
     let source = args.source.clone();

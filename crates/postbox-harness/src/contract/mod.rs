@@ -129,6 +129,13 @@ pub async fn run(
     if options.rate == 0 || options.aggregates == 0 {
         return Err("--rate and --aggregates must be at least 1".into());
     }
+    if options.mode == ReadMode::Logical {
+        return Err(
+            "--mode logical: the contract check does not run logical mode yet; \
+                    use --mode claim or --mode log"
+                .into(),
+        );
+    }
     if options.ordered && options.mode == ReadMode::Log {
         return Err(
             "--ordered: log mode does not keep per-aggregate order yet; \
@@ -291,6 +298,7 @@ async fn run_on(
     report.mode = match options.mode {
         ReadMode::Claim => "claim",
         ReadMode::Log => "log",
+        ReadMode::Logical => "logical",
     }
     .to_owned();
     report.relay_synchronous_commit = options.relay_synchronous_commit;
@@ -449,6 +457,7 @@ fn relay_config_file(sink: &str, options: &Options) -> String {
         match options.mode {
             ReadMode::Claim => "claim",
             ReadMode::Log => "log",
+            ReadMode::Logical => "logical",
         },
         options.relay_synchronous_commit,
         (lease_ms / 3).max(300),

@@ -1,0 +1,445 @@
+//! Logical mode: events emitted into the WAL (`emit`) are read from a
+//! replication slot and delivered in commit order; failures leave the stream
+//! for the outbox; the slot is confirmed only past what was settled; a
+//! standby takes the slot over. Each test has its own schema and its own
+//! slot, dropped at the end even when the test fails (a leftover slot
+//! retains WAL on the shared server).
+
+use crate::support::*;
+use async_trait::async_trait;
+use postbox::{NewEvent, Outbox};
+use postbox_relay::{
+    Message, Outcome, ReadMode, Relay, RelayConfig, Router, RunMode, Sink, SinkError,
+};
+use postbox_testkit::{wait_for, TestDb};
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+use uuid::Uuid;
+
+/// Run `body` with a slot name of its own; afterwards drop the slot (and
+/// its publication), waiting for any reader still holding it to go.
+async fn with_slot<F, Fut>(db: TestDb, body: F)
+where
+    F: FnOnce(String) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let _shared = BIG.read().await;
+    with_slot_alone(db, body).await
+}
+
+/// Every slot decodes all of the database's WAL, and a read re-decodes
+/// from the slot's restart position: the 100,000-event transaction runs
+/// alone so that the other tests' slots do not each decode it many times.
+static BIG: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+async fn with_slot_alone<F, Fut>(db: TestDb, body: F)
+where
+    F: FnOnce(String) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let slot = postbox_testkit::unique("pbx_t_");
+    let outcome = tokio::spawn(body(slot.clone())).await;
+    let drop = db.sql("SELECT {schema}.logical_drop_slot($1)");
+    let mut dropped = false;
+    for _ in 0..100 {
+        if sqlx::query(&drop)
+            .bind(&slot)
+            .execute(&db.pool)
+            .await
+            .is_ok()
+        {
+            dropped = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(dropped, "replication slot {slot} could not be dropped");
+    if let Err(e) = outcome {
+        std::panic::resume_unwind(e.into_panic());
+    }
+    db.drop_schema().await;
+}
+
+fn config(slot: &str) -> RelayConfig {
+    RelayConfig {
+        mode: ReadMode::Logical,
+        batch_size: 50,
+        logical_slot: Some(slot.to_owned()),
+        logical_poll_interval: Duration::from_millis(10),
+        ..fast_config()
+    }
+}
+
+fn event(i: usize, event_type: &str) -> NewEvent {
+    NewEvent::new(
+        event_type,
+        "order",
+        format!("a{}", i % 5),
+        &serde_json::json!({"i": i}),
+    )
+    .unwrap()
+}
+
+/// Emit `n` events, each in its own transaction.
+async fn emit(
+    pool: &sqlx::PgPool,
+    schema: &postbox::Schema,
+    n: usize,
+    event_type: &str,
+) -> Vec<Uuid> {
+    let outbox = Outbox::new(schema.clone());
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let mut tx = pool.begin().await.unwrap();
+        ids.push(
+            postbox::sqlx::emit(&outbox, &mut tx, &event(i, event_type))
+                .await
+                .unwrap(),
+        );
+        tx.commit().await.unwrap();
+    }
+    ids
+}
+
+/// A relay running forever until `stop`, aborted when dropped.
+fn spawn_relay(
+    pool: &sqlx::PgPool,
+    schema: &postbox::Schema,
+    sink: Arc<dyn Sink>,
+    config: RelayConfig,
+    stop: CancellationToken,
+) -> AbortOnDropHandle<postbox_relay::StatsSnapshot> {
+    let relay = Relay::new(
+        postbox_relay::Store::new(pool.clone(), schema.clone()),
+        sink,
+        config,
+    )
+    .unwrap();
+    AbortOnDropHandle::new(tokio::spawn(async move {
+        relay.run(RunMode::Forever, stop).await
+    }))
+}
+
+/// Start a relay and wait until it has created (and reads) the slot, so
+/// that what is emitted next is in it.
+async fn started(
+    db_pool: &sqlx::PgPool,
+    schema: &postbox::Schema,
+    slot: &str,
+    sink: Arc<dyn Sink>,
+    stop: CancellationToken,
+) -> AbortOnDropHandle<postbox_relay::StatsSnapshot> {
+    let relay = spawn_relay(db_pool, schema, sink, config(slot), stop);
+    wait_for_slot(db_pool, slot, true).await;
+    relay
+}
+
+async fn wait_for_slot(pool: &sqlx::PgPool, slot: &str, held: bool) {
+    let store_slot = slot.to_owned();
+    wait_for("the slot to exist and be held", Duration::from_secs(60), || {
+        let (pool, slot) = (pool.clone(), store_slot.clone());
+        async move {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_replication_slots s WHERE slot_name = $1 \
+                 AND confirmed_flush_lsn IS NOT NULL AND \
+                 EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted \
+                         AND l.objid = (hashtextextended('postbox.logical.' || $1, 0) & 4294967295)::oid)",
+            )
+            .bind(&slot)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            (n == 1) == held
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn emitted_events_are_delivered_in_commit_order_and_rolled_back_ones_never() {
+    let db = TestDb::new().await;
+    let (pool, schema) = (db.pool.clone(), db.schema.clone());
+    with_slot(db, |slot| async move {
+        let sink = ScriptedSink::delivering();
+        let stop = CancellationToken::new();
+        let relay = started(&pool, &schema, &slot, sink.clone(), stop.clone()).await;
+        let outbox = Outbox::new(schema.clone());
+        // Emitted first, committed last.
+        let mut early = pool.begin().await.unwrap();
+        let late_commit = postbox::sqlx::emit(&outbox, &mut early, &event(0, "order.created"))
+            .await
+            .unwrap();
+        let mut tx = pool.begin().await.unwrap();
+        let first_commit = postbox::sqlx::emit(&outbox, &mut tx, &event(1, "order.created"))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        let mut rolled = pool.begin().await.unwrap();
+        postbox::sqlx::emit(&outbox, &mut rolled, &event(2, "order.created"))
+            .await
+            .unwrap();
+        rolled.rollback().await.unwrap();
+        early.commit().await.unwrap();
+        let rest = emit(&pool, &schema, 120, "order.created").await;
+        let mut expected = vec![first_commit, late_commit];
+        expected.extend(rest);
+        let n = expected.len();
+        wait_for("every committed event", Duration::from_secs(60), || {
+            let sink = sink.clone();
+            async move { sink.count() >= n }
+        })
+        .await;
+        stop.cancel();
+        let stats = relay.await.unwrap();
+        assert_eq!(
+            sink.ids(),
+            expected,
+            "commit order, each once, no rolled-back event"
+        );
+        assert_eq!(stats.delivered, n as u64);
+        let first = sink.seen.lock().unwrap().messages[0].clone();
+        assert_eq!(first.sequence, None);
+        assert_eq!(first.payload.get(), r#"{"i": 1}"#);
+        let rows: i64 = sqlx::query_scalar(&schema.render("SELECT count(*) FROM {schema}.outbox"))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(rows, 0, "delivered events leave no row");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_poison_event_goes_to_the_outbox_and_does_not_hold_the_slot() {
+    let db = TestDb::new().await;
+    let (pool, schema) = (db.pool.clone(), db.schema.clone());
+    with_slot(db, |slot| async move {
+        // Rejects poison, fails flaky once.
+        let sink = ScriptedSink::new(|m, before| match m.event_type.as_str() {
+            "poison" => Outcome::Reject {
+                error: "cannot take it".into(),
+            },
+            "flaky" if before == 0 => Outcome::retry("broker hiccup"),
+            _ => Outcome::Delivered,
+        });
+        let stop = CancellationToken::new();
+        let relay = started(&pool, &schema, &slot, sink.clone(), stop.clone()).await;
+        let poison = emit(&pool, &schema, 1, "poison").await;
+        let flaky = emit(&pool, &schema, 1, "flaky").await;
+        let fine = emit(&pool, &schema, 30, "order.created").await;
+        let want: HashSet<Uuid> = fine.iter().chain(&flaky).copied().collect();
+        let flaky_id = flaky[0];
+        wait_for(
+            "the good events and the retried one",
+            Duration::from_secs(60),
+            || {
+                let (sink, want) = (sink.clone(), want.clone());
+                async move {
+                    let got: HashSet<Uuid> = sink.ids().into_iter().collect();
+                    want.is_subset(&got)
+                        && sink.ids().iter().filter(|&&i| i == flaky_id).count() == 2
+                }
+            },
+        )
+        .await;
+        let rows: Vec<(Uuid, String)> = sqlx::query_as(
+            &schema.render("SELECT event_id, status::text FROM {schema}.outbox ORDER BY id"),
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            rows,
+            vec![
+                (poison[0], "failed".to_owned()),
+                (flaky[0], "sent".to_owned())
+            ],
+            "a row only for failures: the dead letter and the retried event"
+        );
+        // The slot was confirmed past the poison event.
+        let lag: f64 = sqlx::query_scalar(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::float8 \
+             FROM pg_replication_slots WHERE slot_name = $1",
+        )
+        .bind(&slot)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert!(
+            lag < 16.0 * 1024.0 * 1024.0,
+            "confirmed near the WAL's end: {lag}"
+        );
+        stop.cancel();
+        relay.await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_relay_killed_before_confirming_redelivers_only_what_was_unconfirmed() {
+    let db = TestDb::new().await;
+    let (pool, schema) = (db.pool.clone(), db.schema.clone());
+    with_slot(db, |slot| async move {
+        let first = ScriptedSink::delivering();
+        let stop = CancellationToken::new();
+        let relay = started(&pool, &schema, &slot, first.clone(), stop.clone()).await;
+        let confirmed = emit(&pool, &schema, 40, "order.created").await;
+        wait_for("the first events", Duration::from_secs(60), || {
+            let first = first.clone();
+            async move { first.count() == 40 }
+        })
+        .await;
+        // Let it confirm them (the round after publishing), then take the
+        // sink hostage and kill the relay mid-publish.
+        stop.cancel();
+        relay.await.unwrap();
+        let gate = Arc::new(Notify::new());
+        let held = ScriptedSink::held(gate.clone());
+        let relay = started(
+            &pool,
+            &schema,
+            &slot,
+            held.clone(),
+            CancellationToken::new(),
+        )
+        .await;
+        let unconfirmed = emit(&pool, &schema, 10, "order.created").await;
+        held.entered.notified().await;
+        drop(relay); // killed while publishing: nothing confirmed
+        wait_for_slot(&pool, &slot, false).await;
+
+        let again = ScriptedSink::delivering();
+        let stop = CancellationToken::new();
+        let relay = started(&pool, &schema, &slot, again.clone(), stop.clone()).await;
+        wait_for(
+            "the unconfirmed events again",
+            Duration::from_secs(60),
+            || {
+                let again = again.clone();
+                async move { again.count() >= 10 }
+            },
+        )
+        .await;
+        stop.cancel();
+        relay.await.unwrap();
+        assert_eq!(
+            again.ids(),
+            unconfirmed,
+            "exactly the unconfirmed events, in order"
+        );
+        assert!(confirmed.iter().all(|id| !again.ids().contains(id)));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_standby_takes_the_slot_over_when_the_reader_dies() {
+    let db = TestDb::new().await;
+    let (pool, schema) = (db.pool.clone(), db.schema.clone());
+    with_slot(db, |slot| async move {
+        let a = ScriptedSink::delivering();
+        let b = ScriptedSink::delivering();
+        let relay_a = started(&pool, &schema, &slot, a.clone(), CancellationToken::new()).await;
+        let stop_b = CancellationToken::new();
+        let relay_b = spawn_relay(&pool, &schema, b.clone(), config(&slot), stop_b.clone());
+        let before = emit(&pool, &schema, 20, "order.created").await;
+        wait_for("the reader's deliveries", Duration::from_secs(60), || {
+            let a = a.clone();
+            async move { a.count() >= 20 }
+        })
+        .await;
+        assert_eq!(b.count(), 0, "the standby reads nothing");
+        drop(relay_a); // the reader dies
+        let after = emit(&pool, &schema, 20, "order.created").await;
+        let took_over = std::time::Instant::now();
+        wait_for("the standby's deliveries", Duration::from_secs(30), || {
+            let b = b.clone();
+            async move { b.count() >= 20 }
+        })
+        .await;
+        assert!(
+            took_over.elapsed() < Duration::from_secs(10),
+            "taken over within a bounded time"
+        );
+        stop_b.cancel();
+        relay_b.await.unwrap();
+        let got_b: HashSet<Uuid> = b.ids().into_iter().collect();
+        assert!(after.iter().all(|id| got_b.contains(id)));
+        // Whatever A delivered and confirmed is not delivered again.
+        let got_a: HashSet<Uuid> = a.ids().into_iter().collect();
+        assert!(before.iter().all(|id| got_a.contains(id)));
+    })
+    .await;
+}
+
+/// Counts deliveries (a 100,000-event transaction is too many to keep).
+#[derive(Default)]
+struct Counting {
+    delivered: AtomicUsize,
+    distinct: Mutex<HashSet<Uuid>>,
+    largest_batch: AtomicUsize,
+}
+
+#[async_trait]
+impl Sink for Counting {
+    async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
+        self.delivered.fetch_add(batch.len(), Ordering::Relaxed);
+        self.largest_batch.fetch_max(batch.len(), Ordering::Relaxed);
+        let mut d = self.distinct.lock().unwrap();
+        d.extend(batch.iter().map(|m| m.event_id));
+        vec![Outcome::Delivered; batch.len()]
+    }
+    async fn check(&self) -> Result<(), SinkError> {
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        "counting test sink".into()
+    }
+}
+
+#[tokio::test]
+async fn a_transaction_of_100000_events_passes_through_in_batches() {
+    let db = TestDb::new().await;
+    let (pool, schema) = (db.pool.clone(), db.schema.clone());
+    let _alone = BIG.write().await;
+    with_slot_alone(db, |slot| async move {
+        let sink = Arc::new(Counting::default());
+        let stop = CancellationToken::new();
+        let relay = started(&pool, &schema, &slot, sink.clone(), stop.clone()).await;
+        sqlx::query(&schema.render(
+            "SELECT {schema}.emit_one({schema}.uuid_v7(), 'bulk.loaded', 'bulk', (i % 97)::text, 1, \
+             jsonb_build_object('i', i), '{}') FROM generate_series(1, 100000) AS i",
+        ))
+        .execute(&pool)
+        .await
+        .unwrap();
+        wait_for("all 100,000 events", Duration::from_secs(300), || {
+            let sink = sink.clone();
+            async move { sink.delivered.load(Ordering::Relaxed) >= 100_000 }
+        })
+        .await;
+        stop.cancel();
+        let stats = relay.await.unwrap();
+        assert_eq!(stats.delivered, 100_000);
+        assert_eq!(sink.distinct.lock().unwrap().len(), 100_000);
+        assert!(sink.largest_batch.load(Ordering::Relaxed) <= 1000);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn ordered_routes_are_refused_in_logical_mode() {
+    let db = TestDb::new().await;
+    let router = Router::single(ScriptedSink::delivering()).all_ordered(Default::default());
+    let err = Relay::with_router(store(&db), router, config("unused"))
+        .err()
+        .expect("refused");
+    assert_eq!(err.field, "relay.mode");
+    db.drop_schema().await;
+}

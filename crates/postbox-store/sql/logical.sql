@@ -1,0 +1,76 @@
+-- Logical mode: the relay's reads of its replication slot, the slot's
+-- confirmation, its status, and the hand-off of events a destination did not
+-- take (migration 11). $1 is always the slot's name; the slot's publication
+-- has the same name.
+
+-- name: lock
+-- Only one relay reads a slot: the reader holds this session-level advisory
+-- lock for as long as its connection lives; a standby tries again until the
+-- holder's session ends.
+SELECT pg_try_advisory_lock(hashtextextended('postbox.logical.' || $1, 0)) AS held;
+
+-- name: ensure_slot
+-- Create the slot if it does not exist (the first thing its transaction
+-- does); true when it was created. Fails naming wal_level when it is not
+-- logical.
+SELECT {schema}.logical_ensure_slot($1) AS created;
+
+-- name: ensure_publication
+SELECT {schema}.logical_ensure_publication($1);
+
+-- name: flush_lsn
+-- The WAL position decoding may read up to.
+SELECT pg_current_wal_flush_lsn()::text AS lsn;
+
+-- name: peek
+-- The slot's changes of transactions committed before $2, without confirming
+-- them, stopping after the transaction that takes the rows past $3.
+SELECT lsn::text AS lsn, data
+FROM pg_logical_slot_peek_binary_changes($1, $2::text::pg_lsn, $3::int4,
+       'proto_version', '1', 'publication_names', $1, 'messages', 'true');
+
+-- name: advance
+-- Confirm the slot up to $2 (the server may then recycle the WAL before it).
+-- The caller asks only past the slot's confirmed position, which is an
+-- error otherwise. A plain call: invoked from a query that also scans
+-- pg_replication_slots, PostgreSQL 15 may fail it at commit ("snapshot
+-- reference … is not owned by resource owner").
+SELECT pg_replication_slot_advance($1, $2::text::pg_lsn) IS NOT NULL AS advanced;
+
+-- name: confirmed
+-- The slot's confirmed position (NULL while the slot is still being created).
+SELECT confirmed_flush_lsn::text AS lsn FROM pg_replication_slots WHERE slot_name = $1;
+
+-- name: status
+-- Logical slots of this database ($1 NULL) or one of them: how far behind
+-- the WAL they are and what they retain. wal_status `lost`: the server
+-- removed WAL the slot still needed (max_slot_wal_keep_size).
+SELECT s.slot_name,
+       s.plugin,
+       s.active,
+       s.active_pid,
+       s.wal_status,
+       s.confirmed_flush_lsn::text AS confirmed_lsn,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::float8 AS lag_bytes,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::float8 AS retained_bytes,
+       s.safe_wal_size::float8 AS safe_wal_bytes,
+       CASE WHEN current_setting('max_slot_wal_keep_size') = '-1' THEN NULL
+            ELSE pg_size_bytes(current_setting('max_slot_wal_keep_size'))::float8 END
+         AS max_slot_wal_keep_bytes
+FROM pg_replication_slots s
+WHERE s.slot_type = 'logical' AND s.database = current_database()
+  AND ($1::text IS NULL OR s.slot_name = $1)
+ORDER BY s.slot_name;
+
+-- name: drop_slot
+-- Drop the slot and its publication; true when the slot existed.
+SELECT {schema}.logical_drop_slot($1) AS existed;
+
+-- name: handoff
+-- Events destination $1 did not take go to the outbox's retry and
+-- dead-letter machinery with their content ($2–$9), how their delivery went
+-- ($10 dead, $11 delay in seconds, $12 error, $13 fan-out, $14 attempts so
+-- far) and the other destinations of fan-out events ($15/$16). Returns how
+-- many events it was given.
+SELECT {schema}.logical_handoff($1, $2, $3, $4, $5, $6, $7::text[]::jsonb[], $8::text[]::jsonb[],
+                                $9, $10, $11, $12, $13, $14, $15, $16) AS found;

@@ -1,0 +1,510 @@
+//! Logical mode's slot (see migration 11 and `sql/logical.sql`).
+//!
+//! Producers write events into the WAL only (`emit`: a transactional logical
+//! message with the prefix `postbox.<schema>`). The relay reads them through
+//! a replication slot with the SQL interface: it *peeks* the slot's changes
+//! (nothing is confirmed by reading), publishes them, hands what a
+//! destination did not take to the outbox, and only then *advances* the
+//! slot past them. A crash before the advance redelivers what was read.
+//!
+//! The changes are pgoutput's binary messages (protocol version 1); this
+//! module decodes the three a message-only publication yields — Begin,
+//! Message and Commit — into [`Change`]s, and an event's content into a
+//! [`ClaimedEvent`].
+
+use crate::catalog;
+use crate::relay::{decode_error, header_map, ClaimedEvent};
+use chrono::{DateTime, Utc};
+use futures::stream::{BoxStream, StreamExt};
+use postbox::Schema;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use sqlx::{PgConnection, PgPool, Row};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// A WAL position.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Lsn(pub u64);
+
+impl std::str::FromStr for Lsn {
+    type Err = String;
+    /// PostgreSQL's text form, `16/B374D848`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (hi, lo) = s
+            .split_once('/')
+            .ok_or_else(|| format!("not an LSN: {s:?}"))?;
+        let hi = u64::from_str_radix(hi, 16).map_err(|_| format!("not an LSN: {s:?}"))?;
+        let lo = u64::from_str_radix(lo, 16).map_err(|_| format!("not an LSN: {s:?}"))?;
+        if hi > u64::from(u32::MAX) || lo > u64::from(u32::MAX) {
+            return Err(format!("not an LSN: {s:?}"));
+        }
+        Ok(Lsn(hi << 32 | lo))
+    }
+}
+
+impl fmt::Display for Lsn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:X}/{:X}", self.0 >> 32, self.0 & 0xFFFF_FFFF)
+    }
+}
+
+/// One event read from the slot.
+#[derive(Debug)]
+pub struct LogicalEvent {
+    pub event: ClaimedEvent,
+    /// The headers as emitted (JSON object text), for a hand-off.
+    pub headers_json: String,
+}
+
+/// One decoded change of the slot.
+#[derive(Debug)]
+pub enum Change {
+    /// A transaction starts.
+    Begin,
+    /// One of this schema's events.
+    Event(Box<LogicalEvent>),
+    /// A transaction committed; confirming the slot up to `end` is
+    /// confirming it.
+    Commit { end: Lsn },
+    /// Anything else (another schema's messages, a non-transactional one).
+    Other,
+}
+
+/// A slot as `postbox slot status` and the metrics show it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, sqlx::FromRow)]
+pub struct SlotStatus {
+    pub slot_name: String,
+    pub plugin: Option<String>,
+    pub active: bool,
+    pub active_pid: Option<i32>,
+    /// `reserved`, `extended`, `unreserved` or `lost` (invalidated).
+    pub wal_status: Option<String>,
+    pub confirmed_lsn: Option<String>,
+    /// WAL written since the slot's confirmed position.
+    pub lag_bytes: Option<f64>,
+    /// WAL the slot keeps from being removed.
+    pub retained_bytes: Option<f64>,
+    /// How much more WAL can be written before the slot is invalidated
+    /// (`None` without `max_slot_wal_keep_size`).
+    pub safe_wal_bytes: Option<f64>,
+    pub max_slot_wal_keep_bytes: Option<f64>,
+}
+
+impl SlotStatus {
+    /// The server removed WAL the slot needed: events since its confirmed
+    /// position can no longer be read.
+    pub fn is_lost(&self) -> bool {
+        self.wal_status.as_deref() == Some("lost")
+    }
+}
+
+/// An event a destination did not take, leaving the stream for the outbox's
+/// retry and dead-letter machinery.
+#[derive(Debug)]
+pub struct LogicalHandoff<'a> {
+    pub event: &'a LogicalEvent,
+    /// Rejected or out of attempts: a dead letter now.
+    pub dead: bool,
+    /// Until the retry (ignored for a dead letter).
+    pub delay: Duration,
+    /// Attempts so far: 1, or 0 for an event the sink deferred without trying.
+    pub attempts: i32,
+    /// Already sanitized.
+    pub error: String,
+    /// The other destinations a fan-out event routes to (empty otherwise).
+    pub others: Vec<String>,
+}
+
+struct Queries {
+    prefix: Vec<u8>,
+    lock: String,
+    ensure_slot: String,
+    ensure_publication: String,
+    flush_lsn: String,
+    peek: String,
+    advance: String,
+    confirmed: String,
+    status: String,
+    drop_slot: String,
+    handoff: String,
+}
+
+impl Queries {
+    fn new(schema: &Schema) -> Self {
+        let mut file = catalog("logical.sql", include_str!("../sql/logical.sql"));
+        let queries = Self {
+            prefix: format!("postbox.{}", schema.name()).into_bytes(),
+            lock: file.render("lock", schema),
+            ensure_slot: file.render("ensure_slot", schema),
+            ensure_publication: file.render("ensure_publication", schema),
+            flush_lsn: file.render("flush_lsn", schema),
+            peek: file.render("peek", schema),
+            advance: file.render("advance", schema),
+            confirmed: file.render("confirmed", schema),
+            status: file.render("status", schema),
+            drop_slot: file.render("drop_slot", schema),
+            handoff: file.render("handoff", schema),
+        };
+        file.finish();
+        queries
+    }
+}
+
+/// Logical mode's operations on one schema. Get one with
+/// [`crate::Store::logical`]. The reader's own statements (lock, slot,
+/// peek, advance) run on a connection the caller holds for as long as it
+/// reads: the lock belongs to that session.
+#[derive(Clone)]
+pub struct Logical {
+    pool: PgPool,
+    sql: Arc<Queries>,
+}
+
+impl Logical {
+    pub fn new(pool: PgPool, schema: &Schema) -> Self {
+        Self {
+            pool,
+            sql: Arc::new(Queries::new(schema)),
+        }
+    }
+
+    /// The logical message prefix of this schema's events.
+    pub fn prefix(&self) -> &str {
+        std::str::from_utf8(&self.sql.prefix).unwrap_or_default()
+    }
+
+    /// Try to become `slot`'s one reader for `conn`'s lifetime.
+    pub async fn lock(&self, conn: &mut PgConnection, slot: &str) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar(&self.sql.lock)
+            .bind(slot)
+            .fetch_one(conn)
+            .await
+    }
+
+    /// Create `slot` and its publication when missing (the publication
+    /// first); true when the slot was created now.
+    pub async fn ensure_slot(
+        &self,
+        conn: &mut PgConnection,
+        slot: &str,
+    ) -> Result<bool, sqlx::Error> {
+        // The publication first: pgoutput looks it up in the catalog as of
+        // each change it decodes, so a slot older than its publication
+        // fails on the first table change written in between.
+        sqlx::query(&self.sql.ensure_publication)
+            .bind(slot)
+            .execute(&mut *conn)
+            .await?;
+        sqlx::query_scalar(&self.sql.ensure_slot)
+            .bind(slot)
+            .fetch_one(conn)
+            .await
+    }
+
+    /// The WAL position decoding may read up to now.
+    pub async fn flush_lsn(&self, conn: &mut PgConnection) -> Result<Lsn, sqlx::Error> {
+        let text: String = sqlx::query_scalar(&self.sql.flush_lsn)
+            .fetch_one(conn)
+            .await?;
+        text.parse().map_err(sqlx::Error::Protocol)
+    }
+
+    /// The slot's changes of transactions committed before `upto`, as a
+    /// stream read row by row (a large transaction is never held in
+    /// memory), stopping after the transaction that takes the rows past
+    /// `limit`. Nothing is confirmed.
+    pub fn peek<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        slot: &'c str,
+        upto: Lsn,
+        limit: i32,
+    ) -> BoxStream<'c, Result<Change, sqlx::Error>> {
+        let prefix = &self.sql.prefix;
+        sqlx::query(&self.sql.peek)
+            .bind(slot)
+            .bind(upto.to_string())
+            .bind(limit)
+            .fetch(conn)
+            .map(move |row| {
+                let row = row?;
+                let lsn: String = row.try_get("lsn")?;
+                let data: Vec<u8> = row.try_get("data")?;
+                let lsn = lsn.parse().map_err(sqlx::Error::Protocol)?;
+                decode_change(lsn, &data, prefix)
+            })
+            .boxed()
+    }
+
+    /// The slot's confirmed position; `None` when the slot does not exist
+    /// (or is still being created).
+    pub async fn confirmed(
+        &self,
+        conn: &mut PgConnection,
+        slot: &str,
+    ) -> Result<Option<Lsn>, sqlx::Error> {
+        let text: Option<Option<String>> = sqlx::query_scalar(&self.sql.confirmed)
+            .bind(slot)
+            .fetch_optional(conn)
+            .await?;
+        text.flatten()
+            .map(|t| t.parse().map_err(sqlx::Error::Protocol))
+            .transpose()
+    }
+
+    /// Confirm `slot` up to `lsn`, which must be past its confirmed position.
+    pub async fn advance(
+        &self,
+        conn: &mut PgConnection,
+        slot: &str,
+        lsn: Lsn,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(&self.sql.advance)
+            .bind(slot)
+            .bind(lsn.to_string())
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    /// The database's logical slots, or only `slot`.
+    pub async fn status(&self, slot: Option<&str>) -> Result<Vec<SlotStatus>, sqlx::Error> {
+        sqlx::query_as(&self.sql.status)
+            .bind(slot)
+            .fetch_all(&self.pool)
+            .await
+    }
+
+    /// Drop `slot` and its publication; true when the slot existed.
+    pub async fn drop_slot(&self, slot: &str) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar(&self.sql.drop_slot)
+            .bind(slot)
+            .fetch_one(&self.pool)
+            .await
+    }
+
+    /// Hand `handoffs` (events `destination` did not take) to the outbox.
+    pub async fn handoff(
+        &self,
+        destination: &str,
+        handoffs: &[LogicalHandoff<'_>],
+    ) -> Result<(), sqlx::Error> {
+        if handoffs.is_empty() {
+            return Ok(());
+        }
+        let (mut other_ids, mut other_names) = (Vec::new(), Vec::new());
+        for h in handoffs {
+            for name in &h.others {
+                other_ids.push(h.event.event.event_id);
+                other_names.push(name.as_str());
+            }
+        }
+        let found: i32 = sqlx::query_scalar(&self.sql.handoff)
+            .bind(destination)
+            .bind(
+                handoffs
+                    .iter()
+                    .map(|h| h.event.event.event_id)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                handoffs
+                    .iter()
+                    .map(|h| h.event.event.event_type.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                handoffs
+                    .iter()
+                    .map(|h| h.event.event.aggregate_type.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                handoffs
+                    .iter()
+                    .map(|h| h.event.event.aggregate_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                handoffs
+                    .iter()
+                    .map(|h| h.event.event.schema_version)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                handoffs
+                    .iter()
+                    .map(|h| h.event.event.payload.get())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                handoffs
+                    .iter()
+                    .map(|h| h.event.headers_json.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                handoffs
+                    .iter()
+                    .map(|h| h.event.event.created_at)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(handoffs.iter().map(|h| h.dead).collect::<Vec<_>>())
+            .bind(
+                handoffs
+                    .iter()
+                    .map(|h| h.delay.as_secs_f64())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                handoffs
+                    .iter()
+                    .map(|h| h.error.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                handoffs
+                    .iter()
+                    .map(|h| !h.others.is_empty())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(handoffs.iter().map(|h| h.attempts).collect::<Vec<_>>())
+            .bind(&other_ids)
+            .bind(&other_names)
+            .fetch_one(&self.pool)
+            .await?;
+        if found as usize != handoffs.len() {
+            return Err(sqlx::Error::Protocol(format!(
+                "logical_handoff took {found} of {} events",
+                handoffs.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The content `emit_one` writes.
+#[derive(Deserialize)]
+struct Content<'a> {
+    event_id: Uuid,
+    event_type: String,
+    aggregate_type: String,
+    aggregate_id: String,
+    schema_version: i32,
+    #[serde(borrow)]
+    payload: &'a RawValue,
+    #[serde(borrow)]
+    headers: &'a RawValue,
+    created_at_us: i64,
+}
+
+/// Decode one pgoutput message (protocol 1) read at `lsn`; only messages
+/// with `prefix` become events.
+pub fn decode_change(lsn: Lsn, data: &[u8], prefix: &[u8]) -> Result<Change, sqlx::Error> {
+    let bad = |what: &str| sqlx::Error::Protocol(format!("pgoutput message at {lsn}: {what}"));
+    match data.first() {
+        Some(b'B') => Ok(Change::Begin),
+        Some(b'C') => {
+            // flags (1), commit lsn (8), end lsn (8), commit time (8)
+            let end = data
+                .get(10..18)
+                .ok_or_else(|| bad("commit message too short"))?;
+            let end = u64::from_be_bytes(end.try_into().map_err(|_| bad("commit lsn"))?);
+            Ok(Change::Commit {
+                end: Lsn(end.max(lsn.0)),
+            })
+        }
+        Some(b'M') => {
+            // flags (1: transactional), lsn (8), prefix NUL-terminated,
+            // length (4), content
+            let transactional = data.get(1).ok_or_else(|| bad("message too short"))? & 1 == 1;
+            let rest = data.get(10..).ok_or_else(|| bad("message too short"))?;
+            let nul = rest
+                .iter()
+                .position(|&b| b == 0)
+                .ok_or_else(|| bad("prefix not terminated"))?;
+            if &rest[..nul] != prefix || !transactional {
+                return Ok(Change::Other);
+            }
+            let rest = &rest[nul + 1..];
+            let len = rest.get(..4).ok_or_else(|| bad("message too short"))?;
+            let len = u32::from_be_bytes(len.try_into().map_err(|_| bad("length"))?) as usize;
+            let content = rest
+                .get(4..4 + len)
+                .ok_or_else(|| bad("content shorter than its length"))?;
+            decode_event(content).map(|e| Change::Event(Box::new(e)))
+        }
+        _ => Ok(Change::Other),
+    }
+}
+
+/// An event's content as `emit_one` wrote it.
+pub fn decode_event(content: &[u8]) -> Result<LogicalEvent, sqlx::Error> {
+    let c: Content<'_> = serde_json::from_slice(content).map_err(|e| decode_error("content", e))?;
+    let created_at = DateTime::<Utc>::from_timestamp_micros(c.created_at_us)
+        .ok_or_else(|| sqlx::Error::Protocol("created_at_us out of range".to_owned()))?;
+    let headers_json = c.headers.get().to_owned();
+    Ok(LogicalEvent {
+        event: ClaimedEvent {
+            event_id: c.event_id,
+            event_type: c.event_type,
+            aggregate_type: c.aggregate_type,
+            aggregate_id: c.aggregate_id,
+            schema_version: c.schema_version,
+            payload: c.payload.to_owned(),
+            headers: header_map(&headers_json).map_err(|e| decode_error("headers", e))?,
+            created_at,
+            attempt: 1,
+            sequence: None,
+        },
+        headers_json,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lsn_round_trips_through_text() {
+        let lsn: Lsn = "16/B374D848".parse().unwrap();
+        assert_eq!(lsn.0, 0x16_B374_D848);
+        assert_eq!(lsn.to_string(), "16/B374D848");
+        assert!("16B374D848".parse::<Lsn>().is_err());
+        assert!("x/1".parse::<Lsn>().is_err());
+    }
+
+    #[test]
+    fn messages_decode_and_garbage_is_an_error_not_a_panic() {
+        let content = br#"{"event_id":"01a23142-d1d0-7a07-85ba-b8914fce081b","event_type":"t","aggregate_type":"a","aggregate_id":"1","schema_version":1,"payload":{"x":1},"headers":{"h":"v","n":2},"created_at_us":1796122792399425}"#;
+        let mut m = vec![b'M', 1];
+        m.extend_from_slice(&[0; 8]);
+        m.extend_from_slice(b"postbox.s\0");
+        m.extend_from_slice(&(content.len() as u32).to_be_bytes());
+        m.extend_from_slice(content);
+        let Change::Event(e) = decode_change(Lsn(1), &m, b"postbox.s").unwrap() else {
+            panic!("an event")
+        };
+        assert_eq!(e.event.payload.get(), r#"{"x":1}"#);
+        assert_eq!(e.event.headers["n"], "2");
+        assert!(matches!(
+            decode_change(Lsn(1), &m, b"postbox.other").unwrap(),
+            Change::Other
+        ));
+        for cut in 0..m.len() {
+            let _ = decode_change(Lsn(1), &m[..cut], b"postbox.s");
+        }
+        let mut c = vec![b'C', 0];
+        c.extend_from_slice(&5u64.to_be_bytes());
+        c.extend_from_slice(&9u64.to_be_bytes());
+        c.extend_from_slice(&0u64.to_be_bytes());
+        assert!(matches!(
+            decode_change(Lsn(1), &c, b"x").unwrap(),
+            Change::Commit { end: Lsn(9) }
+        ));
+        assert!(decode_change(Lsn(1), &c[..12], b"x").is_err());
+    }
+}

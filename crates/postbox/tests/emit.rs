@@ -1,0 +1,143 @@
+//! `emit`: events written into the WAL only, read back from a replication
+//! slot of the test's own (dropped at the end, even when the test fails: a
+//! leftover slot retains WAL on the shared server).
+
+use postbox::{NewEvent, Outbox};
+use postbox_testkit::TestDb;
+use serde_json::json;
+use std::future::Future;
+
+/// Run `body` with a fresh logical slot (and its publication), then drop
+/// them whatever happened.
+async fn with_slot<F, Fut>(db: &TestDb, body: F)
+where
+    F: FnOnce(sqlx::PgPool, postbox::Schema, String) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let slot = postbox_testkit::unique("pbx_emit_");
+    sqlx::query(&db.sql("SELECT {schema}.logical_ensure_publication($1)"))
+        .bind(&slot)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query(&db.sql("SELECT {schema}.logical_ensure_slot($1)"))
+        .bind(&slot)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let outcome = tokio::spawn(body(db.pool.clone(), db.schema.clone(), slot.clone())).await;
+    sqlx::query(&db.sql("SELECT {schema}.logical_drop_slot($1)"))
+        .bind(&slot)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    if let Err(e) = outcome {
+        std::panic::resume_unwind(e.into_panic());
+    }
+}
+
+/// The contents of `schema`'s messages the slot holds, in commit order.
+async fn messages(
+    pool: &sqlx::PgPool,
+    schema: &postbox::Schema,
+    slot: &str,
+) -> Vec<serde_json::Value> {
+    let rows: Vec<Vec<u8>> = sqlx::query_scalar(
+        "SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL, \
+         'proto_version', '1', 'publication_names', $1, 'messages', 'true')",
+    )
+    .bind(slot)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let prefix = format!("postbox.{}\0", schema.name());
+    rows.into_iter()
+        .filter(|r| r.first() == Some(&b'M'))
+        .filter_map(|r| {
+            // 'M', flags (1), lsn (8), prefix NUL-terminated, length (4), content
+            let rest = r[10..].strip_prefix(prefix.as_bytes())?;
+            Some(serde_json::from_slice(&rest[4..]).unwrap())
+        })
+        .collect()
+}
+
+fn event(n: i64) -> NewEvent {
+    NewEvent::new("order.created", "order", n.to_string(), &json!({"n": n}))
+        .unwrap()
+        .headers([("trace", "t-1")])
+        .unwrap()
+}
+
+#[tokio::test]
+async fn emitted_events_reach_the_wal_only_when_committed_and_write_no_row() {
+    let db = TestDb::new().await;
+    with_slot(&db, |pool, schema, slot| async move {
+        let outbox = Outbox::new(schema.clone());
+        let mut tx = pool.begin().await.unwrap();
+        let first = postbox::sqlx::emit(&outbox, &mut tx, &event(1))
+            .await
+            .unwrap();
+        let second = postbox::sqlx::emit(&outbox, &mut tx, &event(2))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        let mut tx = pool.begin().await.unwrap();
+        postbox::sqlx::emit(&outbox, &mut tx, &event(3))
+            .await
+            .unwrap();
+        tx.rollback().await.unwrap();
+        // The SQL function, from any language.
+        let third: uuid::Uuid = sqlx::query_scalar(
+            &schema.render("SELECT {schema}.emit('order.paid', 'order', '1', '{\"n\": 4}')"),
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(third.get_version_num(), 7, "a UUIDv7");
+
+        let got = messages(&pool, &schema, &slot).await;
+        let ids: Vec<&str> = got
+            .iter()
+            .map(|m| m["event_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            ids,
+            [first.to_string(), second.to_string(), third.to_string()]
+        );
+        assert_eq!(got[0]["payload"], json!({"n": 1}));
+        assert_eq!(got[0]["headers"], json!({"trace": "t-1"}));
+        assert_eq!(got[0]["aggregate_type"], "order");
+        assert_eq!(got[0]["schema_version"], 1);
+        assert!(got[0]["created_at_us"].as_i64().unwrap() > 0);
+        assert_eq!(got[2]["event_type"], "order.paid");
+        assert_eq!(got[2]["headers"], json!({}));
+        let rows: i64 = sqlx::query_scalar(&schema.render("SELECT count(*) FROM {schema}.outbox"))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(rows, 0, "emit writes no table row");
+    })
+    .await;
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn emit_checks_its_arguments_like_enqueue() {
+    let db = TestDb::new().await;
+    for (args, field) in [
+        ("'', 'a', '1', '{}'", "event_type"),
+        ("'t', NULL, '1', '{}'", "aggregate_type"),
+        ("'t', 'a', repeat('x', 256), '{}'", "aggregate_id"),
+        ("'t', 'a', '1', NULL", "payload"),
+        ("'t', 'a', '1', '{}', '[]'", "headers"),
+    ] {
+        let err = sqlx::query(&db.sql(&format!("SELECT {{schema}}.emit({args})")))
+            .execute(&db.pool)
+            .await
+            .unwrap_err();
+        let err = err.into_database_error().unwrap();
+        assert_eq!(err.code().as_deref(), Some("22023"), "{args}");
+        assert!(err.message().contains(field), "{args}: {}", err.message());
+    }
+    db.drop_schema().await;
+}
