@@ -16,6 +16,7 @@ mod retention_idempotency;
 mod roles;
 mod routing;
 mod secrets;
+mod tenants;
 #[cfg(feature = "redis")]
 mod trouble;
 

@@ -19,10 +19,12 @@
 //! - [`Events`] — events as operators look them up ([`EventRecord`], the one
 //!   read model of an outbox row);
 //! - [`ConsoleStore`] — the console's users, sessions and overview;
-//! - [`Log`] — log mode's snapshot cursors over the append-only log.
+//! - [`Log`] — log mode's snapshot cursors over the append-only log;
+//! - [`discovery`] — the schemas holding an outbox, the databases of a server.
 
 mod console;
 mod dead_letters;
+pub mod discovery;
 mod events;
 mod log;
 mod relay;
