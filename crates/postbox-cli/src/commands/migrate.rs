@@ -24,6 +24,10 @@ pub struct MigrateArgs {
     /// log holds events a relay has not read.
     #[arg(long, value_name = "MODE", value_parser = parse_mode)]
     pub mode: Option<ReadMode>,
+
+    /// Migrate many schemas at once (and every `[[outboxes]]` entry)
+    #[command(flatten)]
+    pub select: crate::tenants::SelectArgs,
 }
 
 fn parse_mode(s: &str) -> Result<ReadMode, String> {
@@ -35,6 +39,9 @@ pub async fn run(settings: &Settings, args: MigrateArgs) -> Result<ExitCode, Any
         let roles = Roles::for_schema(&settings.schema)?;
         out!("{}", roles.sql(&settings.schema));
         return Ok(ExitCode::SUCCESS);
+    }
+    if crate::tenants::many(settings, &args.select) {
+        return migrate_many(settings, &args).await;
     }
     let pool = settings.pool("postbox-migrate").await?;
     let mut conn = pool.acquire().await?;
@@ -84,5 +91,35 @@ pub async fn run(settings: &Settings, args: MigrateArgs) -> Result<ExitCode, Any
             roles.monitor
         );
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `migrate --schemas GLOB` (and `[[outboxes]]`): migrate every matching
+/// schema, each in its own run of `migrate` (idempotent: a schema already up
+/// to date is left as is). Stops at the first failure, naming the schema.
+async fn migrate_many(settings: &Settings, args: &MigrateArgs) -> Result<ExitCode, AnyError> {
+    if args.mode.is_some() || args.create_roles {
+        return Err("--mode and --create-roles work on one schema: pass --schema instead of --schemas / --databases".into());
+    }
+    let found = crate::tenants::list(settings, &args.select, false).await?;
+    let mut changed = 0;
+    for outbox in &found {
+        let mut conn = outbox.pool.acquire().await?;
+        let applied = postbox::sqlx::migrate(&mut conn, &outbox.schema)
+            .await
+            .map_err(|e| format!("{}: {e}", outbox.name))?;
+        if applied.is_empty() {
+            outln!("{} is up to date", outbox.name);
+        } else {
+            changed += 1;
+            let list: Vec<String> = applied.iter().map(i32::to_string).collect();
+            outln!("{}: applied migration(s) {}", outbox.name, list.join(", "));
+        }
+    }
+    outln!(
+        "{} schema(s): {changed} migrated, {} already up to date",
+        found.len(),
+        found.len() - changed
+    );
     Ok(ExitCode::SUCCESS)
 }
