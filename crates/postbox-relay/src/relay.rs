@@ -509,6 +509,9 @@ async fn claim_loop(shared: &Shared, mode: RunMode, to_publish: mpsc::Sender<Cla
             if n == config.batch_size as usize {
                 continue;
             }
+        } else {
+            // Nothing claimed: give the batch permit back before waiting.
+            drop(claim);
         }
         // A partial or empty batch: nothing more is due right now.
         let mut delay = config.poll_interval;

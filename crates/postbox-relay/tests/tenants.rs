@@ -422,3 +422,50 @@ async fn serves_the_matching_schemas_of_every_matching_database() {
             .unwrap();
     }
 }
+
+#[tokio::test]
+async fn idle_outboxes_hold_no_batch_permit() {
+    let pool = pool().await;
+    let prefix = unique("tn");
+    let mut schemas = Vec::new();
+    for i in 0..6 {
+        schemas.push(migrated(&pool, &format!("{prefix}_{i}")).await);
+    }
+    let sink = ScriptedSink::delivering();
+    let mut config = config();
+    // One permit, and polls far beyond the test: only wake-ups can serve.
+    config.max_in_flight_batches = 1;
+    config.idle_poll = Duration::from_secs(600);
+    config.rediscover_interval = Duration::from_secs(600);
+    let tenants = Arc::new(
+        Tenants::new(
+            config,
+            vec![OutboxSource::Discover {
+                connect: connect(),
+                databases: None,
+                schemas: Pattern::parse(&format!("{prefix}_*")).unwrap(),
+            }],
+            Router::single(sink.clone() as Arc<dyn Sink>),
+        )
+        .unwrap(),
+    );
+    let stop = CancellationToken::new();
+    let task = start(tenants.clone(), &stop);
+    wait_for("every outbox is served", WAIT, || async {
+        tenants.status().iter().filter(|o| o.serving).count() == schemas.len()
+    })
+    .await;
+    for s in &schemas {
+        enqueue(&pool, s, "order.created", 1).await;
+    }
+    // An idle engine waiting for work must not keep the only permit.
+    wait_for("every outbox delivers", Duration::from_secs(10), || async {
+        sink.count() == schemas.len()
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap();
+    for s in &schemas {
+        drop_schema(&pool, s.name()).await;
+    }
+}

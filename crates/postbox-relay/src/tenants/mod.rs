@@ -327,6 +327,7 @@ impl Tenants {
             for key in idle {
                 if let Some(db) = databases.remove(&key) {
                     db.stop.cancel();
+                    drop(db._listener);
                     tokio::spawn(async move { db.pool.close().await });
                 }
             }
@@ -349,6 +350,8 @@ impl Tenants {
         }
         for db in databases.into_values() {
             db.stop.cancel();
+            // The listener ends before its pool closes under it.
+            drop(db._listener);
             db.pool.close().await;
         }
         let total = self.total();
