@@ -67,6 +67,12 @@ pub struct FileConfig {
     /// `[console]`: `postbox console`'s settings (trusted proxies).
     #[serde(default)]
     pub console: crate::commands::console::ConsoleSection,
+    /// `[[outboxes]]`: outboxes one relay serves (see `crate::tenants`).
+    #[serde(default)]
+    pub outboxes: Vec<crate::tenants::OutboxSection>,
+    /// `[tenants]`: how a relay serving many outboxes shares its resources.
+    #[serde(default)]
+    pub tenants: crate::tenants::TenantsSection,
 }
 
 /// `[redact]`: what `postbox dlq show` and the console mask.

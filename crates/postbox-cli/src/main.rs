@@ -9,6 +9,7 @@ mod commands;
 mod config;
 mod context;
 mod observe;
+mod tenants;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};

@@ -31,6 +31,8 @@ const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 pub enum ObserveError {
     #[error("cannot set up the Prometheus exporter")]
     Exporter(#[from] metrics_exporter_prometheus::BuildError),
+    #[error("cannot install the metrics recorder: one is already installed")]
+    Installed,
     #[error("--metrics-listen {addr}: cannot listen there")]
     Bind {
         addr: String,
@@ -59,11 +61,27 @@ impl Endpoint {
         store: Store,
         sinks: Vec<Arc<dyn Sink>>,
     ) -> Result<Self, ObserveError> {
+        Self::bind_labelled(addr, store, sinks, false).await
+    }
+
+    /// [`Endpoint::bind`], with the `outbox` label on what a relay serving
+    /// many outboxes records (none when `aggregate`).
+    pub async fn bind_labelled(
+        addr: &str,
+        store: Store,
+        sinks: Vec<Arc<dyn Sink>>,
+        aggregate: bool,
+    ) -> Result<Self, ObserveError> {
         let mut builder = PrometheusBuilder::new();
         for (name, buckets) in m::HISTOGRAMS {
             builder = builder.set_buckets_for_metric(Matcher::Full((*name).to_owned()), buckets)?;
         }
-        let handle = builder.install_recorder()?;
+        let recorder = builder.build_recorder();
+        let handle = recorder.handle();
+        metrics::set_global_recorder(postbox_relay::tenants::label::OutboxLabels::new(
+            recorder, aggregate,
+        ))
+        .map_err(|_| ObserveError::Installed)?;
         m::describe();
         let listener = tokio::net::TcpListener::bind(addr)
             .await

@@ -9,4 +9,5 @@ mod ops;
 mod pipes;
 mod receive;
 mod restore;
+mod tenants;
 mod verify;

@@ -38,8 +38,15 @@ struct Structured<'a> {
     data: &'a RawValue,
 }
 
-/// Encode `message` as a CloudEvents JSON document.
+/// The event's own source ([`Message::source`]) if it has one, else `default`.
+pub fn source_of<'a>(message: &'a Message, default: &'a str) -> &'a str {
+    message.source.as_deref().unwrap_or(default)
+}
+
+/// Encode `message` as a CloudEvents JSON document (`source` unless the
+/// message names its own, see [`source_of`]).
 pub fn to_json(message: &Message, source: &str) -> String {
+    let source = source_of(message, source);
     let doc = Structured {
         specversion: "1.0",
         id: message.event_id.hyphenated(),
@@ -79,6 +86,7 @@ mod tests {
             created_at: chrono::Utc.with_ymd_and_hms(2026, 1, 2, 3, 4, 5).unwrap(),
             attempt: 1,
             sequence: Some(1),
+            source: None,
         };
         let v: serde_json::Value = serde_json::from_str(&to_json(&m, "shop")).unwrap();
         assert_eq!(
@@ -133,6 +141,7 @@ pub fn encode_header_value(value: &str) -> String {
 /// ([`Message::payload`], verbatim) and `datacontenttype` travels as the
 /// request's `Content-Type` ([`BINARY_CONTENT_TYPE`]).
 pub fn binary_headers(message: &Message, source: &str) -> Vec<(&'static str, String)> {
+    let source = source_of(message, source);
     let mut headers = vec![
         ("ce-specversion", "1.0".to_owned()),
         ("ce-id", message.event_id.hyphenated().to_string()),
@@ -176,6 +185,7 @@ mod binary_tests {
             created_at: chrono::Utc.with_ymd_and_hms(2026, 1, 2, 3, 4, 5).unwrap(),
             attempt: 1,
             sequence: Some(7),
+            source: None,
         }
     }
 

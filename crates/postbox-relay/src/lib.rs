@@ -5,7 +5,8 @@
 //! Layout: the data layer is the `postbox-store` crate (every statement the
 //! relay runs); [`relay`] is the engine; [`sink`] is the transport boundary and [`sinks`] the transports;
 //! [`cloudevents`] the message body; [`redact`] keeps secrets out of errors;
-//! [`metrics`] names every exported metric; [`retention`] keeps the tables small.
+//! [`metrics`] names every exported metric; [`retention`] keeps the tables small;
+//! [`tenants`] serves many outboxes from one process.
 //!
 //! Cargo features, one per transport (a sink URL whose feature is not built
 //! is a configuration error naming it; `stdout` is always built):
@@ -27,6 +28,7 @@ pub mod retention;
 pub mod router;
 pub mod sink;
 pub mod sinks;
+pub mod tenants;
 mod trouble;
 
 /// Secret masking and payload redaction (shared with the console and the CLI).
@@ -39,3 +41,4 @@ pub use relay::{Relay, RunMode, Stats, StatsSnapshot};
 pub use retention::RetentionConfig;
 pub use router::{Destination, PoisonPolicy, RouteConfig, Router};
 pub use sink::{Message, Outcome, Sink, SinkError};
+pub use tenants::{OutboxSource, OutboxStatus, Tenants, TenantsConfig};

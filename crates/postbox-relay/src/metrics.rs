@@ -52,6 +52,14 @@ pub const SLOT_LAG_SECONDS: &str = "postbox_slot_lag_seconds";
 /// Logical mode: WAL the replication slot keeps from being removed (label `slot`).
 pub const SLOT_RETAINED_BYTES: &str = "postbox_slot_retained_bytes";
 
+/// Counter: database operations of the relay that failed (and are retried); label `operation`.
+pub const DB_ERRORS: &str = "postbox_database_errors_total";
+/// Counter: a multi-outbox relay's troubles with one outbox (label `outbox`) or
+/// one database (label `database`); label `kind` (`discovery`, `missing`, `start`).
+pub const OUTBOX_ERRORS: &str = "postbox_outbox_errors_total";
+/// Gauge: outboxes a multi-outbox relay serves.
+pub const OUTBOXES: &str = "postbox_outboxes";
+
 /// The values of the `outcome` label of [`PUBLISH_OUTCOMES`].
 pub const OUTCOME_LABELS: [&str; 4] = ["delivered", "retry", "reject", "deferred"];
 
@@ -128,6 +136,15 @@ pub fn describe() {
         RECEIVE_REJECTED,
         "Deliveries postbox receive refused, by reason"
     );
+    describe_counter!(
+        DB_ERRORS,
+        "Failed database operations of the relay (retried), by operation"
+    );
+    describe_counter!(
+        OUTBOX_ERRORS,
+        "Troubles of a multi-outbox relay with one outbox or database, by kind"
+    );
+    describe_gauge!(OUTBOXES, "Outboxes this relay serves");
     crate::health::describe();
     for name in [LEASES_RECLAIMED, ACKS_LOST, DEAD_LETTERED] {
         counter!(name).absolute(0);

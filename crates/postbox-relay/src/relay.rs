@@ -38,7 +38,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
@@ -99,6 +99,10 @@ pub struct Relay {
     gauge_interval: Option<Duration>,
     retention: Option<RetentionConfig>,
     health: Option<HealthConfig>,
+    /// Set when serving many outboxes: see [`Relay::with_wake`] and friends.
+    wake: Option<Arc<Notify>>,
+    permits: Option<Arc<Semaphore>>,
+    source: Option<Arc<str>>,
 }
 
 /// Shared between the relay's tasks for one `run`.
@@ -119,6 +123,10 @@ pub(crate) struct Shared {
     pub(crate) shutdown: CancellationToken,
     /// Per destination (by index): its current run of failures, if any.
     trouble: Vec<crate::trouble::Trouble>,
+    /// A permit per claimed batch, shared by many relays (see [`Relay::with_batch_permits`]).
+    permits: Option<Arc<Semaphore>>,
+    /// The CloudEvents `source` given to every claimed message, if any.
+    source: Option<Arc<str>>,
 }
 
 impl Shared {
@@ -151,6 +159,16 @@ impl Relay {
         router: Router,
         config: RelayConfig,
     ) -> Result<Self, ConfigError> {
+        Self::with_shared_router(store, Arc::new(router), config)
+    }
+
+    /// A relay over `store` whose router (and so its sinks and their
+    /// connections) is shared with other relays in the process.
+    pub fn with_shared_router(
+        store: Store,
+        router: Arc<Router>,
+        config: RelayConfig,
+    ) -> Result<Self, ConfigError> {
         config.validate()?;
         if config.mode == ReadMode::Log && router.claim_order().is_some() {
             return Err(ConfigError::new(
@@ -171,13 +189,37 @@ impl Relay {
         });
         Ok(Self {
             store,
-            router: Arc::new(router),
+            router,
             config,
             stats: Arc::default(),
             gauge_interval: None,
             retention: None,
             health: None,
+            wake: None,
+            permits: None,
+            source: None,
         })
+    }
+
+    /// Wake the claimer when `signal` is notified instead of listening for
+    /// notifications itself (one LISTEN connection then serves many relays).
+    pub fn with_wake(mut self, signal: Arc<Notify>) -> Self {
+        self.wake = Some(signal);
+        self
+    }
+
+    /// Take a permit from `permits` before each claim and hold it until the
+    /// batch is settled: relays sharing the semaphore share a cap on batches
+    /// in flight, and its first-come order takes turns between them.
+    pub fn with_batch_permits(mut self, permits: Arc<Semaphore>) -> Self {
+        self.permits = Some(permits);
+        self
+    }
+
+    /// Give every claimed message this CloudEvents `source` (instead of the sink's).
+    pub fn with_source(mut self, source: Arc<str>) -> Self {
+        self.source = Some(source);
+        self
     }
 
     /// Refresh the backlog gauges (pending, oldest pending age, processing,
@@ -234,6 +276,8 @@ impl Relay {
                 .iter()
                 .map(|_| Default::default())
                 .collect(),
+            permits: self.permits.clone(),
+            source: self.source.clone(),
         });
         for d in self.router.destinations() {
             m::init_destination(&d.name);
@@ -246,10 +290,17 @@ impl Relay {
         let publisher = spawn(publish_loop(shared.clone(), publish_rx, to_settle));
         let settler = spawn(settle_loop(shared.clone(), settle_rx));
         let rescuer = spawn(rescue_loop(shared.clone(), background.clone()));
-        let listener = shared
-            .config
-            .listen
-            .then(|| spawn(listen_loop(shared.clone(), background.clone())));
+        let listener = match self.wake.clone() {
+            Some(signal) => Some(spawn(forward_wake(
+                shared.clone(),
+                signal,
+                background.clone(),
+            ))),
+            None => shared
+                .config
+                .listen
+                .then(|| spawn(listen_loop(shared.clone(), background.clone()))),
+        };
         let gauges = self
             .gauge_interval
             .map(|every| spawn(gauge_loop(shared.clone(), every, background.clone())));
@@ -379,7 +430,10 @@ where
     F: std::future::Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    AbortOnDropHandle::new(tokio::spawn(task))
+    // A task keeps its parent's span and outbox label (see `crate::tenants`).
+    AbortOnDropHandle::new(tokio::spawn(crate::tenants::label::inherit(
+        task.in_current_span(),
+    )))
 }
 
 /// Events claimed under one lease, as the sinks take them.
@@ -389,6 +443,8 @@ pub struct Claim {
     /// Outbox row ids, parallel to `messages`.
     pub ids: Vec<i64>,
     pub messages: Vec<Message>,
+    /// Held until the batch is settled (see [`Relay::with_batch_permits`]).
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 impl From<postbox_store::Claim> for Claim {
@@ -397,6 +453,7 @@ impl From<postbox_store::Claim> for Claim {
             token: claim.token,
             ids: claim.ids,
             messages: claim.events.into_iter().map(Message::from).collect(),
+            permit: None,
         }
     }
 }
@@ -407,6 +464,13 @@ async fn claim_loop(shared: &Shared, mode: RunMode, to_publish: mpsc::Sender<Cla
     // Ordered drain: consecutive idle looks at due events that no claim takes.
     let mut only_blocked = 0;
     while !shared.shutdown.is_cancelled() {
+        let permit = match &shared.permits {
+            Some(permits) => tokio::select! {
+                p = permits.clone().acquire_owned() => p.ok(),
+                _ = shared.shutdown.cancelled() => break,
+            },
+            None => None,
+        };
         let claimed = shared
             .store
             .claim(
@@ -418,10 +482,19 @@ async fn claim_loop(shared: &Shared, mode: RunMode, to_publish: mpsc::Sender<Cla
         let claim = match claimed {
             Ok(c) => {
                 db_failures = 0;
-                Claim::from(c)
+                let mut claim = Claim::from(c);
+                claim.permit = permit;
+                if let Some(source) = &shared.source {
+                    for m in &mut claim.messages {
+                        m.source = Some(source.clone());
+                    }
+                }
+                claim
             }
             Err(e) => {
+                drop(permit);
                 db_failures += 1;
+                metrics::counter!(m::DB_ERRORS, "operation" => "claim").increment(1);
                 let delay = backoff::full_jitter(db_failures, DB_RETRY_BASE, DB_RETRY_MAX);
                 tracing::warn!(error = %sanitize_error(&e.to_string()), retry_in = ?delay, "claim failed");
                 wait(shared, delay).await;
@@ -443,6 +516,9 @@ async fn claim_loop(shared: &Shared, mode: RunMode, to_publish: mpsc::Sender<Cla
             if n == config.batch_size as usize {
                 continue;
             }
+        } else {
+            // Nothing claimed: give the batch permit back before waiting.
+            drop(claim);
         }
         // A partial or empty batch: nothing more is due right now.
         let mut delay = config.poll_interval;
@@ -1136,6 +1212,16 @@ async fn probe_listen(
                 ));
             }
             _ = stop.cancelled() => return Ok(()),
+        }
+    }
+}
+
+/// Wake the claimer (and log readers) whenever `signal` is notified.
+async fn forward_wake(shared: Arc<Shared>, signal: Arc<Notify>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = signal.notified() => shared.wake_all(),
+            _ = stop.cancelled() => return,
         }
     }
 }

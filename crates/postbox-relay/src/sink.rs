@@ -46,6 +46,9 @@ pub struct Message {
     /// The event's number within its aggregate (1, 2, …), assigned in the
     /// producing transaction; `None` for events committed before schema version 5.
     pub sequence: Option<i64>,
+    /// The CloudEvents `source` of this event when it is not the sink's own
+    /// (a relay serving many outboxes names the event's outbox).
+    pub source: Option<std::sync::Arc<str>>,
 }
 
 impl From<postbox_store::ClaimedEvent> for Message {
@@ -61,6 +64,7 @@ impl From<postbox_store::ClaimedEvent> for Message {
             created_at: e.created_at,
             attempt: e.attempt,
             sequence: e.sequence,
+            source: None,
         }
     }
 }
@@ -78,6 +82,7 @@ impl From<&postbox_store::ClaimedEvent> for Message {
             created_at: e.created_at,
             attempt: e.attempt,
             sequence: e.sequence,
+            source: None,
         }
     }
 }

@@ -124,6 +124,7 @@ pub fn message(i: usize, aggregates: usize, payload: &str) -> Message {
         created_at: Utc::now(),
         attempt: 1,
         sequence: Some(i as i64 / aggregates.max(1) as i64 + 1),
+        source: None,
     }
 }
 

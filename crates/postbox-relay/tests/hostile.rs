@@ -163,6 +163,7 @@ fn message() -> impl Strategy<Value = Message> {
                 created_at: DateTime::from_timestamp(secs, nanos).expect("in range"),
                 attempt,
                 sequence,
+                source: None,
             },
         )
 }

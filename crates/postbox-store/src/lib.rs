@@ -22,9 +22,11 @@
 //! - [`Log`] — log mode's snapshot cursors over the append-only log;
 //! - [`Logical`] — logical mode's replication slot: peek, decode, confirm,
 //!   status, and the hand-off of what a destination did not take.
+//! - [`discovery`] — the schemas holding an outbox, the databases of a server.
 
 mod console;
 mod dead_letters;
+pub mod discovery;
 mod events;
 mod log;
 mod logical;

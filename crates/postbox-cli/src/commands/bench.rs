@@ -41,6 +41,18 @@ pub struct BenchArgs {
     /// Length of the sustained run
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub sustained_duration: Duration,
+    /// Many outboxes (--only tenants): schemas in one database
+    #[arg(long, default_value_t = 500)]
+    pub tenant_schemas: usize,
+    /// Many outboxes: databases of one schema each, besides
+    #[arg(long, default_value_t = 20)]
+    pub tenant_databases: usize,
+    /// Many outboxes: events one tenant drains while the others commit single events
+    #[arg(long, default_value_t = 200_000)]
+    pub tenant_backlog: i64,
+    /// Many outboxes: events of the drain comparison (100 outboxes against one)
+    #[arg(long, default_value_t = 100_000)]
+    pub tenant_drain_events: i64,
     /// Which parts to run
     #[arg(
         long,
@@ -64,6 +76,7 @@ pub enum Part {
     Scale,
     Ordered,
     Sustained,
+    Tenants,
 }
 
 impl From<Part> for bench::Part {
@@ -74,6 +87,7 @@ impl From<Part> for bench::Part {
             Part::Scale => bench::Part::Scale,
             Part::Ordered => bench::Part::Ordered,
             Part::Sustained => bench::Part::Sustained,
+            Part::Tenants => bench::Part::Tenants,
         }
     }
 }
@@ -91,6 +105,10 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> Result<ExitCode, AnyEr
         aggregates: args.aggregates,
         sustained_rate: args.sustained_rate,
         sustained_duration: args.sustained_duration,
+        tenant_schemas: args.tenant_schemas,
+        tenant_databases: args.tenant_databases,
+        tenant_backlog: args.tenant_backlog,
+        tenant_drain_events: args.tenant_drain_events,
         parts: args.only.into_iter().map(bench::Part::from).collect(),
         bench_schema: args.bench_schema,
         json: args.json,

@@ -26,11 +26,10 @@ pub struct MigrateArgs {
     /// log holds events a relay has not read.
     #[arg(long, value_name = "MODE", value_parser = parse_mode)]
     pub mode: Option<ReadMode>,
-    /// Migrate these schemas instead of --schema (comma-separated or
-    /// repeated), e.g. one per tenant; each gets the same --mode and
-    /// --create-roles. Progress shows on a terminal.
-    #[arg(long, value_name = "SCHEMA,…", value_delimiter = ',')]
-    pub schemas: Vec<String>,
+    /// Migrate many schemas at once (and every `[[outboxes]]` entry): each
+    /// gets the same --mode and --create-roles; progress shows on a terminal
+    #[command(flatten)]
+    pub select: crate::tenants::SelectArgs,
 }
 
 fn parse_mode(s: &str) -> Result<ReadMode, String> {
@@ -38,41 +37,60 @@ fn parse_mode(s: &str) -> Result<ReadMode, String> {
 }
 
 pub async fn run(settings: &Settings, args: MigrateArgs) -> Result<ExitCode, AnyError> {
-    let schemas = if args.schemas.is_empty() {
-        vec![settings.schema.clone()]
-    } else {
-        args.schemas
-            .iter()
-            .map(|name| Schema::new(name.trim()).map_err(|e| format!("--schemas: {e}")))
-            .collect::<Result<Vec<_>, _>>()?
-    };
+    let many = crate::tenants::many(settings, &args.select);
     if args.print_sql {
-        for schema in &schemas {
-            let roles = Roles::for_schema(schema)?;
-            out!("{}", roles.sql(schema));
+        if many {
+            return Err("--print-sql prints one schema's roles: pass --schema".into());
         }
+        let roles = Roles::for_schema(&settings.schema)?;
+        out!("{}", roles.sql(&settings.schema));
         return Ok(ExitCode::SUCCESS);
     }
+    if many {
+        return migrate_many(settings, &args).await;
+    }
     let pool = settings.pool("postbox-migrate").await?;
-    let mut progress = Progress::new("migrated", Some(schemas.len() as u64));
-    for (done, schema) in schemas.iter().enumerate() {
-        progress.update_with(done as u64, schema.name());
+    let mut lines = Vec::new();
+    let label = format!("schema {}", settings.schema);
+    let result = migrate_one(&pool, &settings.schema, &label, &args, &mut lines).await;
+    for line in lines {
+        outln!("{line}");
+    }
+    result?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `migrate --schemas GLOB` / `--databases GLOB` (and `[[outboxes]]`):
+/// migrate every matching schema (idempotent: one already up to date is
+/// left as is), with a progress line on a terminal. Stops at the first
+/// failure, naming the schema.
+async fn migrate_many(settings: &Settings, args: &MigrateArgs) -> Result<ExitCode, AnyError> {
+    let found = crate::tenants::list(settings, &args.select, false).await?;
+    let mut progress = Progress::new("migrated", Some(found.len() as u64));
+    let mut changed = 0;
+    for (done, outbox) in found.iter().enumerate() {
+        progress.update_with(done as u64, &outbox.name);
         let mut lines = Vec::new();
-        let result = migrate_one(&pool, schema, &args, &mut lines).await;
+        let label = format!("schema {}", outbox.name);
+        let result = migrate_one(&outbox.pool, &outbox.schema, &label, args, &mut lines).await;
         progress.finish();
+        if lines.first().is_some_and(|l| !l.ends_with("is up to date")) {
+            changed += 1;
+        }
         for line in lines {
             outln!("{line}");
         }
         result.map_err(|e| -> AnyError {
-            if schemas.len() > 1 {
-                format!("schema {schema}: {}", error_chain(e.as_ref())).into()
-            } else {
-                e
-            }
+            format!("{label}: {}", error_chain(e.as_ref())).into()
         })?;
     }
-    progress.update(schemas.len() as u64);
+    progress.update(found.len() as u64);
     progress.finish();
+    outln!(
+        "{} schema(s): {changed} migrated, {} already up to date",
+        found.len(),
+        found.len() - changed
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -82,19 +100,17 @@ pub async fn run(settings: &Settings, args: MigrateArgs) -> Result<ExitCode, Any
 async fn migrate_one(
     pool: &PgPool,
     schema: &Schema,
+    label: &str,
     args: &MigrateArgs,
     lines: &mut Vec<String>,
 ) -> Result<(), AnyError> {
     let mut conn = pool.acquire().await?;
     let applied = postbox::sqlx::migrate(&mut conn, schema).await?;
     if applied.is_empty() {
-        lines.push(format!("schema {schema} is up to date"));
+        lines.push(format!("{label} is up to date"));
     } else {
         let list: Vec<String> = applied.iter().map(i32::to_string).collect();
-        lines.push(format!(
-            "schema {schema}: applied migration(s) {}",
-            list.join(", ")
-        ));
+        lines.push(format!("{label}: applied migration(s) {}", list.join(", ")));
     }
     drop(conn);
     if let Some(mode) = args.mode {
@@ -115,10 +131,7 @@ async fn migrate_one(
             }
         }
         log.set_producer_target(target).await?;
-        lines.push(format!(
-            "schema {schema}: producers write into the {}",
-            target.as_str()
-        ));
+        lines.push(format!("{label}: producers write into the {}", target.as_str()));
     }
     if args.create_roles {
         let roles = Store::new(pool.clone(), schema.clone())

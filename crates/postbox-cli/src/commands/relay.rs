@@ -54,6 +54,10 @@ pub struct RelayArgs {
     /// an operator to replay or discard it) or skip (go on; consumers see the gap)
     #[arg(long, value_name = "POLICY", requires = "ordered", value_parser = parse_poison)]
     pub poison: Option<PoisonPolicy>,
+
+    /// Serve many outboxes from this one process (with `[[outboxes]]`)
+    #[command(flatten)]
+    pub select: crate::tenants::SelectArgs,
 }
 
 fn sink_help() -> String {
@@ -147,6 +151,28 @@ pub fn resolve_relay(
 
 pub async fn run(settings: &Settings, args: RelayArgs) -> Result<ExitCode, AnyError> {
     let (config, router) = resolve_relay(settings, &args)?;
+    if crate::tenants::many(settings, &args.select) {
+        // An outbox's own `routes` send to the relay's destinations.
+        let destinations = router.destinations().to_vec();
+        let (ordered, poison) = (args.ordered, args.poison.unwrap_or_default());
+        let routes = move |routes: &[postbox_relay::RouteConfig]| -> Result<Router, AnyError> {
+            let router = Router::new(destinations.clone(), routes)?;
+            Ok(if ordered {
+                router.all_ordered(poison)
+            } else {
+                router
+            })
+        };
+        let run = crate::tenants::RelayRun {
+            config,
+            router,
+            routes: &routes,
+            source: args.source.clone(),
+            drain: args.drain,
+            metrics_listen: args.metrics_listen.clone(),
+        };
+        return crate::tenants::relay(settings, &args.select, run).await;
+    }
     let options = db::options(settings.database_url.as_deref(), "postbox-relay")?;
     let pool = db::lazy_pool(options, 6);
     check_schema(&pool, &settings.schema).await?;

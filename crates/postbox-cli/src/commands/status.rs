@@ -21,9 +21,16 @@ pub struct StatusArgs {
     #[arg(long, value_name = "INTERVAL", num_args = 0..=1, default_missing_value = "2s",
           value_parser = humantime::parse_duration)]
     pub watch: Option<Duration>,
+
+    /// Show many outboxes, one line each (one outbox: an exact name)
+    #[command(flatten)]
+    pub select: crate::tenants::SelectArgs,
 }
 
 pub async fn run(settings: &Settings, args: StatusArgs) -> Result<ExitCode, AnyError> {
+    if crate::tenants::many(settings, &args.select) {
+        return status_many(settings, &args).await;
+    }
     let pool = settings.pool("postbox-status").await?;
     let store = Store::new(pool, settings.schema.clone());
     let Some(every) = args.watch else {
@@ -182,4 +189,61 @@ fn render_status(schema: &Schema, r: &StatusReport) -> String {
         }
     }
     out
+}
+
+/// `status --schemas GLOB`: one line per outbox (JSON: one object per outbox,
+/// with its `outbox` name).
+async fn status_many(settings: &Settings, args: &StatusArgs) -> Result<ExitCode, AnyError> {
+    if args.watch.is_some() {
+        return Err(
+            "--watch shows one outbox: pass --schema instead of --schemas / --databases".into(),
+        );
+    }
+    let found = crate::tenants::list(settings, &args.select, true).await?;
+    #[derive(serde::Serialize)]
+    struct Line<'a> {
+        outbox: &'a str,
+        #[serde(flatten)]
+        counts: StatusCounts,
+    }
+    let mut lines = Vec::with_capacity(found.len());
+    for outbox in &found {
+        let store = Store::new(outbox.pool.clone(), outbox.schema.clone());
+        let counts = store
+            .status_counts()
+            .await
+            .map_err(|e| format!("{}: {e}", outbox.name))?;
+        lines.push(Line {
+            outbox: &outbox.name,
+            counts,
+        });
+    }
+    if args.json {
+        outln!("{}", serde_json::to_string(&lines)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let width = lines
+        .iter()
+        .map(|l| l.outbox.len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    let mut text = format!(
+        "{:<width$}  {:>9} {:>10} {:>10} {:>7}  oldest pending\n",
+        "outbox", "pending", "processing", "sent", "failed"
+    );
+    for l in &lines {
+        let c = &l.counts;
+        text.push_str(&format!(
+            "{:<width$}  {:>9} {:>10} {:>10} {:>7}  {}\n",
+            l.outbox,
+            c.pending,
+            c.processing,
+            c.sent,
+            c.failed,
+            format_age(c.oldest_pending_age_seconds)
+        ));
+    }
+    out!("{text}");
+    Ok(ExitCode::SUCCESS)
 }

@@ -206,13 +206,13 @@ fn measure(
 /// The reader of the Redis list: pops everything that has arrived (up to
 /// 1,000 at a time, blocking while the list is empty) and notes when each
 /// event id arrived.
-struct Arrivals {
+pub(super) struct Arrivals {
     received: Arc<Mutex<Vec<(Uuid, Instant)>>>,
     task: JoinHandle<()>,
 }
 
 impl Arrivals {
-    async fn start(redis_url: &str, key: String) -> Result<Self, AnyError> {
+    pub(super) async fn start(redis_url: &str, key: String) -> Result<Self, AnyError> {
         let received: Arc<Mutex<Vec<(Uuid, Instant)>>> = Arc::default();
         let client = redis::Client::open(redis_url)?;
         let mut conn = crate::redis_connection(&client).await?;
@@ -249,12 +249,24 @@ impl Arrivals {
         lock(&self.received).iter().any(|(got, _)| *got == id)
     }
 
-    fn clear(&self) {
+    /// How many of `ids` have arrived.
+    pub(super) fn count_of(&self, ids: &std::collections::HashMap<Uuid, Instant>) -> usize {
+        lock(&self.received)
+            .iter()
+            .filter(|(id, _)| ids.contains_key(id))
+            .count()
+    }
+
+    pub(super) fn len(&self) -> usize {
+        lock(&self.received).len()
+    }
+
+    pub(super) fn clear(&self) {
         lock(&self.received).clear();
     }
 
     /// Wait until `n` events have arrived, or `timeout` has passed.
-    async fn wait_for(&self, n: usize, timeout: Duration) {
+    pub(super) async fn wait_for(&self, n: usize, timeout: Duration) {
         let until = Instant::now() + timeout;
         while lock(&self.received).len() < n && Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -262,7 +274,7 @@ impl Arrivals {
     }
 
     /// Stop reading; what arrived.
-    fn stop(self) -> Vec<(Uuid, Instant)> {
+    pub(super) fn stop(self) -> Vec<(Uuid, Instant)> {
         self.task.abort();
         std::mem::take(&mut *lock(&self.received))
     }

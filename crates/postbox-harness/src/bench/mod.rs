@@ -15,6 +15,10 @@
 //!   long time, the relay with retention on; the outbox's table and index
 //!   size and dead tuples sampled throughout, and the relay's peak RSS. (Not
 //!   in the default set.)
+//! - **tenants** (`tenants.rs`): one relay process serving hundreds of
+//!   outboxes over many databases: RSS, connections, idle CPU, cross-tenant
+//!   latency under a backlog, drain of 100 outboxes against one. (Not in the
+//!   default set.)
 //!
 //! Its statements are `sql/bench.sql` ([`store::BenchStore`]); what it
 //! measured is a [`report::BenchReport`].
@@ -23,6 +27,7 @@ mod latency;
 pub mod report;
 pub mod store;
 mod sustained;
+mod tenants;
 
 use crate::pgcluster::TempCluster;
 use crate::supervisor::{run_together, RelayCommand, TogetherRun};
@@ -58,6 +63,12 @@ pub struct Options {
     pub sustained_rate: u64,
     /// Length of the sustained run.
     pub sustained_duration: Duration,
+    /// Many outboxes: schemas in one database, extra databases, the backlog
+    /// one tenant drains, and the events of the drain comparison.
+    pub tenant_schemas: usize,
+    pub tenant_databases: usize,
+    pub tenant_backlog: i64,
+    pub tenant_drain_events: i64,
     /// Which parts to run.
     pub parts: Vec<Part>,
     /// Schema the benchmark creates and drops (its name must contain "bench").
@@ -74,6 +85,7 @@ pub enum Part {
     Scale,
     Ordered,
     Sustained,
+    Tenants,
 }
 
 const REDIS_DEFAULT: &str = "redis://127.0.0.1:6379";
@@ -185,6 +197,9 @@ async fn run_on(url: &str, options: &Options) -> Result<BenchReport, AnyError> {
     }
     if parts.contains(&Part::Sustained) {
         report.sustained = Some(bench.sustained().await?);
+    }
+    if parts.contains(&Part::Tenants) {
+        report.tenants = Some(bench.tenants().await?);
     }
     bench.reset().await?;
     bench.store.drop_schema().await?;

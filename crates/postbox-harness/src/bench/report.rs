@@ -12,6 +12,7 @@ pub struct BenchReport {
     pub scale: Vec<Scale>,
     pub ordered: Option<Ordered>,
     pub sustained: Option<Sustained>,
+    pub tenants: Option<super::tenants::Tenants>,
 }
 
 #[derive(Debug, Serialize)]
@@ -213,6 +214,9 @@ pub(super) fn print_table(r: &BenchReport) {
                 x.pending
             );
         }
+    }
+    if let Some(t) = &r.tenants {
+        super::tenants::print(t);
     }
     if !r.scale.is_empty() {
         crate::outln!();

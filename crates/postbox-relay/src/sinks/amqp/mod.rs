@@ -253,7 +253,7 @@ impl AmqpSink {
             ("id", id.as_str()),
             ("specversion", "1.0"),
             ("type", m.event_type.as_str()),
-            ("source", self.options.source.as_str()),
+            ("source", cloudevents::source_of(m, &self.options.source)),
             ("subject", m.aggregate_id.as_str()),
             ("time", time.as_str()),
             ("aggregatetype", m.aggregate_type.as_str()),
@@ -276,7 +276,10 @@ impl AmqpSink {
             .with_delivery_mode(PERSISTENT)
             .with_message_id(ShortString::from(id))
             .with_type(short("the event type", &m.event_type)?)
-            .with_app_id(short("the CloudEvents source", &self.options.source)?)
+            .with_app_id(short(
+                "the CloudEvents source",
+                cloudevents::source_of(m, &self.options.source),
+            )?)
             .with_headers(headers);
         if let Ok(seconds) = u64::try_from(m.created_at.timestamp()) {
             properties = properties.with_timestamp(seconds);

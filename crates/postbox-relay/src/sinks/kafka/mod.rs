@@ -131,7 +131,7 @@ impl KafkaSink {
             ("ce_id", id.as_str()),
             ("ce_specversion", "1.0"),
             ("ce_type", m.event_type.as_str()),
-            ("ce_source", self.options.source.as_str()),
+            ("ce_source", cloudevents::source_of(m, &self.options.source)),
             ("ce_subject", m.aggregate_id.as_str()),
             ("ce_time", time.as_str()),
             ("ce_aggregatetype", m.aggregate_type.as_str()),

@@ -246,7 +246,10 @@ impl NatsSink {
             ("ce-id", id),
             ("ce-specversion", "1.0".to_owned()),
             ("ce-type", m.event_type.clone()),
-            ("ce-source", self.options.source.clone()),
+            (
+                "ce-source",
+                cloudevents::source_of(m, &self.options.source).to_owned(),
+            ),
             ("ce-subject", m.aggregate_id.clone()),
             (
                 "ce-time",

@@ -1,0 +1,303 @@
+//! Many outboxes from one command: the `[[outboxes]]` and `[tenants]`
+//! sections of the config file and the `--schemas` / `--databases` flags,
+//! shared by `relay` (one process serving them all, see
+//! `postbox_relay::tenants`), `migrate` and `status`.
+
+use crate::context::{AnyError, Settings};
+use crate::observe;
+use clap::Args;
+use postbox::Schema;
+use postbox_harness::db;
+use postbox_relay::router::Pattern;
+use postbox_relay::{
+    OutboxSource, RelayConfig, RouteConfig, Router, RunMode, SinkError, Tenants, TenantsConfig,
+};
+use serde::Deserialize;
+use sqlx::postgres::PgConnectOptions;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Builds an outbox's own router from its `routes`.
+pub type RoutesFn<'a> = &'a dyn Fn(&[RouteConfig]) -> Result<Router, AnyError>;
+
+/// `--schemas` and `--databases`: which outboxes a command works on.
+#[derive(Args, Debug, Clone, Default)]
+pub struct SelectArgs {
+    /// Every schema of the database whose name matches GLOB (`*` any run,
+    /// `?` one character), e.g. 'tenant_*'; with --databases, inside each
+    /// matching database. `relay` serves (and `status` shows) those holding
+    /// an outbox, `migrate` migrates them all
+    #[arg(long, value_name = "GLOB")]
+    pub schemas: Option<String>,
+    /// Every database of the server whose name matches GLOB, e.g. 'app_*'
+    /// (listed through --database-url's database); inside each, the schemas
+    /// --schemas matches, or --schema
+    #[arg(long, value_name = "GLOB")]
+    pub databases: Option<String>,
+}
+
+/// `[[outboxes]]`: one outbox a relay serves, besides those `--schemas` finds.
+///
+/// ```toml
+/// [[outboxes]]
+/// url = "postgres://relay@db-eu/app"   # default: database_url
+/// schema = "tenant_acme"
+/// routes = [{ match = ["invoice.*"], to = ["billing"] }]   # default: the relay's
+/// ```
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxSection {
+    pub url: Option<String>,
+    pub schema: String,
+    pub routes: Option<Vec<RouteConfig>>,
+}
+
+/// `[tenants]`: how a relay serving many outboxes shares its resources.
+///
+/// ```toml
+/// [tenants]
+/// max_in_flight_batches = 8     # across every outbox
+/// pool_size = 2                 # per database, plus its LISTEN connection
+/// rediscover_interval = "30s"   # list databases and schemas again
+/// idle_poll = "30s"             # an idle outbox's safety poll
+/// aggregate_metrics = false     # true: no `outbox` label on metrics
+/// ```
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TenantsSection {
+    pub max_in_flight_batches: usize,
+    pub pool_size: u32,
+    #[serde(with = "humantime_serde")]
+    pub rediscover_interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub idle_poll: Duration,
+    pub aggregate_metrics: bool,
+}
+
+impl Default for TenantsSection {
+    fn default() -> Self {
+        let d = TenantsConfig::default();
+        Self {
+            max_in_flight_batches: d.max_in_flight_batches,
+            pool_size: d.pool_size,
+            rediscover_interval: d.rediscover_interval,
+            idle_poll: d.idle_poll,
+            aggregate_metrics: false,
+        }
+    }
+}
+
+/// Whether the command works on many outboxes rather than `--schema`.
+pub fn many(settings: &Settings, select: &SelectArgs) -> bool {
+    select.schemas.is_some() || select.databases.is_some() || !settings.file.outboxes.is_empty()
+}
+
+fn connect(settings: &Settings, url: Option<&str>) -> Result<PgConnectOptions, AnyError> {
+    Ok(db::options(
+        url.or(settings.database_url.as_deref()),
+        "postbox-relay",
+    )?)
+}
+
+fn pattern(flag: &str, glob: &str) -> Result<Pattern, AnyError> {
+    Pattern::parse(glob).map_err(|e| format!("{flag} {glob:?}: {e}").into())
+}
+
+/// The outboxes the flags and `[[outboxes]]` name; `routes` builds an
+/// outbox's own router from its `routes`.
+pub fn sources(
+    settings: &Settings,
+    select: &SelectArgs,
+    routes: Option<RoutesFn<'_>>,
+) -> Result<Vec<OutboxSource>, AnyError> {
+    let mut sources = Vec::new();
+    if select.schemas.is_some() || select.databases.is_some() {
+        let schemas = match &select.schemas {
+            Some(glob) => pattern("--schemas", glob)?,
+            None => pattern("--schema", settings.schema.name())?,
+        };
+        let databases = match &select.databases {
+            Some(glob) => Some(pattern("--databases", glob)?),
+            None => None,
+        };
+        sources.push(OutboxSource::Discover {
+            connect: connect(settings, None)?,
+            databases,
+            schemas,
+        });
+    }
+    for (i, o) in settings.file.outboxes.iter().enumerate() {
+        let field = format!("outboxes[{i}]");
+        let schema = Schema::new(&o.schema).map_err(|e| format!("{field}.schema: {e}"))?;
+        let connect =
+            connect(settings, o.url.as_deref()).map_err(|e| format!("{field}.url: {e}"))?;
+        let router = match (&o.routes, routes) {
+            (Some(r), Some(routes)) => Some(Arc::new(
+                routes(r).map_err(|e| format!("{field}.routes: {e}"))?,
+            )),
+            _ => None,
+        };
+        sources.push(OutboxSource::Outbox {
+            connect,
+            schema,
+            router,
+        });
+    }
+    Ok(sources)
+}
+
+/// One outbox as `migrate` and `status` see it.
+pub struct Found {
+    /// `<database>/<schema>`.
+    pub name: String,
+    pub pool: sqlx::PgPool,
+    pub schema: Schema,
+}
+
+/// List the outboxes (`migrated`: only schemas holding an outbox; otherwise
+/// every matching schema, for `migrate`), each with a small pool.
+pub async fn list(
+    settings: &Settings,
+    select: &SelectArgs,
+    migrated: bool,
+) -> Result<Vec<Found>, AnyError> {
+    let mut found = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for source in sources(settings, select, None)? {
+        let (targets, schemas) = match source {
+            OutboxSource::Outbox {
+                connect, schema, ..
+            } => {
+                let glob = Pattern::parse(schema.name()).map_err(|e| e.to_string())?;
+                (vec![connect], glob)
+            }
+            OutboxSource::Discover {
+                connect,
+                databases,
+                schemas,
+            } => match databases {
+                None => (vec![connect], schemas),
+                Some(pattern) => {
+                    let server = db::pool(connect.clone(), 1, db::CONNECT_PATIENCE).await?;
+                    let names = postbox_store::discovery::databases(&server).await?;
+                    server.close().await;
+                    let targets = names
+                        .iter()
+                        .filter(|n| pattern.matches(n))
+                        .map(|n| connect.clone().database(n))
+                        .collect();
+                    (targets, schemas)
+                }
+            },
+        };
+        for target in targets {
+            let database = target.get_database().unwrap_or_default().to_owned();
+            let pool = db::pool(target, 2, db::CONNECT_PATIENCE).await?;
+            let names = if migrated {
+                postbox_store::discovery::outbox_schemas(&pool).await?
+            } else {
+                postbox_store::discovery::all_schemas(&pool).await?
+            };
+            for name in names.iter().filter(|n| schemas.matches(n)) {
+                let Ok(schema) = Schema::new(name) else {
+                    continue;
+                };
+                let full = format!("{database}/{name}");
+                if seen.insert(full.clone()) {
+                    found.push(Found {
+                        name: full,
+                        pool: pool.clone(),
+                        schema,
+                    });
+                }
+            }
+        }
+    }
+    if found.is_empty() {
+        return Err("no schema matches: check --schemas / --databases (and, for `relay` and `status`, that the schemas are migrated)".into());
+    }
+    Ok(found)
+}
+
+/// What `postbox relay` passes on when serving many outboxes.
+pub struct RelayRun<'a> {
+    pub config: RelayConfig,
+    pub router: Router,
+    pub routes: RoutesFn<'a>,
+    pub source: Option<String>,
+    pub drain: bool,
+    pub metrics_listen: Option<String>,
+}
+
+/// `postbox relay` over many outboxes: one process, shared pools and LISTEN
+/// connections per database, a global cap on batches in flight.
+pub async fn relay(
+    settings: &Settings,
+    select: &SelectArgs,
+    run: RelayRun<'_>,
+) -> Result<std::process::ExitCode, AnyError> {
+    let section = &settings.file.tenants;
+    let sources = sources(settings, select, Some(run.routes))?;
+    let config = TenantsConfig {
+        relay: run.config,
+        max_in_flight_batches: section.max_in_flight_batches,
+        pool_size: section.pool_size,
+        rediscover_interval: section.rediscover_interval,
+        idle_poll: section.idle_poll,
+        source: run
+            .source
+            .or_else(|| settings.file.sink.source.clone())
+            .unwrap_or_else(|| postbox_relay::cloudevents::DEFAULT_SOURCE.to_owned()),
+    };
+    for d in run.router.destinations() {
+        match d.sink.check().await.map_err(|e| e.masked(d.sink.secrets())) {
+            Ok(()) => {}
+            Err(e @ SinkError::Misconfigured { .. }) => {
+                return Err(format!("destination {}: {e}", d.name).into());
+            }
+            Err(e) => {
+                tracing::warn!(destination = %d.name, error = %e, "the destination is not reachable yet; its events will be retried until it is");
+            }
+        }
+    }
+    let sinks: Vec<_> = run
+        .router
+        .destinations()
+        .iter()
+        .map(|d| d.sink.clone())
+        .collect();
+    let tenants = Tenants::new(config, sources, run.router)?;
+    let serving = CancellationToken::new();
+    let _stop_serving = serving.clone().drop_guard();
+    if let Some(addr) = &run.metrics_listen {
+        // /readyz checks the database --database-url names.
+        let options = db::options(settings.database_url.as_deref(), "postbox-relay")?;
+        let store = postbox_relay::Store::new(db::lazy_pool(options, 1), settings.schema.clone());
+        let endpoint =
+            observe::Endpoint::bind_labelled(addr, store, sinks, section.aggregate_metrics).await?;
+        if let Some(bound) = endpoint.local_addr() {
+            tracing::info!("serving /metrics, /healthz and /readyz on http://{bound}");
+        }
+        tokio::spawn(endpoint.serve(serving.clone()));
+    }
+    let shutdown = CancellationToken::new();
+    tokio::spawn(crate::context::cancel_on_signal(shutdown.clone()));
+    let mode = if run.drain {
+        RunMode::Drain
+    } else {
+        RunMode::Forever
+    };
+    let stats = tenants.run(mode, shutdown).await;
+    if run.drain {
+        crate::output::outln!(
+            "drained {} outboxes: {} delivered, {} retried, {} dead-lettered, {} lost acknowledgements",
+            tenants.status().len(),
+            stats.delivered,
+            stats.retried,
+            stats.dead_lettered,
+            stats.lost_acks
+        );
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}

@@ -1,0 +1,471 @@
+//! One relay serving many outboxes: discovery, outboxes added and removed at
+//! run time, isolation of a broken outbox, fairness under a huge backlog.
+//! Each test makes its own schemas (and databases) under a unique prefix and
+//! drops them at the end.
+
+use crate::support::{fast_config, Logs, ScriptedSink};
+use postbox::{NewEvent, Schema};
+use postbox_relay::router::Pattern;
+use postbox_relay::{OutboxSource, Outcome, Router, RunMode, Sink, Tenants, TenantsConfig};
+use postbox_testkit::{database_url, unique, wait_for};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::PgPool;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn connect() -> PgConnectOptions {
+    PgConnectOptions::from_str(&database_url()).unwrap()
+}
+
+fn config() -> TenantsConfig {
+    TenantsConfig {
+        relay: fast_config(),
+        max_in_flight_batches: 4,
+        pool_size: 2,
+        rediscover_interval: Duration::from_millis(200),
+        idle_poll: Duration::from_millis(200),
+        ..TenantsConfig::default()
+    }
+}
+
+async fn pool() -> PgPool {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(connect())
+        .await
+        .unwrap()
+}
+
+async fn migrated(pool: &PgPool, name: &str) -> Schema {
+    let schema = Schema::new(name).unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    postbox::sqlx::migrate(&mut conn, &schema).await.unwrap();
+    schema
+}
+
+async fn drop_schema(pool: &PgPool, schema: &str) {
+    sqlx::raw_sql(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+async fn enqueue(pool: &PgPool, schema: &Schema, event_type: &str, n: usize) {
+    let outbox = postbox::Outbox::new(schema.clone());
+    let events: Vec<NewEvent> = (0..n)
+        .map(|i| {
+            NewEvent::new(
+                event_type,
+                "order",
+                i.to_string(),
+                &serde_json::json!({"i": i}),
+            )
+            .unwrap()
+        })
+        .collect();
+    for chunk in events.chunks(1000) {
+        let mut tx = pool.begin().await.unwrap();
+        postbox::sqlx::enqueue_batch(&outbox, &mut tx, chunk)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+}
+
+fn delivered_from(sink: &ScriptedSink, source: &str) -> usize {
+    sink.seen
+        .lock()
+        .unwrap()
+        .messages
+        .iter()
+        .filter(|m| m.source.as_deref() == Some(source))
+        .count()
+}
+
+fn start(tenants: Arc<Tenants>, stop: &CancellationToken) -> tokio::task::JoinHandle<()> {
+    let stop = stop.clone();
+    tokio::spawn(async move {
+        tenants.run(RunMode::Forever, stop).await;
+    })
+}
+
+#[tokio::test]
+async fn serves_every_schema_matching_the_pattern() {
+    let pool = pool().await;
+    let prefix = unique("tn");
+    let a = migrated(&pool, &format!("{prefix}_a")).await;
+    let b = migrated(&pool, &format!("{prefix}_b")).await;
+    let other = migrated(&pool, &unique("tn_other_")).await;
+    // Matching but never migrated: not an outbox.
+    sqlx::raw_sql(&format!("CREATE SCHEMA {prefix}_bare"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let sink = ScriptedSink::delivering();
+    let tenants = Arc::new(
+        Tenants::new(
+            config(),
+            vec![OutboxSource::Discover {
+                connect: connect(),
+                databases: None,
+                schemas: Pattern::parse(&format!("{prefix}_*")).unwrap(),
+            }],
+            Router::single(sink.clone() as Arc<dyn Sink>),
+        )
+        .unwrap(),
+    );
+    let stop = CancellationToken::new();
+    let task = start(tenants.clone(), &stop);
+    enqueue(&pool, &a, "order.created", 3).await;
+    enqueue(&pool, &b, "order.created", 2).await;
+    enqueue(&pool, &other, "order.created", 1).await;
+    let source = |s: &Schema| format!("postbox/postgres/{}", s.name());
+    wait_for(
+        "both outboxes delivered, each event naming its outbox",
+        WAIT,
+        || async {
+            delivered_from(&sink, &source(&a)) == 3 && delivered_from(&sink, &source(&b)) == 2
+        },
+    )
+    .await;
+    let names: Vec<String> = tenants.status().into_iter().map(|o| o.name).collect();
+    assert_eq!(
+        names,
+        vec![
+            format!("postgres/{}", a.name()),
+            format!("postgres/{}", b.name())
+        ]
+    );
+    wait_for("both outboxes acknowledged", WAIT, || async {
+        tenants.total().delivered == 5
+    })
+    .await;
+    assert_eq!(
+        sink.count(),
+        5,
+        "the schema outside the pattern is not served"
+    );
+    stop.cancel();
+    task.await.unwrap();
+    for s in [a.name(), b.name(), other.name(), &format!("{prefix}_bare")] {
+        drop_schema(&pool, s).await;
+    }
+}
+
+#[tokio::test]
+async fn outboxes_come_and_go_without_a_restart() {
+    let pool = pool().await;
+    let prefix = unique("tn");
+    let first = migrated(&pool, &format!("{prefix}_1")).await;
+    let sink = ScriptedSink::delivering();
+    let tenants = Arc::new(
+        Tenants::new(
+            config(),
+            vec![OutboxSource::Discover {
+                connect: connect(),
+                databases: None,
+                schemas: Pattern::parse(&format!("{prefix}_*")).unwrap(),
+            }],
+            Router::single(sink.clone() as Arc<dyn Sink>),
+        )
+        .unwrap(),
+    );
+    let stop = CancellationToken::new();
+    let task = start(tenants.clone(), &stop);
+    enqueue(&pool, &first, "order.created", 1).await;
+    wait_for("the first outbox delivers", WAIT, || async {
+        sink.count() == 1
+    })
+    .await;
+
+    // A tenant is added: it is found and served.
+    let second = migrated(&pool, &format!("{prefix}_2")).await;
+    enqueue(&pool, &second, "order.created", 2).await;
+    wait_for("the added outbox delivers", WAIT, || async {
+        sink.count() == 3
+    })
+    .await;
+
+    // A tenant is removed: its engine stops, the others go on.
+    drop_schema(&pool, first.name()).await;
+    let first_name = format!("postgres/{}", first.name());
+    wait_for("the removed outbox is no longer served", WAIT, || async {
+        tenants
+            .status()
+            .iter()
+            .any(|o| o.name == first_name && !o.serving)
+    })
+    .await;
+    enqueue(&pool, &second, "order.created", 1).await;
+    wait_for("the remaining outbox still delivers", WAIT, || async {
+        sink.count() == 4
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap();
+    drop_schema(&pool, second.name()).await;
+}
+
+#[tokio::test]
+async fn a_broken_outbox_never_stops_the_others() {
+    let pool = pool().await;
+    let prefix = unique("tn");
+    let good = migrated(&pool, &format!("{prefix}_good")).await;
+    let poisoned = migrated(&pool, &format!("{prefix}_poison")).await;
+    let missing = Schema::new(&format!("{prefix}_missing")).unwrap();
+    let nowhere = connect().database(&unique("tn_no_db_"));
+    // Rejects every event of type `poison`.
+    let sink = ScriptedSink::new(|m, _| {
+        if m.event_type == "poison" {
+            Outcome::reject("cannot take this")
+        } else {
+            Outcome::Delivered
+        }
+    });
+    let outbox = |connect: PgConnectOptions, schema: &Schema| OutboxSource::Outbox {
+        connect,
+        schema: schema.clone(),
+        router: None,
+    };
+    let logs = Logs::default();
+    let _capturing = logs.capture(tracing::Level::WARN);
+    let tenants = Arc::new(
+        Tenants::new(
+            config(),
+            vec![
+                outbox(nowhere.clone(), &good),
+                outbox(connect(), &missing),
+                outbox(connect(), &poisoned),
+                outbox(connect(), &good),
+            ],
+            Router::single(sink.clone() as Arc<dyn Sink>),
+        )
+        .unwrap(),
+    );
+    let stop = CancellationToken::new();
+    let task = start(tenants.clone(), &stop);
+    enqueue(&pool, &poisoned, "poison", 5).await;
+    enqueue(&pool, &poisoned, "order.created", 2).await;
+    enqueue(&pool, &good, "order.created", 3).await;
+    let good_source = format!("postbox/postgres/{}", good.name());
+    let poisoned_source = format!("postbox/postgres/{}", poisoned.name());
+    wait_for("the healthy outboxes deliver", WAIT, || async {
+        delivered_from(&sink, &good_source) == 3 && delivered_from(&sink, &poisoned_source) == 7
+    })
+    .await;
+    let of = |name: &str| {
+        tenants
+            .status()
+            .into_iter()
+            .find(|o| o.name.ends_with(name))
+            .unwrap()
+    };
+    let poisoned_name = format!("postgres/{}", poisoned.name());
+    wait_for(
+        "the poison events are dead letters, the others delivered",
+        WAIT,
+        || async {
+            let s = of(&poisoned_name).stats;
+            s.dead_lettered == 5 && s.delivered == 2
+        },
+    )
+    .await;
+    wait_for("the broken outboxes' errors are counted", WAIT, || async {
+        let status = tenants.status();
+        let errors = |suffix: &str| {
+            status
+                .iter()
+                .find(|o| o.name.ends_with(suffix))
+                .map_or(0, |o| o.errors)
+        };
+        errors(&format!("/{}", missing.name())) > 0
+            && errors(&format!(
+                "{}/{}",
+                nowhere.get_database().unwrap(),
+                good.name()
+            )) > 0
+    })
+    .await;
+    assert!(!of(&format!("/{}", missing.name())).serving);
+    let text = logs.text();
+    assert!(
+        text.contains(&format!("outbox=postgres/{}", missing.name())),
+        "the missing outbox is named in the log: {text}"
+    );
+    assert!(
+        text.contains(nowhere.get_database().unwrap()),
+        "the broken database is named in the log: {text}"
+    );
+    stop.cancel();
+    task.await.unwrap();
+    drop_schema(&pool, good.name()).await;
+    drop_schema(&pool, poisoned.name()).await;
+}
+
+#[tokio::test]
+async fn a_huge_backlog_does_not_starve_a_quiet_outbox() {
+    const BACKLOG: usize = 20_000;
+    let pool = pool().await;
+    let prefix = unique("tn");
+    let busy = migrated(&pool, &format!("{prefix}_busy")).await;
+    let quiet = migrated(&pool, &format!("{prefix}_quiet")).await;
+    enqueue(&pool, &busy, "order.created", BACKLOG).await;
+    let sink = ScriptedSink::delivering();
+    let mut config = config();
+    config.max_in_flight_batches = 2;
+    config.relay.batch_size = 100;
+    let tenants = Arc::new(
+        Tenants::new(
+            config,
+            vec![OutboxSource::Discover {
+                connect: connect(),
+                databases: None,
+                schemas: Pattern::parse(&format!("{prefix}_*")).unwrap(),
+            }],
+            Router::single(sink.clone() as Arc<dyn Sink>),
+        )
+        .unwrap(),
+    );
+    let stop = CancellationToken::new();
+    let task = start(tenants.clone(), &stop);
+    let busy_source = format!("postbox/postgres/{}", busy.name());
+    let quiet_source = format!("postbox/postgres/{}", quiet.name());
+    wait_for("the busy outbox is draining", WAIT, || async {
+        delivered_from(&sink, &busy_source) >= 500
+    })
+    .await;
+    let mut latencies = Vec::new();
+    for _ in 0..3 {
+        let before = delivered_from(&sink, &quiet_source);
+        let committed = Instant::now();
+        enqueue(&pool, &quiet, "order.created", 1).await;
+        wait_for("the quiet outbox's event is delivered", WAIT, || async {
+            delivered_from(&sink, &quiet_source) == before + 1
+        })
+        .await;
+        latencies.push(committed.elapsed());
+        let busy_done = delivered_from(&sink, &busy_source);
+        assert!(
+            busy_done < BACKLOG * 9 / 10,
+            "the quiet outbox was served while the busy one still had a backlog ({busy_done} of {BACKLOG} done)"
+        );
+    }
+    assert!(
+        latencies.iter().all(|l| *l < Duration::from_secs(2)),
+        "each quiet event waited for a turn, not for the backlog: {latencies:?}"
+    );
+    wait_for(
+        "the backlog drains too",
+        Duration::from_secs(120),
+        || async { delivered_from(&sink, &busy_source) == BACKLOG },
+    )
+    .await;
+    stop.cancel();
+    task.await.unwrap();
+    drop_schema(&pool, busy.name()).await;
+    drop_schema(&pool, quiet.name()).await;
+}
+
+#[tokio::test]
+async fn serves_the_matching_schemas_of_every_matching_database() {
+    let admin = pool().await;
+    let prefix = unique("tndb");
+    let databases = [format!("{prefix}_x"), format!("{prefix}_y")];
+    let mut schemas = Vec::new();
+    for db in &databases {
+        sqlx::raw_sql(&format!("CREATE DATABASE {db}"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(connect().database(db))
+            .await
+            .unwrap();
+        let schema = migrated(&pool, "tenant_1").await;
+        enqueue(&pool, &schema, "order.created", 2).await;
+        pool.close().await;
+        schemas.push(schema);
+    }
+    let sink = ScriptedSink::delivering();
+    let tenants = Arc::new(
+        Tenants::new(
+            config(),
+            vec![OutboxSource::Discover {
+                connect: connect(),
+                databases: Some(Pattern::parse(&format!("{prefix}_*")).unwrap()),
+                schemas: Pattern::parse("tenant_*").unwrap(),
+            }],
+            Router::single(sink.clone() as Arc<dyn Sink>),
+        )
+        .unwrap(),
+    );
+    let stop = CancellationToken::new();
+    let task = start(tenants.clone(), &stop);
+    wait_for("every database's outbox delivers", WAIT, || async {
+        databases
+            .iter()
+            .all(|db| delivered_from(&sink, &format!("postbox/{db}/tenant_1")) == 2)
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap();
+    drop(tenants);
+    for db in &databases {
+        sqlx::raw_sql(&format!("DROP DATABASE {db} WITH (FORCE)"))
+            .execute(&admin)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn idle_outboxes_hold_no_batch_permit() {
+    let pool = pool().await;
+    let prefix = unique("tn");
+    let mut schemas = Vec::new();
+    for i in 0..6 {
+        schemas.push(migrated(&pool, &format!("{prefix}_{i}")).await);
+    }
+    let sink = ScriptedSink::delivering();
+    let mut config = config();
+    // One permit, and polls far beyond the test: only wake-ups can serve.
+    config.max_in_flight_batches = 1;
+    config.idle_poll = Duration::from_secs(600);
+    config.rediscover_interval = Duration::from_secs(600);
+    let tenants = Arc::new(
+        Tenants::new(
+            config,
+            vec![OutboxSource::Discover {
+                connect: connect(),
+                databases: None,
+                schemas: Pattern::parse(&format!("{prefix}_*")).unwrap(),
+            }],
+            Router::single(sink.clone() as Arc<dyn Sink>),
+        )
+        .unwrap(),
+    );
+    let stop = CancellationToken::new();
+    let task = start(tenants.clone(), &stop);
+    wait_for("every outbox is served", WAIT, || async {
+        tenants.status().iter().filter(|o| o.serving).count() == schemas.len()
+    })
+    .await;
+    for s in &schemas {
+        enqueue(&pool, s, "order.created", 1).await;
+    }
+    // An idle engine waiting for work must not keep the only permit.
+    wait_for("every outbox delivers", Duration::from_secs(10), || async {
+        sink.count() == schemas.len()
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap();
+    for s in &schemas {
+        drop_schema(&pool, s.name()).await;
+    }
+}

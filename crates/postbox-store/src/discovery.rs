@@ -1,0 +1,48 @@
+//! Finding outboxes: the schemas of a database that hold one, the databases
+//! of a server (for a relay serving many outboxes, and `migrate --schemas`).
+//! Matching names against a pattern is the caller's business.
+
+use crate::catalog;
+use sqlx::PgPool;
+use std::sync::OnceLock;
+
+struct Queries {
+    outbox_schemas: String,
+    all_schemas: String,
+    databases: String,
+}
+
+fn queries() -> &'static Queries {
+    static QUERIES: OnceLock<Queries> = OnceLock::new();
+    QUERIES.get_or_init(|| {
+        let mut file = catalog("discovery.sql", include_str!("../sql/discovery.sql"));
+        let q = Queries {
+            outbox_schemas: file.take("outbox_schemas").to_owned(),
+            all_schemas: file.take("all_schemas").to_owned(),
+            databases: file.take("databases").to_owned(),
+        };
+        file.finish();
+        q
+    })
+}
+
+/// The schemas of the pool's database holding a migrated postbox outbox.
+pub async fn outbox_schemas(pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(&queries().outbox_schemas)
+        .fetch_all(pool)
+        .await
+}
+
+/// Every schema of the pool's database but the system's.
+pub async fn all_schemas(pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(&queries().all_schemas)
+        .fetch_all(pool)
+        .await
+}
+
+/// The databases of the pool's server that accept connections (no templates).
+pub async fn databases(pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(&queries().databases)
+        .fetch_all(pool)
+        .await
+}
