@@ -10,9 +10,9 @@
 //!
 //! Cargo features, one per transport (a sink URL whose feature is not built
 //! is a configuration error naming it; `stdout` is always built):
-//! `redis`, `nats` (JetStream), `amqp` (RabbitMQ), `http` (webhooks) and
-//! `qstash` are on by default; `kafka` is opt-in (it compiles the bundled
-//! librdkafka: a C compiler and make). `failpoints` arms the named
+//! `redis`, `nats` (JetStream), `amqp` (RabbitMQ), `http` (webhooks),
+//! `qstash`, `sqs`, `sns` and `kinesis` (Amazon) are on by default; `kafka`
+//! is opt-in (it compiles the bundled librdkafka: a C compiler and make). `failpoints` arms the named
 //! failpoints of [`failpoint`] for fault-injection runs.
 
 pub mod backoff;
