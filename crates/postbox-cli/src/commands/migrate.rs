@@ -80,9 +80,8 @@ async fn migrate_many(settings: &Settings, args: &MigrateArgs) -> Result<ExitCod
         for line in lines {
             outln!("{line}");
         }
-        result.map_err(|e| -> AnyError {
-            format!("{label}: {}", error_chain(e.as_ref())).into()
-        })?;
+        result
+            .map_err(|e| -> AnyError { format!("{label}: {}", error_chain(e.as_ref())).into() })?;
     }
     progress.update(found.len() as u64);
     progress.finish();
@@ -131,7 +130,10 @@ async fn migrate_one(
             }
         }
         log.set_producer_target(target).await?;
-        lines.push(format!("{label}: producers write into the {}", target.as_str()));
+        lines.push(format!(
+            "{label}: producers write into the {}",
+            target.as_str()
+        ));
     }
     if args.create_roles {
         let roles = Store::new(pool.clone(), schema.clone())

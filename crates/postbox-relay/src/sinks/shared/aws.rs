@@ -282,7 +282,11 @@ pub(crate) fn attributes(m: &Message, source: &str) -> Vec<(&'static str, &'stat
         ("ce-id", "String", m.event_id.hyphenated().to_string()),
         ("ce-specversion", "String", "1.0".to_owned()),
         ("ce-type", "String", m.event_type.clone()),
-        ("ce-source", "String", source.to_owned()),
+        (
+            "ce-source",
+            "String",
+            crate::cloudevents::source_of(m, source).to_owned(),
+        ),
         (
             "ce-time",
             "String",
@@ -556,5 +560,6 @@ pub(crate) fn test_message(aggregate_id: &str) -> Message {
         created_at: chrono::Utc::now(),
         attempt: 1,
         sequence: Some(1),
+        source: None,
     }
 }
