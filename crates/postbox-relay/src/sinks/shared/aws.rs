@@ -409,6 +409,114 @@ pub(crate) fn lanes(
         .collect()
 }
 
+/// One message as SQS and SNS send it: the CloudEvents body, its message
+/// attributes, and its size as the service counts it.
+pub(crate) struct Entry {
+    pub(crate) body: String,
+    pub(crate) attributes: Vec<(&'static str, &'static str, String)>,
+    pub(crate) size: usize,
+}
+
+/// The entry of `m` (body and attributes with `source`), or why the service
+/// would never take it: characters it refuses, an aggregate id that cannot be
+/// a FIFO group, or a size over `max_message` (`limit` says whose limit).
+pub(crate) fn entry(
+    m: &Message,
+    source: &str,
+    fifo: bool,
+    max_message: usize,
+    limit: &str,
+) -> Result<Entry, String> {
+    let body = crate::cloudevents::to_json(m, source);
+    check_characters("the body", &body)?;
+    let attributes = attributes(m, source);
+    for (name, _, value) in &attributes {
+        check_characters(&format!("attribute {name}"), value)?;
+    }
+    if fifo {
+        check_group_id(&m.aggregate_id)?;
+    }
+    let size = message_size(&body, &attributes);
+    if size > max_message {
+        return Err(format!(
+            "the message is {size} bytes, over {limit} of {max_message} bytes"
+        ));
+    }
+    Ok(Entry {
+        body,
+        attributes,
+        size,
+    })
+}
+
+/// One batch on its way through a batch API (SQS, SNS): the entry of each
+/// message, or its outcome when the service would never take it.
+pub(crate) struct Plan {
+    outcomes: Vec<Option<Outcome>>,
+    pub(crate) entries: Vec<Option<Entry>>,
+}
+
+impl Plan {
+    /// Make each message's entry with `entry`; one it refuses is rejected
+    /// (and never sent).
+    pub(crate) fn new(
+        batch: &[Message],
+        service: &str,
+        entry: impl Fn(&Message) -> Result<Entry, String>,
+    ) -> Self {
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; batch.len()];
+        let mut entries: Vec<Option<Entry>> = Vec::with_capacity(batch.len());
+        for (i, m) in batch.iter().enumerate() {
+            match entry(m) {
+                Ok(e) => entries.push(Some(e)),
+                Err(why) => {
+                    outcomes[i] = Some(Outcome::reject(format!(
+                        "{service}: {}",
+                        crate::redact::sanitize_error(&why)
+                    )));
+                    entries.push(None);
+                }
+            }
+        }
+        Self { outcomes, entries }
+    }
+
+    /// The entries packed into calls of at most `max_entries` entries and
+    /// `max_call_bytes` bytes, in lanes that keep an aggregate's calls in
+    /// order (for [`send_in_lanes`]).
+    pub(crate) fn lanes(
+        &self,
+        batch: &[Message],
+        max_entries: usize,
+        max_call_bytes: usize,
+    ) -> Vec<Vec<Vec<usize>>> {
+        let sizes: Vec<(usize, usize)> = self
+            .entries
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| e.as_ref().map(|e| (i, e.size)))
+            .collect();
+        lanes(batch, &sizes, LANES, max_entries, max_call_bytes)
+    }
+
+    /// One outcome per message: what the calls answered, a retry for a
+    /// message nobody answered for.
+    pub(crate) fn outcomes(self, sent: Vec<(usize, Outcome)>, service: &str) -> Vec<Outcome> {
+        let mut outcomes = self.outcomes;
+        for (i, o) in sent {
+            outcomes[i] = Some(o);
+        }
+        outcomes
+            .into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| {
+                    Outcome::retry(format!("{service}: no answer for this message"))
+                })
+            })
+            .collect()
+    }
+}
+
 /// Run every lane at once, each lane's calls one after the other; a lane
 /// stops at a call that answers "do not go on" (a retry in it), and its
 /// later calls are retried unsent, so an aggregate's events keep their order.

@@ -27,7 +27,6 @@ mod tests;
 
 use super::shared::aws::{self, AwsConfig, AwsUrl, CallError};
 use super::{BuiltSink, SinkOptions};
-use crate::cloudevents;
 use crate::sink::{Message, Outcome, Secrets, Sink, SinkError};
 use async_trait::async_trait;
 use aws_sdk_sns::types::{MessageAttributeValue, PublishBatchRequestEntry};
@@ -59,13 +58,6 @@ pub struct SnsSink {
     described: String,
     client: OnceCell<Client>,
     arn: Mutex<Option<String>>,
-}
-
-/// One message ready to send.
-struct Entry {
-    body: String,
-    attributes: Vec<(&'static str, &'static str, String)>,
-    size: usize,
 }
 
 /// Why the topic could not be found.
@@ -158,34 +150,21 @@ impl SnsSink {
     }
 
     /// The message of `m`, or why SNS would never take it.
-    fn entry(&self, m: &Message) -> Result<Entry, String> {
-        let body = cloudevents::to_json(m, &self.options.source);
-        aws::check_characters("the body", &body)?;
-        let attributes = aws::attributes(m, &self.options.source);
-        for (name, _, value) in &attributes {
-            aws::check_characters(&format!("attribute {name}"), value)?;
-        }
-        if self.fifo {
-            aws::check_group_id(&m.aggregate_id)?;
-        }
-        let size = aws::message_size(&body, &attributes);
-        if size > MAX_MESSAGE {
-            return Err(format!(
-                "the message is {size} bytes, over SNS's limit of {MAX_MESSAGE} bytes"
-            ));
-        }
-        Ok(Entry {
-            body,
-            attributes,
-            size,
-        })
+    fn entry(&self, m: &Message) -> Result<aws::Entry, String> {
+        aws::entry(
+            m,
+            &self.options.source,
+            self.fifo,
+            MAX_MESSAGE,
+            "SNS's limit",
+        )
     }
 
     fn request_entry(
         &self,
         n: usize,
         m: &Message,
-        entry: &Entry,
+        entry: &aws::Entry,
     ) -> Result<PublishBatchRequestEntry, String> {
         let mut attributes = HashMap::with_capacity(entry.attributes.len());
         for (name, data_type, value) in &entry.attributes {
@@ -214,7 +193,7 @@ impl SnsSink {
         &self,
         arn: &str,
         batch: &[Message],
-        entries: &[Option<Entry>],
+        entries: &[Option<aws::Entry>],
         call: Vec<usize>,
     ) -> (Vec<(usize, Outcome)>, bool) {
         let mut request = Vec::with_capacity(call.len());
@@ -289,37 +268,13 @@ impl Sink for SnsSink {
             Ok(arn) => arn,
             Err(e) => return aws::retry_all(batch.len(), SERVICE, &e.text(&self.topic)),
         };
-        let mut outcomes: Vec<Option<Outcome>> = vec![None; batch.len()];
-        let mut entries: Vec<Option<Entry>> = Vec::with_capacity(batch.len());
-        for (i, m) in batch.iter().enumerate() {
-            match self.entry(m) {
-                Ok(e) => entries.push(Some(e)),
-                Err(why) => {
-                    outcomes[i] = Some(Outcome::reject(format!(
-                        "{SERVICE}: {}",
-                        crate::redact::sanitize_error(&why)
-                    )));
-                    entries.push(None);
-                }
-            }
-        }
-        let sizes: Vec<(usize, usize)> = entries
-            .iter()
-            .enumerate()
-            .filter_map(|(i, e)| e.as_ref().map(|e| (i, e.size)))
-            .collect();
-        let lanes = aws::lanes(batch, &sizes, aws::LANES, MAX_ENTRIES, MAX_MESSAGE);
+        let plan = aws::Plan::new(batch, SERVICE, |m| self.entry(m));
+        let lanes = plan.lanes(batch, MAX_ENTRIES, MAX_MESSAGE);
         let sent = aws::send_in_lanes(lanes, SERVICE, |call| {
-            self.send(&arn, batch, &entries, call)
+            self.send(&arn, batch, &plan.entries, call)
         })
         .await;
-        for (i, o) in sent {
-            outcomes[i] = Some(o);
-        }
-        outcomes
-            .into_iter()
-            .map(|o| o.unwrap_or_else(|| Outcome::retry("sns: no answer for this message")))
-            .collect()
+        plan.outcomes(sent, SERVICE)
     }
 
     async fn check(&self) -> Result<(), SinkError> {

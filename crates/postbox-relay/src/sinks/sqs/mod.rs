@@ -39,7 +39,6 @@ mod tests;
 
 use super::shared::aws::{self, AwsConfig, AwsUrl, CallError};
 use super::{BuiltSink, SinkOptions};
-use crate::cloudevents;
 use crate::sink::{Message, Outcome, Secrets, Sink, SinkError};
 use async_trait::async_trait;
 use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
@@ -83,13 +82,6 @@ pub struct SqsSink {
 struct Queue {
     url: String,
     max_message: usize,
-}
-
-/// One message ready to send.
-struct Entry {
-    body: String,
-    attributes: Vec<(&'static str, &'static str, String)>,
-    size: usize,
 }
 
 impl SqsSink {
@@ -173,37 +165,13 @@ impl SqsSink {
         self.lookup().await
     }
 
-    /// The message of `m`, or why SQS would never take it.
-    fn entry(&self, m: &Message, max_message: usize) -> Result<Entry, String> {
-        let body = cloudevents::to_json(m, &self.options.source);
-        aws::check_characters("the body", &body)?;
-        let attributes = aws::attributes(m, &self.options.source);
-        for (name, _, value) in &attributes {
-            aws::check_characters(&format!("attribute {name}"), value)?;
-        }
-        if self.fifo {
-            aws::check_group_id(&m.aggregate_id)?;
-        }
-        let size = aws::message_size(&body, &attributes);
-        if size > max_message {
-            return Err(format!(
-                "the message is {size} bytes, over the queue's MaximumMessageSize of {max_message} bytes"
-            ));
-        }
-        Ok(Entry {
-            body,
-            attributes,
-            size,
-        })
-    }
-
     /// Send one call; the outcome of each of its entries, and whether the
     /// lane may go on.
     async fn send(
         &self,
         queue: &Queue,
         batch: &[Message],
-        entries: &[Option<Entry>],
+        entries: &[Option<aws::Entry>],
         call: Vec<usize>,
     ) -> (Vec<(usize, Outcome)>, bool) {
         let mut request = Vec::with_capacity(call.len());
@@ -263,11 +231,22 @@ impl SqsSink {
         }
     }
 
+    /// The message of `m`, or why SQS would never take it.
+    fn entry(&self, m: &Message, max_message: usize) -> Result<aws::Entry, String> {
+        aws::entry(
+            m,
+            &self.options.source,
+            self.fifo,
+            max_message,
+            "the queue's MaximumMessageSize",
+        )
+    }
+
     fn request_entry(
         &self,
         n: usize,
         m: &Message,
-        entry: &Entry,
+        entry: &aws::Entry,
     ) -> Result<SendMessageBatchRequestEntry, String> {
         let mut attributes = HashMap::with_capacity(entry.attributes.len());
         for (name, data_type, value) in &entry.attributes {
@@ -304,37 +283,13 @@ impl Sink for SqsSink {
             Ok(q) => q,
             Err(e) => return aws::retry_all(batch.len(), SERVICE, &e.text),
         };
-        let mut outcomes: Vec<Option<Outcome>> = vec![None; batch.len()];
-        let mut entries: Vec<Option<Entry>> = Vec::with_capacity(batch.len());
-        for (i, m) in batch.iter().enumerate() {
-            match self.entry(m, queue.max_message) {
-                Ok(e) => entries.push(Some(e)),
-                Err(why) => {
-                    outcomes[i] = Some(Outcome::reject(format!(
-                        "{SERVICE}: {}",
-                        crate::redact::sanitize_error(&why)
-                    )));
-                    entries.push(None);
-                }
-            }
-        }
-        let sizes: Vec<(usize, usize)> = entries
-            .iter()
-            .enumerate()
-            .filter_map(|(i, e)| e.as_ref().map(|e| (i, e.size)))
-            .collect();
-        let lanes = aws::lanes(batch, &sizes, aws::LANES, MAX_ENTRIES, MAX_CALL_BYTES);
+        let plan = aws::Plan::new(batch, SERVICE, |m| self.entry(m, queue.max_message));
+        let lanes = plan.lanes(batch, MAX_ENTRIES, MAX_CALL_BYTES);
         let sent = aws::send_in_lanes(lanes, SERVICE, |call| {
-            self.send(&queue, batch, &entries, call)
+            self.send(&queue, batch, &plan.entries, call)
         })
         .await;
-        for (i, o) in sent {
-            outcomes[i] = Some(o);
-        }
-        outcomes
-            .into_iter()
-            .map(|o| o.unwrap_or_else(|| Outcome::retry("sqs: no answer for this message")))
-            .collect()
+        plan.outcomes(sent, SERVICE)
     }
 
     async fn check(&self) -> Result<(), SinkError> {
