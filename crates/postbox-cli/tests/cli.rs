@@ -641,3 +641,37 @@ async fn enqueue_schedules_events_and_status_counts_them_apart() {
     );
     db.drop_schema().await;
 }
+
+/// `postbox status` shows the replication slot this schema's logical-mode
+/// relay reads (`postbox_<schema>` by default, or `--slot` elsewhere), and
+/// says so when no relay reads it.
+#[tokio::test]
+async fn status_shows_the_schemas_replication_slot() {
+    let db = TestDb::new().await;
+    let slot = format!("postbox_{}", db.schema.name());
+    let without: serde_json::Value =
+        serde_json::from_str(&ok(postbox(&db, &["status", "--json"]))).unwrap();
+    assert!(without["logical_slot"].is_null(), "{without}");
+
+    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+        .bind(&slot)
+        .execute(&db.pool)
+        .await
+        .expect("create a logical slot (wal_level = logical)");
+    let shown = postbox(&db, &["status"]);
+    let json = postbox(&db, &["status", "--json"]);
+    sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(&slot)
+        .execute(&db.pool)
+        .await
+        .expect("drop the slot");
+
+    let shown = ok(shown);
+    assert!(
+        shown.contains(&format!("logical slot  {slot}: NOT READ")),
+        "{shown}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&ok(json)).unwrap();
+    assert_eq!(json["logical_slot"]["slot_name"], slot.as_str(), "{json}");
+    assert_eq!(json["logical_slot"]["active"], false, "{json}");
+}

@@ -99,6 +99,28 @@ impl SlotStatus {
     pub fn is_lost(&self) -> bool {
         self.wal_status.as_deref() == Some("lost")
     }
+
+    /// One line for operators: whether a relay reads it, its lag, the WAL it
+    /// retains, its WAL status and how much more WAL may be written before
+    /// the server invalidates it.
+    pub fn summary(&self) -> String {
+        let mb = |b: Option<f64>| {
+            b.map_or_else(|| "-".to_owned(), |b| format!("{:.1} MB", b / 1048576.0))
+        };
+        format!(
+            "{}: {}, lag {}, retains {}, wal_status {}, safe {}",
+            self.slot_name,
+            if self.active {
+                "read now"
+            } else {
+                "NOT READ (no relay connected)"
+            },
+            mb(self.lag_bytes),
+            mb(self.retained_bytes),
+            self.wal_status.as_deref().unwrap_or("-"),
+            mb(self.safe_wal_bytes),
+        )
+    }
 }
 
 /// An event a destination did not take, leaving the stream for the outbox's

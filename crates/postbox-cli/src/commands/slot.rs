@@ -51,22 +51,7 @@ pub async fn run(settings: &Settings, args: SlotArgs) -> Result<ExitCode, AnyErr
             }
             let mut lost = false;
             for s in &slots {
-                let mb = |b: Option<f64>| {
-                    b.map_or_else(|| "-".to_owned(), |b| format!("{:.1} MB", b / 1048576.0))
-                };
-                outln!(
-                    "{}: {}, lag {}, retains {}, wal_status {}, safe {}",
-                    s.slot_name,
-                    if s.active {
-                        "read now"
-                    } else {
-                        "NOT READ (no relay connected)"
-                    },
-                    mb(s.lag_bytes),
-                    mb(s.retained_bytes),
-                    s.wal_status.as_deref().unwrap_or("-"),
-                    mb(s.safe_wal_bytes),
-                );
+                outln!("{}", s.summary());
                 if s.is_lost() {
                     lost = true;
                     outln!(

@@ -6,7 +6,7 @@ use crate::output::{out, outln};
 use clap::Args;
 use postbox::Schema;
 use postbox_relay::Store;
-use postbox_store::{AttemptsCount, CursorLag, DestinationCounts, StatusCounts};
+use postbox_store::{AttemptsCount, CursorLag, DestinationCounts, SlotStatus, StatusCounts};
 use std::process::ExitCode;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -33,8 +33,9 @@ pub async fn run(settings: &Settings, args: StatusArgs) -> Result<ExitCode, AnyE
     }
     let pool = settings.pool("postbox-status").await?;
     let store = Store::new(pool, settings.schema.clone());
+    let slot = settings.file.relay.slot_name(&settings.schema);
     let Some(every) = args.watch else {
-        let report = status_report(&store).await?;
+        let report = status_report(&store, &slot).await?;
         if args.json {
             outln!("{}", serde_json::to_string(&report)?);
         } else {
@@ -48,7 +49,7 @@ pub async fn run(settings: &Settings, args: StatusArgs) -> Result<ExitCode, AnyE
     let stop = CancellationToken::new();
     tokio::spawn(cancel_on_signal(stop.clone()));
     while !stop.is_cancelled() {
-        let shown = match status_report(&store).await {
+        let shown = match status_report(&store, &slot).await {
             Ok(r) if args.json => serde_json::to_string(&r)?,
             Ok(r) => render_status(&settings.schema, &r),
             Err(e) => format!(
@@ -97,9 +98,12 @@ struct StatusReport {
     producers_write_into: &'static str,
     /// Log mode: each cursor's lag.
     log_cursors: Vec<CursorLag>,
+    /// Logical mode: the replication slot this schema's relay reads
+    /// (`relay.logical_slot`, or `postbox_<schema>`), when it exists.
+    logical_slot: Option<SlotStatus>,
 }
 
-async fn status_report(store: &Store) -> Result<StatusReport, sqlx::Error> {
+async fn status_report(store: &Store, slot: &str) -> Result<StatusReport, sqlx::Error> {
     let counts = store.status_counts().await?;
     let gauges = store.gauges().await?;
     let pending_attempts = store.pending_attempts().await?;
@@ -107,9 +111,11 @@ async fn status_report(store: &Store) -> Result<StatusReport, sqlx::Error> {
     let log = store.log();
     let producers_write_into = log.producer_target().await?.as_str();
     let log_cursors = log.cursor_lag().await?;
+    let logical_slot = store.logical().status(Some(slot)).await?.into_iter().next();
     Ok(StatusReport {
         producers_write_into,
         log_cursors,
+        logical_slot,
         dead_letters: counts.failed,
         counts,
         oldest_pending_event_id: gauges.oldest_pending_event_id,
@@ -175,6 +181,18 @@ fn render_status(schema: &Schema, r: &StatusReport) -> String {
                 format_age(c.lag_seconds),
                 c.delivered,
                 if c.held { "yes" } else { "no" }
+            );
+        }
+    }
+    if let Some(slot) = &r.logical_slot {
+        let _ = writeln!(out, "logical slot  {}", slot.summary());
+        if slot.is_lost() {
+            let _ = writeln!(
+                out,
+                "  INVALIDATED: events emitted after {} may be lost (see postbox slot status)",
+                slot.confirmed_lsn
+                    .as_deref()
+                    .unwrap_or("its last confirmed position")
             );
         }
     }
