@@ -675,3 +675,49 @@ async fn status_shows_the_schemas_replication_slot() {
     assert_eq!(json["logical_slot"]["slot_name"], slot.as_str(), "{json}");
     assert_eq!(json["logical_slot"]["active"], false, "{json}");
 }
+
+/// A drain that lasts longer than bench's progress interval (2 s) reports
+/// how far it got while it runs: one-event batches make 3,000 events take
+/// several seconds even on a fast machine. POSTBOX_PROGRESS=always stands in
+/// for a terminal.
+#[tokio::test]
+async fn bench_shows_progress_within_a_long_drain() {
+    let db = TestDb::empty().await;
+    let schema = unique("bench_p_");
+    let sink = format!("{}?key={}", redis_url(), unique("test:bench:"));
+    let o = Command::new(env!("CARGO_BIN_EXE_postbox"))
+        .args([
+            "bench",
+            "--only",
+            "drain",
+            "--events",
+            "3000",
+            "--batch-size",
+            "1",
+            "--naive-events",
+            "50",
+            "--bench-schema",
+            &schema,
+            "--sink",
+            &sink,
+            "--json",
+        ])
+        .env("DATABASE_URL", &db.url)
+        .env("POSTBOX_LOG", "warn")
+        .env("POSTBOX_PROGRESS", "always")
+        .env_remove("POSTBOX_CONFIG")
+        .output()
+        .expect("run postbox bench");
+    ok(o.clone());
+    let err = stderr(&o);
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("drained") && l.contains("/3000"))
+        .collect();
+    assert!(!lines.is_empty(), "no progress line in:\n{err}");
+    let mut redis = redis().await;
+    let _: () = redis
+        .del(sink.rsplit_once("key=").unwrap().1)
+        .await
+        .unwrap();
+}
