@@ -1,10 +1,11 @@
 //! The `--config` file (TOML) and how it combines with flags and the environment:
 //! a flag beats its environment variable, which beats the file, which beats the default.
 
-use postbox_relay::{HealthConfig, RelayConfig, RetentionConfig, RouteConfig};
+use postbox_relay::{HealthConfig, RelayConfig, RetentionConfig, RouteConfig, TenantsConfig};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::Duration;
 
 /// The whole config file. Every section and field is optional.
 ///
@@ -69,10 +70,10 @@ pub struct FileConfig {
     pub console: crate::commands::console::ConsoleSection,
     /// `[[outboxes]]`: outboxes one relay serves (see `crate::tenants`).
     #[serde(default)]
-    pub outboxes: Vec<crate::tenants::OutboxSection>,
+    pub outboxes: Vec<OutboxSection>,
     /// `[tenants]`: how a relay serving many outboxes shares its resources.
     #[serde(default)]
-    pub tenants: crate::tenants::TenantsSection,
+    pub tenants: TenantsSection,
 }
 
 /// `[redact]`: what `postbox dlq show` and the console mask.
@@ -151,6 +152,57 @@ impl FileConfig {
         })?;
         config.redact.redactor()?;
         Ok(config)
+    }
+}
+
+/// `[[outboxes]]`: one outbox a relay serves, besides those `--schemas` finds.
+///
+/// ```toml
+/// [[outboxes]]
+/// url = "postgres://relay@db-eu/app"   # default: database_url
+/// schema = "tenant_acme"
+/// routes = [{ match = ["invoice.*"], to = ["billing"] }]   # default: the relay's
+/// ```
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxSection {
+    pub url: Option<String>,
+    pub schema: String,
+    pub routes: Option<Vec<RouteConfig>>,
+}
+
+/// `[tenants]`: how a relay serving many outboxes shares its resources.
+///
+/// ```toml
+/// [tenants]
+/// max_in_flight_batches = 8     # across every outbox
+/// pool_size = 2                 # per database, plus its LISTEN connection
+/// rediscover_interval = "30s"   # list databases and schemas again
+/// idle_poll = "30s"             # an idle outbox's safety poll
+/// aggregate_metrics = false     # true: no `outbox` label on metrics
+/// ```
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TenantsSection {
+    pub max_in_flight_batches: usize,
+    pub pool_size: u32,
+    #[serde(with = "humantime_serde")]
+    pub rediscover_interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub idle_poll: Duration,
+    pub aggregate_metrics: bool,
+}
+
+impl Default for TenantsSection {
+    fn default() -> Self {
+        let d = TenantsConfig::default();
+        Self {
+            max_in_flight_batches: d.max_in_flight_batches,
+            pool_size: d.pool_size,
+            rediscover_interval: d.rediscover_interval,
+            idle_poll: d.idle_poll,
+            aggregate_metrics: false,
+        }
     }
 }
 

@@ -12,10 +12,8 @@ use postbox_relay::router::Pattern;
 use postbox_relay::{
     OutboxSource, RelayConfig, RouteConfig, Router, RunMode, SinkError, Tenants, TenantsConfig,
 };
-use serde::Deserialize;
 use sqlx::postgres::PgConnectOptions;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Builds an outbox's own router from its `routes`.
@@ -35,57 +33,6 @@ pub struct SelectArgs {
     /// --schemas matches, or --schema
     #[arg(long, value_name = "GLOB")]
     pub databases: Option<String>,
-}
-
-/// `[[outboxes]]`: one outbox a relay serves, besides those `--schemas` finds.
-///
-/// ```toml
-/// [[outboxes]]
-/// url = "postgres://relay@db-eu/app"   # default: database_url
-/// schema = "tenant_acme"
-/// routes = [{ match = ["invoice.*"], to = ["billing"] }]   # default: the relay's
-/// ```
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OutboxSection {
-    pub url: Option<String>,
-    pub schema: String,
-    pub routes: Option<Vec<RouteConfig>>,
-}
-
-/// `[tenants]`: how a relay serving many outboxes shares its resources.
-///
-/// ```toml
-/// [tenants]
-/// max_in_flight_batches = 8     # across every outbox
-/// pool_size = 2                 # per database, plus its LISTEN connection
-/// rediscover_interval = "30s"   # list databases and schemas again
-/// idle_poll = "30s"             # an idle outbox's safety poll
-/// aggregate_metrics = false     # true: no `outbox` label on metrics
-/// ```
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TenantsSection {
-    pub max_in_flight_batches: usize,
-    pub pool_size: u32,
-    #[serde(with = "humantime_serde")]
-    pub rediscover_interval: Duration,
-    #[serde(with = "humantime_serde")]
-    pub idle_poll: Duration,
-    pub aggregate_metrics: bool,
-}
-
-impl Default for TenantsSection {
-    fn default() -> Self {
-        let d = TenantsConfig::default();
-        Self {
-            max_in_flight_batches: d.max_in_flight_batches,
-            pool_size: d.pool_size,
-            rediscover_interval: d.rediscover_interval,
-            idle_poll: d.idle_poll,
-            aggregate_metrics: false,
-        }
-    }
 }
 
 /// Whether the command works on many outboxes rather than `--schema`.
