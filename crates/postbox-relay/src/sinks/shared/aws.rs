@@ -593,6 +593,30 @@ pub(crate) fn retry_all(n: usize, service: &str, why: &str) -> Vec<Outcome> {
 
 /// The outcome of one entry the service refused in a batch call: the
 /// sender's fault is a reject (the message will never be accepted as it is),
+/// The outcomes of one SQS or SNS batch call from its answer: the ids (each
+/// entry's position in the call) the service took, and for each entry it
+/// refused, its id, whether the fault was the sender's, the code and the
+/// message. An id outside the call is ignored; an entry without an answer is
+/// a retry (see [`collect_call`]).
+pub(crate) fn batch_answer<'a>(
+    call: &[usize],
+    service: &str,
+    taken: impl IntoIterator<Item = &'a str>,
+    refused: impl IntoIterator<Item = (&'a str, bool, &'a str, &'a str)>,
+) -> (Vec<(usize, Outcome)>, bool) {
+    let position = |id: &str| id.parse::<usize>().ok().filter(|n| *n < call.len());
+    let mut outcomes = std::collections::HashMap::new();
+    for n in taken.into_iter().filter_map(position) {
+        outcomes.insert(n, Outcome::Delivered);
+    }
+    for (id, sender_fault, code, message) in refused {
+        if let Some(n) = position(id) {
+            outcomes.insert(n, entry_failure(service, sender_fault, code, message));
+        }
+    }
+    collect_call(call, outcomes, service)
+}
+
 /// anything else (throttling, an internal error) a retry.
 pub(crate) fn entry_failure(
     service: &str,

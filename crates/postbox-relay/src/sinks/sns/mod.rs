@@ -213,37 +213,19 @@ impl SnsSink {
             .send()
             .await;
         match answer {
-            Ok(out) => {
-                let mut outcomes: HashMap<usize, Outcome> = HashMap::new();
-                for ok in out.successful() {
-                    if let Some(n) = ok
-                        .id()
-                        .and_then(|id| id.parse::<usize>().ok())
-                        .filter(|n| *n < call.len())
-                    {
-                        outcomes.insert(n, Outcome::Delivered);
-                    }
-                }
-                for failed in out.failed() {
-                    if let Some(n) = failed
-                        .id()
-                        .parse::<usize>()
-                        .ok()
-                        .filter(|n| *n < call.len())
-                    {
-                        outcomes.insert(
-                            n,
-                            aws::entry_failure(
-                                SERVICE,
-                                failed.sender_fault(),
-                                failed.code(),
-                                failed.message().unwrap_or_default(),
-                            ),
-                        );
-                    }
-                }
-                aws::collect_call(&call, outcomes, SERVICE)
-            }
+            Ok(out) => aws::batch_answer(
+                &call,
+                SERVICE,
+                out.successful().iter().filter_map(|ok| ok.id()),
+                out.failed().iter().map(|f| {
+                    (
+                        f.id(),
+                        f.sender_fault(),
+                        f.code(),
+                        f.message().unwrap_or_default(),
+                    )
+                }),
+            ),
             Err(e) => {
                 let e = CallError::new(&e);
                 if e.is_missing(MISSING) {
