@@ -627,6 +627,15 @@ async fn enqueue_schedules_events_and_status_counts_them_apart() {
     assert!((3000.0..=3600.0).contains(&next), "{next}");
     let text = ok(postbox(&db, &["status"]));
     assert!(text.contains("scheduled   2  (the first due in"), "{text}");
+    // `dlq show` (any event by id) says when a scheduled event is due.
+    let id: uuid::Uuid = sqlx::query_scalar(
+        &db.sql("SELECT event_id FROM {schema}.outbox WHERE deliver_at IS NOT NULL LIMIT 1"),
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let shown = ok(postbox(&db, &["dlq", "show", &id.to_string()]));
+    assert!(shown.contains("scheduled for   "), "{shown}");
 
     // A drain delivers the due event and does not wait for the scheduled ones.
     let out = postbox(&db, &["relay", "--sink", "stdout", "--drain"]);

@@ -837,6 +837,7 @@ pub(crate) fn event(session: &Session, v: &EventView<'_>) -> Markup {
                     dt { "Status" } dd #status { (e.status) @if let Some(r) = &e.resolution { " (" (r) ")" } }
                     dt { "Attempts" } dd #attempts { (e.attempts) }
                     dt { "Created" } dd { (time(e.created_at)) }
+                    @if let Some(t) = e.deliver_at { dt { "Scheduled for" } dd #scheduled { (time(t)) } }
                     dt { "Due" } dd { (time(e.available_at)) }
                     dt { "Sent" } dd { (opt_time(e.sent_at)) }
                     @if let Some(t) = e.lease_expires_at { dt { "Lease until" } dd { (time(t)) } }

@@ -781,12 +781,13 @@ async fn the_overview_shows_scheduled_events_apart_from_pending_ones() {
     let event = |i: usize| {
         NewEvent::new("order.paid", "order", i.to_string(), &serde_json::json!({})).unwrap()
     };
-    h.db.enqueue_events(&[
-        event(0),
-        event(1).deliver_after(Duration::from_secs(3600)).unwrap(),
-        event(2).deliver_after(Duration::from_secs(7200)).unwrap(),
-    ])
-    .await;
+    let ids =
+        h.db.enqueue_events(&[
+            event(0),
+            event(1).deliver_after(Duration::from_secs(3600)).unwrap(),
+            event(2).deliver_after(Duration::from_secs(7200)).unwrap(),
+        ])
+        .await;
     let mut a = h.signed_in("sam", Role::Viewer).await;
     let page = a.get("/").await;
     assert_eq!(page.status, StatusCode::OK);
@@ -794,5 +795,15 @@ async fn the_overview_shows_scheduled_events_apart_from_pending_ones() {
     assert!(b.contains("id=\"pending\">1<"), "{b}");
     assert!(b.contains("id=\"scheduled\">2<"), "{b}");
     assert!(b.contains("the first due in"), "{b}");
+    // An event's page says when it was scheduled for; a plain one does not.
+    let page = a.get(&format!("/events/{}", ids[1])).await;
+    assert!(page.body.contains("id=\"scheduled\""), "{}", page.body);
+    assert!(
+        page.body.contains("Scheduled: not due before"),
+        "{}",
+        page.body
+    );
+    let page = a.get(&format!("/events/{}", ids[0])).await;
+    assert!(!page.body.contains("Scheduled for"), "{}", page.body);
     h.finish().await;
 }

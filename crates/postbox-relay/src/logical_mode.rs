@@ -15,7 +15,9 @@
 //! transactions. A crash before that redelivers what was read since the last
 //! confirmation, never less; a transaction of any size is never held in
 //! memory (its events pass through in batches, and it is confirmed at its
-//! commit).
+//! commit). An event scheduled for later (`deliver_at` still ahead when it
+//! is read) is not published: it is handed to the outbox, due at its time,
+//! so the slot never waits for it.
 
 use crate::backoff;
 use crate::metrics as m;
@@ -297,10 +299,14 @@ async fn publish_batch(
         .iter()
         .map(|e| router.targets(&e.event.event_type))
         .collect();
+    // An event scheduled for later is not published: it is handed to the
+    // outbox, due at its time, and the slot moves on past it.
+    let now = chrono::Utc::now();
+    let scheduled: Vec<bool> = events.iter().map(|e| e.scheduled_after(now)).collect();
     let destinations = router.destinations().len();
     let rounds = (0..destinations).map(|d| {
         let mine: Vec<usize> = (0..events.len())
-            .filter(|&i| targets[i].contains(&d))
+            .filter(|&i| targets[i].contains(&d) && !scheduled[i])
             .collect();
         async move {
             if mine.is_empty() {
@@ -315,17 +321,29 @@ async fn publish_batch(
         }
     });
     let results = join_all(rounds).await;
-    let mut delivered_everywhere = vec![true; events.len()];
+    let mut delivered_everywhere: Vec<bool> = scheduled.iter().map(|s| !s).collect();
     let (mut delivered, mut retried, mut dead) = (0u64, 0u64, 0u64);
     for (d, mine, outcomes) in results {
-        let mut handoffs = Vec::new();
-        for (&i, outcome) in mine.iter().zip(outcomes) {
-            let others = targets[i]
+        let others = |i: usize| -> Vec<String> {
+            targets[i]
                 .iter()
                 .filter(|&&t| t != d)
                 .map(|&t| router.destinations()[t].name.clone())
-                .collect();
-            let Some(h) = handoff_of(shared, &events[i], outcome, others) else {
+                .collect()
+        };
+        let mut handoffs: Vec<LogicalHandoff<'_>> = (0..events.len())
+            .filter(|&i| scheduled[i] && targets[i].contains(&d))
+            .map(|i| LogicalHandoff {
+                event: &events[i],
+                dead: false,
+                delay: Duration::ZERO,
+                attempts: 0,
+                error: String::new(),
+                others: others(i),
+            })
+            .collect();
+        for (&i, outcome) in mine.iter().zip(outcomes) {
+            let Some(h) = handoff_of(shared, &events[i], outcome, others(i)) else {
                 continue;
             };
             delivered_everywhere[i] = false;

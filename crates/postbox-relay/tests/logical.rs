@@ -443,3 +443,90 @@ async fn ordered_routes_are_refused_in_logical_mode() {
     assert_eq!(err.field, "relay.mode");
     db.drop_schema().await;
 }
+
+#[tokio::test]
+async fn a_scheduled_emit_waits_for_its_time_and_the_slot_does_not() {
+    let db = TestDb::new().await;
+    let (pool, schema) = (db.pool.clone(), db.schema.clone());
+    with_slot(db, |slot| async move {
+        let times: Arc<Mutex<std::collections::HashMap<Uuid, chrono::DateTime<chrono::Utc>>>> =
+            Arc::default();
+        let noted = times.clone();
+        let sink = ScriptedSink::new(move |m, _| {
+            noted
+                .lock()
+                .unwrap()
+                .entry(m.event_id)
+                .or_insert_with(chrono::Utc::now);
+            Outcome::Delivered
+        });
+        let stop = CancellationToken::new();
+        let relay = started(&pool, &schema, &slot, sink.clone(), stop.clone()).await;
+        let outbox = Outbox::new(schema.clone());
+        // One scheduled from Rust, one from SQL by name, then a plain one.
+        let mut tx = pool.begin().await.unwrap();
+        let rust = postbox::sqlx::emit(
+            &outbox,
+            &mut tx,
+            &event(0, "order.created")
+                .deliver_after(Duration::from_secs(2))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+        let sql: Uuid = sqlx::query_scalar(&schema.render(
+            "SELECT {schema}.emit('order.created', 'order', 'a1', '{}', \
+             deliver_at => now() + interval '2 seconds')",
+        ))
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+        let plain = emit(&pool, &schema, 1, "order.created").await[0];
+        let seen = |id: Uuid| times.lock().unwrap().get(&id).copied();
+        wait_for("all three delivered", Duration::from_secs(60), || async {
+            [rust, sql, plain].iter().all(|&id| seen(id).is_some())
+        })
+        .await;
+        stop.cancel();
+        relay.await.unwrap();
+        assert_eq!(sink.count(), 3, "each once");
+        for id in [rust, sql] {
+            // Handed to the outbox untried, kept there until its time.
+            let (status, attempts, error, due): (
+                String,
+                i32,
+                Option<String>,
+                chrono::DateTime<chrono::Utc>,
+            ) = sqlx::query_as(&schema.render(
+                "SELECT status::text, attempts, last_error, deliver_at \
+                     FROM {schema}.outbox WHERE event_id = $1",
+            ))
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            assert_eq!((status.as_str(), attempts, error), ("sent", 1, None));
+            let at = seen(id).unwrap();
+            assert!(at >= due, "delivered at {at}, due at {due}");
+            // Emitted after both and delivered before either was due: the
+            // slot moved on past them.
+            let plain_at = seen(plain).unwrap();
+            assert!(plain_at < due, "the slot waited: {plain_at} vs {due}");
+        }
+        let refused = sqlx::query(
+            &schema.render("SELECT {schema}.emit('t', 'a', '1', '{}', deliver_at => 'infinity')"),
+        )
+        .execute(&pool)
+        .await
+        .unwrap_err();
+        assert_eq!(
+            refused
+                .as_database_error()
+                .and_then(|e| e.code())
+                .as_deref(),
+            Some("22023")
+        );
+    })
+    .await;
+}

@@ -6,7 +6,7 @@
 SELECT id, event_id, event_type, aggregate_type, aggregate_id, schema_version,
        sequence, status::text AS status, attempts, created_at, available_at, sent_at,
        lease_expires_at, last_error, payload, headers,
-       resolved_at, resolution, resolution_note, replaced_by, replay_of
+       resolved_at, resolution, resolution_note, replaced_by, replay_of, deliver_at
 FROM {schema}.outbox
 WHERE event_id = $1;
 

@@ -68,9 +68,10 @@ SELECT {schema}.logical_drop_slot($1) AS existed;
 
 -- name: handoff
 -- Events destination $1 did not take go to the outbox's retry and
--- dead-letter machinery with their content ($2–$9), how their delivery went
--- ($10 dead, $11 delay in seconds, $12 error, $13 fan-out, $14 attempts so
--- far) and the other destinations of fan-out events ($15/$16). Returns how
--- many events it was given.
+-- dead-letter machinery with their content ($2–$9) and scheduled time ($10,
+-- NULL: none), how their delivery went ($11 dead, $12 delay in seconds, $13
+-- error, empty for a scheduled event handed off untried, $14 fan-out, $15
+-- attempts so far) and the other destinations of fan-out events ($16/$17).
+-- Returns how many events it was given.
 SELECT {schema}.logical_handoff($1, $2, $3, $4, $5, $6, $7::text[]::jsonb[], $8::text[]::jsonb[],
-                                $9, $10, $11, $12, $13, $14, $15, $16) AS found;
+                                $9, $10, $11, $12, $13, $14, $15, $16, $17) AS found;

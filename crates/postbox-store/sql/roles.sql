@@ -36,10 +36,10 @@ GRANT EXECUTE ON FUNCTION
                           timestamptz[]),
     {schema}.uuid_v7()
   TO {producer};
--- Logical mode (migration 11): events written into the WAL only.
+-- Logical mode (migrations 11 and 13): events written into the WAL only.
 GRANT EXECUTE ON FUNCTION
-    {schema}.emit(text, text, text, jsonb, jsonb),
-    {schema}.emit_one(uuid, text, text, text, integer, jsonb, jsonb)
+    {schema}.emit(text, text, text, jsonb, jsonb, timestamptz),
+    {schema}.emit_one(uuid, text, text, text, integer, jsonb, jsonb, timestamptz)
   TO {producer};
 -- Request idempotency keys are written in the producer's own transaction.
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.idempotency_keys TO {producer};
@@ -89,8 +89,8 @@ GRANT EXECUTE ON FUNCTION
 -- privilege.
 GRANT EXECUTE ON FUNCTION
     {schema}.logical_handoff(text, uuid[], text[], text[], text[], integer[], jsonb[], jsonb[],
-                             timestamptz[], boolean[], float8[], text[], boolean[], integer[],
-                             uuid[], text[])
+                             timestamptz[], timestamptz[], boolean[], float8[], text[],
+                             boolean[], integer[], uuid[], text[])
   TO {relay};
 
 -- Monitor: read-only, for `postbox status` and dashboards (every table of

@@ -147,6 +147,8 @@ pub struct EventRecord {
     pub resolution_note: Option<String>,
     pub replaced_by: Option<Uuid>,
     pub replay_of: Option<Uuid>,
+    /// When it was scheduled for (`deliver_at`); `None`: at once.
+    pub deliver_at: Option<DateTime<Utc>>,
 }
 
 impl EventRecord {

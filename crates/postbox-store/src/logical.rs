@@ -57,6 +57,16 @@ pub struct LogicalEvent {
     pub event: ClaimedEvent,
     /// The headers as emitted (JSON object text), for a hand-off.
     pub headers_json: String,
+    /// When it was scheduled for (`emit(..., deliver_at => …)`); `None`: at
+    /// once.
+    pub deliver_at: Option<DateTime<Utc>>,
+}
+
+impl LogicalEvent {
+    /// Scheduled for a time still ahead of `now`: not to be published yet.
+    pub fn scheduled_after(&self, now: DateTime<Utc>) -> bool {
+        self.deliver_at.is_some_and(|t| t > now)
+    }
 }
 
 /// One decoded change of the slot.
@@ -374,6 +384,12 @@ impl Logical {
                     .map(|h| h.event.event.created_at)
                     .collect::<Vec<_>>(),
             )
+            .bind(
+                handoffs
+                    .iter()
+                    .map(|h| h.event.deliver_at)
+                    .collect::<Vec<_>>(),
+            )
             .bind(handoffs.iter().map(|h| h.dead).collect::<Vec<_>>())
             .bind(
                 handoffs
@@ -421,6 +437,8 @@ struct Content<'a> {
     #[serde(borrow)]
     headers: &'a RawValue,
     created_at_us: i64,
+    #[serde(default)]
+    deliver_at_us: Option<i64>,
 }
 
 /// Decode one pgoutput message (protocol 1) read at `lsn`; only messages
@@ -468,6 +486,13 @@ pub fn decode_event(content: &[u8]) -> Result<LogicalEvent, sqlx::Error> {
     let c: Content<'_> = serde_json::from_slice(content).map_err(|e| decode_error("content", e))?;
     let created_at = DateTime::<Utc>::from_timestamp_micros(c.created_at_us)
         .ok_or_else(|| sqlx::Error::Protocol("created_at_us out of range".to_owned()))?;
+    let deliver_at = c
+        .deliver_at_us
+        .map(|us| {
+            DateTime::<Utc>::from_timestamp_micros(us)
+                .ok_or_else(|| sqlx::Error::Protocol("deliver_at_us out of range".to_owned()))
+        })
+        .transpose()?;
     let headers_json = c.headers.get().to_owned();
     Ok(LogicalEvent {
         event: ClaimedEvent {
@@ -483,6 +508,7 @@ pub fn decode_event(content: &[u8]) -> Result<LogicalEvent, sqlx::Error> {
             sequence: None,
         },
         headers_json,
+        deliver_at,
     })
 }
 

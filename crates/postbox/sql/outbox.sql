@@ -27,6 +27,9 @@ SELECT {schema}.enqueue_many($1::uuid[], $2::text[], $3::text[], $4::text[], $5:
 
 -- name: emit_one
 -- One event written into the WAL only, as a transactional logical message
--- (migration 11): decoded by a logical-mode relay if and when the caller's
--- transaction commits. No table row is written.
-SELECT {schema}.emit_one($1, $2, $3, $4, $5, $6::text::jsonb, $7::text::jsonb);
+-- (migrations 11 and 13): decoded by a logical-mode relay if and when the
+-- caller's transaction commits. No table row is written. Scheduled: at the
+-- time $8, or $9 seconds from now by the database's clock (both NULL: at once).
+SELECT {schema}.emit_one($1, $2, $3, $4, $5, $6::text::jsonb, $7::text::jsonb,
+                         COALESCE($8::timestamptz,
+                                  clock_timestamp() + make_interval(secs => $9::float8)));

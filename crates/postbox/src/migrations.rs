@@ -82,6 +82,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "scheduled",
         sql: include_str!("../migrations/0012_scheduled.sql"),
     },
+    Migration {
+        version: 13,
+        name: "scheduled_emit",
+        sql: include_str!("../migrations/0013_scheduled_emit.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.

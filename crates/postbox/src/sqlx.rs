@@ -42,7 +42,9 @@ pub async fn enqueue(
 /// its replication slot once the transaction commits, and never if it rolls
 /// back. Emitted events carry no per-aggregate `sequence`; they are delivered
 /// in commit order. The server needs `wal_level = logical`, otherwise nothing
-/// reads the message.
+/// reads the message. An event scheduled with [`NewEvent::deliver_at`] or
+/// [`NewEvent::deliver_after`] is handed by the relay to the outbox, which
+/// delivers it at its time.
 pub async fn emit(
     outbox: &Outbox,
     conn: &mut PgConnection,
@@ -57,6 +59,8 @@ pub async fn emit(
         .bind(event.schema_version)
         .bind(&event.payload)
         .bind(&event.headers)
+        .bind(event.scheduled_at())
+        .bind(event.deliver_after_secs())
         .execute(conn)
         .await?;
     Ok(event.event_id)

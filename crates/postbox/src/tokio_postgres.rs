@@ -54,6 +54,8 @@ pub async fn emit<C: GenericClient>(
                 &event.schema_version,
                 &event.payload,
                 &event.headers,
+                &event.scheduled_at(),
+                &event.deliver_after_secs(),
             ],
         )
         .await?;

@@ -258,6 +258,9 @@ fn print_detail(e: &EventRecord) {
     outln!("aggregate       {}/{}", s.aggregate_type, s.aggregate_id);
     outln!("attempts        {}", s.attempts);
     outln!("created         {}", s.created_at.to_rfc3339());
+    if let Some(at) = e.deliver_at {
+        outln!("scheduled for   {}", at.to_rfc3339());
+    }
     outln!("available       {}", e.available_at.to_rfc3339());
     outln!("last error      {}", s.last_error.as_deref().unwrap_or("-"));
     if let Some(at) = e.resolved_at {
