@@ -9,6 +9,8 @@ mod commands;
 mod config;
 mod context;
 mod observe;
+#[cfg(feature = "otel")]
+mod otel;
 mod tenants;
 
 use clap::parser::ValueSource;
@@ -84,7 +86,7 @@ fn main() -> ExitCode {
         _ => {}
     }
     let log_format = cli.global.log_format;
-    init_logging(&cli.command, log_format);
+    let telemetry = init_logging(&cli.command, log_format);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -92,7 +94,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    let result = runtime.block_on(run(cli));
+    // The spans still buffered go out before the process ends.
+    #[cfg(feature = "otel")]
+    if let Some(exporter) = telemetry {
+        exporter.shutdown();
+    }
+    #[cfg(not(feature = "otel"))]
+    let () = telemetry;
+    match result {
         Ok(code) => code,
         Err(e) if log_format == output::LogFormat::Json => {
             // A log pipeline gets the failure as a log line too.
@@ -158,22 +168,93 @@ async fn run(cli: Cli) -> Result<ExitCode, AnyError> {
 
 /// The log: stderr, coloured only on a terminal (and not under `NO_COLOR`),
 /// never failing the process when stderr is closed (see `output`); with
-/// `--log-format json`, one JSON object per line (`output::init_json_log`).
+/// `--log-format json`, one JSON object per line (`output::json_log_layer`).
+/// With the feature `otel` and an OTLP endpoint in the environment, the
+/// spans of `postbox::otel` and `postbox_relay::otel` are exported too (see
+/// `otel.rs`); they never reach the log, whose lines stay as they were.
+#[cfg(feature = "otel")]
+fn init_logging(command: &Command, format: output::LogFormat) -> Option<otel::Exporter> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let log = log_layer(format).with_filter(log_filter(command));
+    let subscriber = tracing_subscriber::registry().with(log);
+    let (endpoint, other_protocol) = match otel::wanted(|name| std::env::var(name).ok()) {
+        otel::Wanted::Off => {
+            subscriber.init();
+            return None;
+        }
+        otel::Wanted::Otlp {
+            endpoint,
+            other_protocol,
+        } => (endpoint, other_protocol),
+    };
+    let (exporter, layer) = match otel::Exporter::start() {
+        Ok(started) => started,
+        Err(e) => {
+            subscriber.init();
+            tracing::warn!("{}; going on without it", error_chain(&e));
+            return None;
+        }
+    };
+    let spans = otel::SPAN_TARGETS.iter().fold(
+        tracing_subscriber::filter::Targets::new(),
+        |targets, target| targets.with_target(*target, tracing::Level::INFO),
+    );
+    subscriber.with(layer.with_filter(spans)).init();
+    tracing::info!(
+        endpoint = %postbox::redact::display_url(&endpoint),
+        "exporting OpenTelemetry traces over OTLP/HTTP"
+    );
+    if let Some(protocol) = other_protocol {
+        tracing::warn!(
+            "OTEL_EXPORTER_OTLP_PROTOCOL={protocol} is not built in: exporting over http/protobuf"
+        );
+    }
+    Some(exporter)
+}
+
+/// The log alone (built without the feature `otel`).
+#[cfg(not(feature = "otel"))]
 fn init_logging(command: &Command, format: output::LogFormat) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let log = log_layer(format).with_filter(log_filter(command));
+    tracing_subscriber::registry().with(log).init();
+}
+
+type LogLayer = Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>;
+
+/// The log's formatting: text or JSON lines.
+fn log_layer(format: output::LogFormat) -> LogLayer {
+    if format == output::LogFormat::Json {
+        return Box::new(output::json_log_layer());
+    }
+    Box::new(
+        tracing_subscriber::fmt::layer()
+            .with_writer(output::LogWriter)
+            .with_ansi(output::stderr_colour())
+            .log_internal_errors(false)
+            .with_target(false),
+    )
+}
+
+/// What the log shows: `POSTBOX_LOG`, else `RUST_LOG`, else
+/// [`default_log_filter`]; never the exported spans.
+fn log_filter(
+    command: &Command,
+) -> impl tracing_subscriber::layer::Filter<tracing_subscriber::Registry> {
+    use tracing_subscriber::filter::{FilterExt, LevelFilter, Targets};
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("POSTBOX_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new(default_log_filter(command)));
-    if format == output::LogFormat::Json {
-        return output::init_json_log(filter);
-    }
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(output::LogWriter)
-        .with_ansi(output::stderr_colour())
-        .log_internal_errors(false)
-        .with_target(false)
-        .init();
+    let no_spans = ["postbox::otel", "postbox_relay::otel"].iter().fold(
+        Targets::new().with_default(LevelFilter::TRACE),
+        |targets, target| targets.with_target(*target, LevelFilter::OFF),
+    );
+    filter.and(no_spans)
 }
 
 /// The log filter when neither `POSTBOX_LOG` nor `RUST_LOG` is set. The
@@ -184,9 +265,9 @@ fn init_logging(command: &Command, format: output::LogFormat) {
 fn default_log_filter(command: &Command) -> &'static str {
     match command {
         Command::Bench(_) | Command::Demo(_) | Command::Verify(_) => {
-            "info,sqlx=warn,lapin=off,async_nats=warn,postbox::sqlx=warn"
+            "info,sqlx=warn,lapin=off,async_nats=warn,postbox::sqlx=warn,opentelemetry=warn,opentelemetry_sdk=warn,opentelemetry_otlp=warn"
         }
-        _ => "info,sqlx=warn,lapin=off,async_nats=warn",
+        _ => "info,sqlx=warn,lapin=off,async_nats=warn,opentelemetry=warn,opentelemetry_sdk=warn,opentelemetry_otlp=warn",
     }
 }
 

@@ -62,17 +62,18 @@ pub enum LogFormat {
 
 /// The JSON log (`--log-format json`): the same filter and writer as the
 /// text log, never coloured, with the current span and its parents.
-pub fn init_json_log(filter: tracing_subscriber::EnvFilter) {
-    tracing_subscriber::fmt()
+pub fn json_log_layer<S>() -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    tracing_subscriber::fmt::layer()
         .json()
-        .with_env_filter(filter)
         .with_writer(LogWriter)
         .with_ansi(false)
         .log_internal_errors(false)
         .with_target(false)
         .with_current_span(true)
         .with_span_list(true)
-        .init();
 }
 
 /// Progress of long operations: on a terminal only (see `postbox_harness::progress`).

@@ -6,6 +6,7 @@ mod dlq;
 mod guidance;
 mod installs;
 mod ops;
+mod otel;
 mod pipes;
 mod receive;
 mod restore;

@@ -23,6 +23,7 @@ pub mod health;
 mod log_mode;
 pub mod logical_mode;
 pub mod metrics;
+mod otel;
 pub mod relay;
 pub mod retention;
 pub mod router;

@@ -503,6 +503,7 @@ async fn claim_loop(shared: &Shared, mode: RunMode, to_publish: mpsc::Sender<Cla
         };
         let n = claim.ids.len();
         if n > 0 {
+            crate::otel::claimed(&shared.store.schema(), &claim.messages);
             failpoint::hit(failpoint::points::AFTER_CLAIM_COMMIT).await;
             only_blocked = 0;
             shared.stats.claimed.fetch_add(n as u64, Ordering::Relaxed);
@@ -753,8 +754,10 @@ async fn publish_round(shared: &Shared, claim: Claim) -> Published {
 pub(crate) async fn publish_to(shared: &Shared, d: usize, messages: &[Message]) -> Vec<Outcome> {
     let destination = &shared.router.destinations()[d];
     let sink = &destination.sink;
-    let publish = AssertUnwindSafe(sink.publish(messages)).catch_unwind();
-    let outcomes = match tokio::time::timeout(shared.config.publish_timeout, publish).await {
+    let traced = crate::otel::Publish::start(&destination.name, messages);
+    let publish = AssertUnwindSafe(sink.publish(traced.messages(messages))).catch_unwind();
+    let publish = tokio::time::timeout(shared.config.publish_timeout, publish);
+    let outcomes = match publish.instrument(traced.span()).await {
         Ok(Ok(outcomes)) if outcomes.len() == messages.len() => outcomes,
         Ok(Ok(outcomes)) => {
             let error = format!(
@@ -781,6 +784,7 @@ pub(crate) async fn publish_to(shared: &Shared, d: usize, messages: &[Message]) 
     // Whatever the endpoint echoed, the sink's own secrets never go further.
     let secrets = sink.secrets();
     let outcomes: Vec<Outcome> = outcomes.into_iter().map(|o| o.masked(secrets)).collect();
+    traced.end(&outcomes);
     let mut by_outcome = [0u64; 4];
     for outcome in &outcomes {
         by_outcome[match outcome {
@@ -880,7 +884,10 @@ async fn settle_loop(shared: Arc<Shared>, mut settled: mpsc::Receiver<Published>
             .await;
         }
         failpoint::hit(failpoint::points::AFTER_PUBLISH_BEFORE_ACK).await;
-        settle(&shared, &claim, outcomes, &budgets).await;
+        let span = crate::otel::settle_span(&shared.store.schema(), &claim.messages);
+        settle(&shared, &claim, outcomes, &budgets)
+            .instrument(span)
+            .await;
         shared.in_flight.fetch_sub(1, Ordering::SeqCst);
         shared.wake.notify_one();
     }

@@ -30,6 +30,7 @@ mod error;
 mod event;
 mod inbox;
 mod migrations;
+pub mod otel;
 pub mod received;
 pub mod redact;
 mod schema;

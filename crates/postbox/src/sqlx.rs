@@ -4,9 +4,11 @@
 
 use crate::inbox::{check_aggregate, check_consumer};
 use crate::migrations::{self, Migration};
+use crate::otel;
 use crate::sql::{Columns, MigrateQueries};
 use crate::{Error, InboxOutcome, NewEvent, Outbox, Schema, SequenceCheck};
 use ::sqlx::{Connection, PgConnection, Row};
+use tracing::Instrument;
 use uuid::Uuid;
 
 /// Enqueue one event in the caller's transaction; returns its event id.
@@ -19,6 +21,8 @@ pub async fn enqueue(
     event: &NewEvent,
 ) -> Result<Uuid, Error> {
     outbox.check(event)?;
+    let span = otel::create_span("enqueue", &outbox.schema, Some(event.event_id), 1);
+    let headers = otel::headers_with_context(&event.headers, &span);
     ::sqlx::query(&outbox.sql.insert_one)
         .bind(event.event_id)
         .bind(&event.event_type)
@@ -26,10 +30,11 @@ pub async fn enqueue(
         .bind(&event.aggregate_id)
         .bind(event.schema_version)
         .bind(&event.payload)
-        .bind(&event.headers)
+        .bind(headers.as_ref())
         .bind(event.scheduled_at())
         .bind(event.deliver_after_secs())
         .execute(conn)
+        .instrument(span)
         .await?;
     Ok(event.event_id)
 }
@@ -51,6 +56,8 @@ pub async fn emit(
     event: &NewEvent,
 ) -> Result<Uuid, Error> {
     outbox.check(event)?;
+    let span = otel::create_span("emit", &outbox.schema, Some(event.event_id), 1);
+    let headers = otel::headers_with_context(&event.headers, &span);
     ::sqlx::query(&outbox.sql.emit_one)
         .bind(event.event_id)
         .bind(&event.event_type)
@@ -58,10 +65,11 @@ pub async fn emit(
         .bind(&event.aggregate_id)
         .bind(event.schema_version)
         .bind(&event.payload)
-        .bind(&event.headers)
+        .bind(headers.as_ref())
         .bind(event.scheduled_at())
         .bind(event.deliver_after_secs())
         .execute(conn)
+        .instrument(span)
         .await?;
     Ok(event.event_id)
 }
@@ -79,7 +87,9 @@ pub async fn enqueue_batch(
     for e in events {
         outbox.check(e)?;
     }
-    let c = Columns::new(events);
+    let span = otel::create_span("enqueue_batch", &outbox.schema, None, events.len());
+    let mut c = Columns::new(events);
+    otel::fill_headers(&mut c.headers, &span);
     ::sqlx::query(&outbox.sql.insert_many)
         .bind(&c.event_ids)
         .bind(&c.event_types)
@@ -91,6 +101,7 @@ pub async fn enqueue_batch(
         .bind(&c.deliver_ats)
         .bind(&c.deliver_after_secs)
         .execute(conn)
+        .instrument(span)
         .await?;
     Ok(c.event_ids)
 }
@@ -106,10 +117,12 @@ pub async fn record_inbox(
     event_id: Uuid,
 ) -> Result<InboxOutcome, Error> {
     check_consumer(consumer)?;
+    let span = otel::record_inbox_span(consumer, event_id);
     let done = ::sqlx::query(&outbox.sql.inbox_record)
         .bind(consumer)
         .bind(event_id)
         .execute(conn)
+        .instrument(span)
         .await?;
     Ok(InboxOutcome::from_rows(done.rows_affected()))
 }

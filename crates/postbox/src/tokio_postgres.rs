@@ -3,9 +3,11 @@
 //! `Transaction` alike.
 
 use crate::inbox::{check_aggregate, check_consumer};
+use crate::otel;
 use crate::sql::Columns;
 use crate::{Error, InboxOutcome, NewEvent, Outbox, SequenceCheck};
 use ::tokio_postgres::GenericClient;
+use tracing::Instrument;
 use uuid::Uuid;
 
 /// Enqueue one event in the caller's transaction; returns its event id.
@@ -15,6 +17,8 @@ pub async fn enqueue<C: GenericClient>(
     event: &NewEvent,
 ) -> Result<Uuid, Error> {
     outbox.check(event)?;
+    let span = otel::create_span("enqueue", &outbox.schema, Some(event.event_id), 1);
+    let headers = otel::headers_with_context(&event.headers, &span);
     client
         .execute(
             &outbox.sql.insert_one,
@@ -25,11 +29,12 @@ pub async fn enqueue<C: GenericClient>(
                 &event.aggregate_id,
                 &event.schema_version,
                 &event.payload,
-                &event.headers,
+                &headers.as_ref(),
                 &event.scheduled_at(),
                 &event.deliver_after_secs(),
             ],
         )
+        .instrument(span)
         .await?;
     Ok(event.event_id)
 }
@@ -43,6 +48,8 @@ pub async fn emit<C: GenericClient>(
     event: &NewEvent,
 ) -> Result<Uuid, Error> {
     outbox.check(event)?;
+    let span = otel::create_span("emit", &outbox.schema, Some(event.event_id), 1);
+    let headers = otel::headers_with_context(&event.headers, &span);
     client
         .execute(
             &outbox.sql.emit_one,
@@ -53,11 +60,12 @@ pub async fn emit<C: GenericClient>(
                 &event.aggregate_id,
                 &event.schema_version,
                 &event.payload,
-                &event.headers,
+                &headers.as_ref(),
                 &event.scheduled_at(),
                 &event.deliver_after_secs(),
             ],
         )
+        .instrument(span)
         .await?;
     Ok(event.event_id)
 }
@@ -75,7 +83,9 @@ pub async fn enqueue_batch<C: GenericClient>(
     for e in events {
         outbox.check(e)?;
     }
-    let c = Columns::new(events);
+    let span = otel::create_span("enqueue_batch", &outbox.schema, None, events.len());
+    let mut c = Columns::new(events);
+    otel::fill_headers(&mut c.headers, &span);
     client
         .execute(
             &outbox.sql.insert_many,
@@ -91,6 +101,7 @@ pub async fn enqueue_batch<C: GenericClient>(
                 &c.deliver_after_secs,
             ],
         )
+        .instrument(span)
         .await?;
     Ok(c.event_ids)
 }
@@ -104,8 +115,10 @@ pub async fn record_inbox<C: GenericClient>(
     event_id: Uuid,
 ) -> Result<InboxOutcome, Error> {
     check_consumer(consumer)?;
+    let span = otel::record_inbox_span(consumer, event_id);
     let rows = client
         .execute(&outbox.sql.inbox_record, &[&consumer, &event_id])
+        .instrument(span)
         .await?;
     Ok(InboxOutcome::from_rows(rows))
 }
