@@ -82,6 +82,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "scheduled",
         sql: include_str!("../migrations/0012_scheduled.sql"),
     },
+    Migration {
+        version: 15,
+        name: "logical_readers",
+        sql: include_str!("../migrations/0015_logical_readers.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.
