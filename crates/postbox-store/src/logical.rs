@@ -125,13 +125,13 @@ impl SlotStatus {
         })
     }
 
-    /// No relay has held the slot for longer than `bound` (or no read was
-    /// ever noted).
+    /// No relay has held the slot for longer than `bound`. A slot no relay
+    /// of this schema ever noted a read of (one a relay is about to take
+    /// for the first time) does not count: its lag says more.
     pub fn unread_longer_than(&self, bound: Duration) -> bool {
         match self.unread_for() {
-            None => false,
             Some(Unread::For(d)) => d > bound,
-            Some(Unread::Unknown) => true,
+            None | Some(Unread::Unknown) => false,
         }
     }
 
