@@ -5,6 +5,7 @@ mod console;
 mod dlq;
 mod guidance;
 mod installs;
+mod logical;
 mod ops;
 mod otel;
 mod pipes;

@@ -183,6 +183,44 @@ async fn verify_passes_on_rabbitmq_with_faults_injected() {
     }
 }
 
+/// Logical mode: producers emit into the WAL; relays read the replication
+/// slot (one at a time, the others standing by) while they are killed and
+/// stalled and the broker and the database are taken away.
+#[tokio::test]
+async fn verify_passes_in_logical_mode_with_faults_injected() {
+    let o = verify(&[
+        "--sink",
+        &redis_url(),
+        "--mode",
+        "logical",
+        "--duration",
+        "30s",
+        "--relays",
+        "2",
+        "--rate",
+        "250",
+        "--seed",
+        "1115",
+        "--failpoints",
+        FAILPOINTS,
+    ])
+    .await;
+    let r = assert_passed(&o);
+    assert_eq!(r["mode"], "logical");
+    assert_eq!(n(&r, "lost_count"), 0, "{r}");
+    // The run's slot is gone with it (a slot left behind retains WAL).
+    let pool = sqlx::PgPool::connect(&database_url())
+        .await
+        .expect("connect");
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1")
+            .bind(r["schema"].as_str().expect("schema in the report"))
+            .fetch_one(&pool)
+            .await
+            .expect("read the slots");
+    assert_eq!(left, 0, "the run dropped its slot");
+}
+
 #[tokio::test]
 async fn verify_catches_a_relay_that_acknowledges_before_publishing() {
     let o = verify(&[

@@ -429,6 +429,8 @@ impl TempCluster {
                 },
             ])
             .args(["-c", "full_page_writes=off"])
+            // Logical mode (emit, replication slots) runs on it too.
+            .args(["-c", "wal_level=logical"])
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err)

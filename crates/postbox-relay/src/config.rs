@@ -109,6 +109,11 @@ pub struct RelayConfig {
     /// nothing new (a read that finds events is followed by the next at once).
     #[serde(with = "humantime_serde")]
     pub logical_poll_interval: Duration,
+    /// Logical mode: the health watch, `postbox status` and `postbox slot
+    /// status` say so loudly when no relay has held the slot for longer
+    /// than this (the slot retains WAL meanwhile).
+    #[serde(with = "humantime_serde")]
+    pub logical_inactive_warn: Duration,
 }
 
 impl Default for RelayConfig {
@@ -129,6 +134,7 @@ impl Default for RelayConfig {
             synchronous_commit: true,
             logical_slot: None,
             logical_poll_interval: Duration::from_millis(10),
+            logical_inactive_warn: Duration::from_secs(300),
         }
     }
 }
@@ -151,6 +157,7 @@ impl RelayConfig {
             ("rescue_interval", self.rescue_interval),
             ("log_segment_age", self.log_segment_age),
             ("logical_poll_interval", self.logical_poll_interval),
+            ("logical_inactive_warn", self.logical_inactive_warn),
         ];
         for (name, d) in positive {
             if d.is_zero() {

@@ -236,15 +236,66 @@ pub fn describe() {
     );
 }
 
-/// Read, export and warn every `config.interval` until `stop`.
+/// Logical mode's slot as the watch sees it: its name, and how long it may
+/// go without a relay holding it (`relay.logical_inactive_warn`).
+#[derive(Clone, Debug)]
+pub struct SlotWatch {
+    pub slot: String,
+    pub inactive_warn: Duration,
+}
+
+/// Export how long `watch.slot` has gone unread; warn (every
+/// `repeat_warning`) while that is longer than its bound.
+async fn check_slot(
+    store: &Store,
+    watch: &SlotWatch,
+    repeat: Duration,
+    warned: &mut Option<Instant>,
+) {
+    let Ok(Some(status)) = store
+        .logical()
+        .status(Some(&watch.slot))
+        .await
+        .map(|s| s.into_iter().next())
+    else {
+        return;
+    };
+    let unread = match status.unread_for() {
+        None => 0.0,
+        Some(postbox_store::Unread::For(d)) => d.as_secs_f64(),
+        Some(postbox_store::Unread::Unknown) => f64::NAN,
+    };
+    gauge!(crate::metrics::SLOT_UNREAD_SECONDS, "slot" => watch.slot.clone()).set(unread);
+    if !status.unread_longer_than(watch.inactive_warn) {
+        *warned = None;
+        return;
+    }
+    if warned.is_none_or(|at| at.elapsed() >= repeat) {
+        *warned = Some(Instant::now());
+        tracing::error!(
+            slot = %watch.slot,
+            state = %status.summary(),
+            bound = %humantime::format_duration(watch.inactive_warn),
+            "no relay has read the replication slot for longer than relay.logical_inactive_warn: events wait and the slot retains WAL; start a relay in logical mode"
+        );
+    }
+}
+
+/// Read, export and warn every `config.interval` until `stop`; in logical
+/// mode, watch the slot too.
 pub async fn watch(
     store: &Store,
     config: &HealthConfig,
+    slot: Option<SlotWatch>,
     stop: &tokio_util::sync::CancellationToken,
 ) {
     let mut warned: std::collections::HashMap<&'static str, Instant> = Default::default();
+    let mut slot_warned = None;
     let mut failing = false;
     loop {
+        if let Some(slot) = &slot {
+            check_slot(store, slot, config.repeat_warning, &mut slot_warned).await;
+        }
         match store.db_health().await {
             Ok(h) => {
                 failing = false;

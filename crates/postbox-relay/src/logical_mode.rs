@@ -42,6 +42,15 @@ const SLOT_CHECK: Duration = Duration::from_secs(1);
 const IDLE_POLL_MAX: Duration = Duration::from_millis(250);
 /// Warn when less than this share of `max_slot_wal_keep_size` is left.
 const SAFE_WAL_WARN_SHARE: f64 = 0.2;
+/// How often the reader notes in the schema that it reads the slot (what
+/// `status` and the health watch measure a slot's time unread by).
+const READ_NOTE: Duration = Duration::from_secs(5);
+/// A round reads at most this many batches' worth of changes before it
+/// confirms them. Every read (and every confirmation) decodes the WAL again
+/// from the slot's restart position, which moves only every ~15 s: rounds
+/// of one batch made draining a backlog quadratic. A crash redelivers at
+/// most one round.
+const ROUND_BATCHES: usize = 20;
 
 /// Why a reading session ended.
 enum Ended {
@@ -77,7 +86,10 @@ pub(crate) async fn read_loop(shared: Arc<Shared>, mode: RunMode) {
                 standby_said = false;
                 let delay = backoff::full_jitter(failures, DB_RETRY_BASE, DB_RETRY_MAX);
                 let error = sanitize_error(&e.to_string());
-                if error.contains("wal_level") {
+                if let ReadError::Lost { .. } = e {
+                    metrics::gauge!(m::SLOT_INVALIDATED, "slot" => slot.clone()).set(1.0);
+                    tracing::error!(%slot, %error, retry_in = ?delay, "the replication slot is invalidated: the relay does not read on until it is dropped and re-created");
+                } else if error.contains("wal_level") {
                     tracing::error!(%slot, %error, retry_in = ?delay, "logical mode cannot read: the server is not configured for it");
                 } else {
                     tracing::warn!(%slot, %error, retry_in = ?delay, "reading the replication slot failed");
@@ -97,11 +109,11 @@ enum ReadError {
     Db(#[from] sqlx::Error),
     #[error(
         "replication slot {slot} was invalidated (wal_status = lost): the server removed WAL it \
-         still needed, so events emitted after its last confirmed position ({confirmed}) may be \
-         lost; see the README's operations section to recover (postbox slot drop {slot}, then \
-         restart the relay and reconcile)"
+         still needed (max_slot_wal_keep_size), so {range}; see the README's operations section \
+         to recover (postbox slot drop {slot}, restart the relay, reconcile that range from the \
+         application's own records)"
     )]
-    Lost { slot: String, confirmed: String },
+    Lost { slot: String, range: String },
 }
 
 /// Hold the slot on one connection and read it round after round.
@@ -125,6 +137,9 @@ async fn session(
         .unwrap_or_default();
     let mut watch = SlotWatch::default();
     watch.check(logical, slot).await?;
+    metrics::gauge!(m::SLOT_INVALIDATED, "slot" => slot.to_owned()).set(0.0);
+    logical.read_now(&mut conn, slot).await?;
+    let mut noted = Instant::now();
     tracing::info!(%slot, "reading the replication slot");
     let mut idle: u32 = 0;
     loop {
@@ -138,6 +153,10 @@ async fn session(
         }
         if watch.last.elapsed() >= SLOT_CHECK {
             watch.check(logical, slot).await?;
+        }
+        if noted.elapsed() >= READ_NOTE {
+            logical.read_now(&mut conn, slot).await?;
+            noted = Instant::now();
         }
         if read.events == 0 && read.caught_up {
             if mode == RunMode::Drain {
@@ -189,7 +208,7 @@ impl SlotWatch {
         if status.is_lost() {
             return Err(ReadError::Lost {
                 slot: slot.to_owned(),
-                confirmed: status.confirmed_lsn.clone().unwrap_or_default(),
+                range: status.lost_range(),
             });
         }
         record_slot(&status, self.caught_up.elapsed());
@@ -244,7 +263,8 @@ async fn round(
     confirmed: &mut Lsn,
 ) -> Result<Read, ReadError> {
     let batch = shared.config.batch_size as usize;
-    let limit = i32::try_from(batch).unwrap_or(i32::MAX);
+    let round_rows = batch.saturating_mul(ROUND_BATCHES);
+    let limit = i32::try_from(round_rows).unwrap_or(i32::MAX);
     let upto = logical.flush_lsn(conn).await?;
     let mut last_commit: Option<Lsn> = None;
     let mut rows = 0usize;
@@ -274,7 +294,7 @@ async fn round(
     }
     // Fewer rows than asked: the read stopped at `upto`, not at the limit,
     // so nothing before `upto` is left to read.
-    let caught_up = rows < batch;
+    let caught_up = rows < round_rows;
     let confirm = if caught_up {
         Some(last_commit.map_or(upto, |c| c.max(upto)))
     } else {

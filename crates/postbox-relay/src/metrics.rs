@@ -51,6 +51,13 @@ pub const SLOT_LAG_BYTES: &str = "postbox_slot_lag_bytes";
 pub const SLOT_LAG_SECONDS: &str = "postbox_slot_lag_seconds";
 /// Logical mode: WAL the replication slot keeps from being removed (label `slot`).
 pub const SLOT_RETAINED_BYTES: &str = "postbox_slot_retained_bytes";
+/// Logical mode: 1 when the replication slot was invalidated (`wal_status =
+/// lost`: events since its confirmed position can no longer be read), 0
+/// while the relay reads it (label `slot`).
+pub const SLOT_INVALIDATED: &str = "postbox_slot_invalidated";
+/// Logical mode: seconds since a relay last held the replication slot (0
+/// while one does), as the health watch sees it (label `slot`).
+pub const SLOT_UNREAD_SECONDS: &str = "postbox_slot_unread_seconds";
 
 /// Counter: database operations of the relay that failed (and are retried); label `operation`.
 pub const DB_ERRORS: &str = "postbox_database_errors_total";

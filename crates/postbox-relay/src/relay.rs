@@ -310,7 +310,11 @@ impl Relay {
             .map(|r| spawn(retention_loop(shared.clone(), r, background.clone())));
         let watcher = self.health.clone().map(|h| {
             let (shared, stop) = (shared.clone(), background.clone());
-            spawn(async move { health::watch(&shared.store, &h, &stop).await })
+            let slot = (shared.config.mode == ReadMode::Logical).then(|| health::SlotWatch {
+                slot: shared.config.slot_name(shared.store.schema()),
+                inactive_warn: shared.config.logical_inactive_warn,
+            });
+            spawn(async move { health::watch(&shared.store, &h, slot, &stop).await })
         });
 
         tracing::info!(

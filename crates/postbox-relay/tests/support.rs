@@ -31,6 +31,7 @@ pub fn fast_config() -> RelayConfig {
         synchronous_commit: true,
         logical_slot: None,
         logical_poll_interval: Duration::from_millis(10),
+        logical_inactive_warn: Duration::from_secs(300),
     }
 }
 

@@ -41,10 +41,19 @@ SELECT pg_replication_slot_advance($1, $2::text::pg_lsn) IS NOT NULL AS advanced
 -- The slot's confirmed position (NULL while the slot is still being created).
 SELECT confirmed_flush_lsn::text AS lsn FROM pg_replication_slots WHERE slot_name = $1;
 
+-- name: read_now
+-- The reader notes that it read the slot now (migration 15).
+SELECT {schema}.logical_read_now($1);
+
 -- name: status
 -- Logical slots of this database ($1 NULL) or one of them: how far behind
 -- the WAL they are and what they retain. wal_status `lost`: the server
--- removed WAL the slot still needed (max_slot_wal_keep_size).
+-- removed WAL the slot still needed (max_slot_wal_keep_size). reader_pid:
+-- the backend holding the reader's advisory lock (see `lock`: a bigint key
+-- shows in pg_locks as classid = high and objid = low 32 bits), i.e. a
+-- relay reads the slot now; a slot read through the SQL interface is
+-- `active` only during each read. last_read_seconds_ago: since a relay last
+-- noted a read of it in this schema (NULL: never).
 SELECT s.slot_name,
        s.plugin,
        s.active,
@@ -56,8 +65,17 @@ SELECT s.slot_name,
        s.safe_wal_size::float8 AS safe_wal_bytes,
        CASE WHEN current_setting('max_slot_wal_keep_size') = '-1' THEN NULL
             ELSE pg_size_bytes(current_setting('max_slot_wal_keep_size'))::float8 END
-         AS max_slot_wal_keep_bytes
+         AS max_slot_wal_keep_bytes,
+       pg_current_wal_lsn()::text AS current_lsn,
+       l.pid AS reader_pid,
+       extract(epoch FROM now() - r.read_at)::float8 AS last_read_seconds_ago
 FROM pg_replication_slots s
+LEFT JOIN pg_locks l
+  ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+ AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+ AND l.classid::int8 = ((hashtextextended('postbox.logical.' || s.slot_name, 0) >> 32) & 4294967295)
+ AND l.objid::int8 = (hashtextextended('postbox.logical.' || s.slot_name, 0) & 4294967295)
+LEFT JOIN {schema}.logical_readers r ON r.slot_name = s.slot_name
 WHERE s.slot_type = 'logical' AND s.database = current_database()
   AND ($1::text IS NULL OR s.slot_name = $1)
 ORDER BY s.slot_name;

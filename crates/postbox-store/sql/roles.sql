@@ -92,6 +92,8 @@ GRANT EXECUTE ON FUNCTION
                              timestamptz[], timestamptz[], boolean[], float8[], text[],
                              boolean[], integer[], uuid[], text[])
   TO {relay};
+-- …and notes when it read its slot (migration 15).
+GRANT EXECUTE ON FUNCTION {schema}.logical_read_now(text) TO {relay};
 
 -- Monitor: read-only, for `postbox status` and dashboards (every table of
 -- the schema as of this run: run it again after an upgrade).

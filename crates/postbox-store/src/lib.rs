@@ -45,7 +45,8 @@ pub use dead_letters::{
 pub use events::{DeliveryRecord, EventQuery, EventRecord, EventRow, Events, Status, StatusFilter};
 pub use log::{CursorLag, Handoff, Log, LogEvent, LogWindow, ProducerTarget};
 pub use logical::{
-    decode_change, decode_event, Change, Logical, LogicalEvent, LogicalHandoff, Lsn, SlotStatus,
+    decode_change, decode_event, rough_duration, Change, Logical, LogicalEvent, LogicalHandoff,
+    Lsn, SlotStatus, Unread,
 };
 pub use relay::{
     AttemptsCount, Claim, ClaimOrder, ClaimedEvent, DbHealth, DeliveryState, DeliveryUpdate,

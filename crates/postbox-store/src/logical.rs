@@ -101,6 +101,14 @@ pub struct SlotStatus {
     /// (`None` without `max_slot_wal_keep_size`).
     pub safe_wal_bytes: Option<f64>,
     pub max_slot_wal_keep_bytes: Option<f64>,
+    /// The WAL's current position (where the events an invalidated slot
+    /// can no longer deliver end, for now).
+    pub current_lsn: Option<String>,
+    /// The backend of the relay that holds the slot (reads it now).
+    pub reader_pid: Option<i32>,
+    /// Since a relay last noted a read of the slot (`None`: never, or the
+    /// schema's relays never read it).
+    pub last_read_seconds_ago: Option<f64>,
 }
 
 impl SlotStatus {
@@ -110,6 +118,44 @@ impl SlotStatus {
         self.wal_status.as_deref() == Some("lost")
     }
 
+    /// A relay holds the slot (or a read is running now).
+    pub fn read_now(&self) -> bool {
+        self.reader_pid.is_some() || self.active
+    }
+
+    /// How long no relay has held the slot: `None` while one does; the time
+    /// since the last read a relay noted, or `unknown` when none was noted.
+    pub fn unread_for(&self) -> Option<Unread> {
+        if self.read_now() {
+            return None;
+        }
+        Some(match self.last_read_seconds_ago {
+            Some(s) if s.is_finite() => Unread::For(Duration::from_secs_f64(s.max(0.0))),
+            _ => Unread::Unknown,
+        })
+    }
+
+    /// No relay has held the slot for longer than `bound`. A slot no relay
+    /// of this schema ever noted a read of (one a relay is about to take
+    /// for the first time) does not count: its lag says more.
+    pub fn unread_longer_than(&self, bound: Duration) -> bool {
+        match self.unread_for() {
+            Some(Unread::For(d)) => d > bound,
+            None | Some(Unread::Unknown) => false,
+        }
+    }
+
+    /// What an invalidated slot lost: the events emitted from its last
+    /// confirmed position on, up to where the WAL is now (and on, until the
+    /// slot is re-created).
+    pub fn lost_range(&self) -> String {
+        format!(
+            "events emitted after {} (the slot's last confirmed position) up to {} (the WAL's position now) and until the slot is re-created were not delivered and can no longer be read from the WAL",
+            self.confirmed_lsn.as_deref().unwrap_or("its last confirmed position"),
+            self.current_lsn.as_deref().unwrap_or("now"),
+        )
+    }
+
     /// One line for operators: whether a relay reads it, its lag, the WAL it
     /// retains, its WAL status and how much more WAL may be written before
     /// the server invalidates it.
@@ -117,20 +163,42 @@ impl SlotStatus {
         let mb = |b: Option<f64>| {
             b.map_or_else(|| "-".to_owned(), |b| format!("{:.1} MB", b / 1048576.0))
         };
+        let reader = match self.unread_for() {
+            None => "read now".to_owned(),
+            Some(Unread::For(d)) => {
+                format!("NOT READ for {} (no relay holds it)", rough_duration(d))
+            }
+            Some(Unread::Unknown) => "NOT READ (no relay holds it; no read noted)".to_owned(),
+        };
         format!(
             "{}: {}, lag {}, retains {}, wal_status {}, safe {}",
             self.slot_name,
-            if self.active {
-                "read now"
-            } else {
-                "NOT READ (no relay connected)"
-            },
+            reader,
             mb(self.lag_bytes),
             mb(self.retained_bytes),
             self.wal_status.as_deref().unwrap_or("-"),
             mb(self.safe_wal_bytes),
         )
     }
+}
+
+/// `d` to the second below two minutes, to the minute below two hours.
+pub fn rough_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..120 => format!("{s} s"),
+        120..7200 => format!("{} min", s / 60),
+        _ => format!("{} h {} min", s / 3600, s % 3600 / 60),
+    }
+}
+
+/// How long a slot has gone unread.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Unread {
+    /// Since a relay last read it.
+    For(Duration),
+    /// No relay of this schema noted a read of it.
+    Unknown,
 }
 
 /// An event a destination did not take, leaving the stream for the outbox's
@@ -162,6 +230,7 @@ struct Queries {
     status: String,
     drop_slot: String,
     handoff: String,
+    read_now: String,
 }
 
 impl Queries {
@@ -179,6 +248,7 @@ impl Queries {
             status: file.render("status", schema),
             drop_slot: file.render("drop_slot", schema),
             handoff: file.render("handoff", schema),
+            read_now: file.render("read_now", schema),
         };
         file.finish();
         queries
@@ -297,6 +367,15 @@ impl Logical {
         sqlx::query(&self.sql.advance)
             .bind(slot)
             .bind(lsn.to_string())
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Note that the caller (the slot's reader) read `slot` now.
+    pub async fn read_now(&self, conn: &mut PgConnection, slot: &str) -> Result<(), sqlx::Error> {
+        sqlx::query(&self.sql.read_now)
+            .bind(slot)
             .execute(conn)
             .await?;
         Ok(())
@@ -554,5 +633,12 @@ mod tests {
             Change::Commit { end: Lsn(9) }
         ));
         assert!(decode_change(Lsn(1), &c[..12], b"x").is_err());
+    }
+
+    #[test]
+    fn rough_durations_read_well() {
+        assert_eq!(rough_duration(Duration::from_secs(59)), "59 s");
+        assert_eq!(rough_duration(Duration::from_secs(600)), "10 min");
+        assert_eq!(rough_duration(Duration::from_secs(7260)), "2 h 1 min");
     }
 }

@@ -87,6 +87,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "scheduled_emit",
         sql: include_str!("../migrations/0013_scheduled_emit.sql"),
     },
+    Migration {
+        version: 15,
+        name: "logical_readers",
+        sql: include_str!("../migrations/0015_logical_readers.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.

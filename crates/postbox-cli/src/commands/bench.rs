@@ -58,7 +58,7 @@ pub struct BenchArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "drain,latency,scale,ordered"
+        default_value = "drain,latency,producer,scale,ordered"
     )]
     pub only: Vec<Part>,
     /// Schema the benchmark creates and drops (never your outbox's)
@@ -73,6 +73,8 @@ pub struct BenchArgs {
 pub enum Part {
     Drain,
     Latency,
+    /// One event per transaction: enqueue against emit
+    Producer,
     Scale,
     Ordered,
     Sustained,
@@ -84,6 +86,7 @@ impl From<Part> for bench::Part {
         match part {
             Part::Drain => bench::Part::Drain,
             Part::Latency => bench::Part::Latency,
+            Part::Producer => bench::Part::Producer,
             Part::Scale => bench::Part::Scale,
             Part::Ordered => bench::Part::Ordered,
             Part::Sustained => bench::Part::Sustained,

@@ -23,6 +23,10 @@ pub enum SlotCommand {
         /// Print JSON
         #[arg(long)]
         json: bool,
+        /// Say loudly (and exit 1) when no relay has read a slot for longer
+        /// than this [default: relay.logical_inactive_warn, 5m]
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        inactive_warn: Option<std::time::Duration>,
     },
     /// Drop a slot and its publication: the WAL it retains is freed, and
     /// events emitted since its confirmed position are no longer delivered
@@ -36,7 +40,12 @@ pub async fn run(settings: &Settings, args: SlotArgs) -> Result<ExitCode, AnyErr
     let pool = settings.pool("postbox-slot").await?;
     let logical = Store::new(pool, settings.schema.clone()).logical();
     match args.command {
-        SlotCommand::Status { name, json } => {
+        SlotCommand::Status {
+            name,
+            json,
+            inactive_warn,
+        } => {
+            let bound = inactive_warn.unwrap_or(settings.file.relay.logical_inactive_warn);
             let slots = logical.status(name.as_deref()).await?;
             if json {
                 outln!("{}", serde_json::to_string_pretty(&slots)?);
@@ -49,22 +58,29 @@ pub async fn run(settings: &Settings, args: SlotArgs) -> Result<ExitCode, AnyErr
                 );
                 return Ok(ExitCode::SUCCESS);
             }
-            let mut lost = false;
+            let mut alarm = false;
             for s in &slots {
                 outln!("{}", s.summary());
                 if s.is_lost() {
-                    lost = true;
+                    alarm = true;
                     outln!(
-                        "  INVALIDATED: the server removed WAL this slot needed; events emitted after {} may be lost. \
-                         Recover: postbox slot drop {}, restart the relay, reconcile (see the README's operations section)",
-                        s.confirmed_lsn.as_deref().unwrap_or("its last confirmed position"),
+                        "  INVALIDATED: the server removed WAL this slot needed: {}. \
+                         Recover: postbox slot drop {}, restart the relay, reconcile that range (see the README's operations section)",
+                        s.lost_range(),
                         s.slot_name
                     );
                 } else if let Some(reason) = at_risk(s) {
                     outln!("  AT RISK: {reason}");
                 }
+                if s.unread_longer_than(bound) {
+                    alarm = true;
+                    outln!(
+                        "  NOT READ for longer than {}: no relay reads this slot; events wait and WAL is retained (start a relay with --mode logical)",
+                        humantime::format_duration(bound)
+                    );
+                }
             }
-            Ok(if lost {
+            Ok(if alarm {
                 ExitCode::FAILURE
             } else {
                 ExitCode::SUCCESS

@@ -21,6 +21,10 @@ pub struct StatusArgs {
     #[arg(long, value_name = "INTERVAL", num_args = 0..=1, default_missing_value = "2s",
           value_parser = humantime::parse_duration)]
     pub watch: Option<Duration>,
+    /// Logical mode: say loudly when no relay has read the slot for longer
+    /// than this [default: relay.logical_inactive_warn, 5m]
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub inactive_warn: Option<Duration>,
 
     /// Show many outboxes, one line each (one outbox: an exact name)
     #[command(flatten)]
@@ -34,8 +38,11 @@ pub async fn run(settings: &Settings, args: StatusArgs) -> Result<ExitCode, AnyE
     let pool = settings.pool("postbox-status").await?;
     let store = Store::new(pool, settings.schema.clone());
     let slot = settings.file.relay.slot_name(&settings.schema);
+    let bound = args
+        .inactive_warn
+        .unwrap_or(settings.file.relay.logical_inactive_warn);
     let Some(every) = args.watch else {
-        let report = status_report(&store, &slot).await?;
+        let report = status_report(&store, &slot, bound).await?;
         if args.json {
             outln!("{}", serde_json::to_string(&report)?);
         } else {
@@ -49,7 +56,7 @@ pub async fn run(settings: &Settings, args: StatusArgs) -> Result<ExitCode, AnyE
     let stop = CancellationToken::new();
     tokio::spawn(cancel_on_signal(stop.clone()));
     while !stop.is_cancelled() {
-        let shown = match status_report(&store, &slot).await {
+        let shown = match status_report(&store, &slot, bound).await {
             Ok(r) if args.json => serde_json::to_string(&r)?,
             Ok(r) => render_status(&settings.schema, &r),
             Err(e) => format!(
@@ -101,9 +108,18 @@ struct StatusReport {
     /// Logical mode: the replication slot this schema's relay reads
     /// (`relay.logical_slot`, or `postbox_<schema>`), when it exists.
     logical_slot: Option<SlotStatus>,
+    /// Logical mode: no relay has held the slot for longer than
+    /// `--inactive-warn` (`relay.logical_inactive_warn`).
+    logical_slot_unread_too_long: bool,
+    #[serde(skip)]
+    inactive_warn: Duration,
 }
 
-async fn status_report(store: &Store, slot: &str) -> Result<StatusReport, sqlx::Error> {
+async fn status_report(
+    store: &Store,
+    slot: &str,
+    inactive_warn: Duration,
+) -> Result<StatusReport, sqlx::Error> {
     let counts = store.status_counts().await?;
     let gauges = store.gauges().await?;
     let pending_attempts = store.pending_attempts().await?;
@@ -112,7 +128,12 @@ async fn status_report(store: &Store, slot: &str) -> Result<StatusReport, sqlx::
     let producers_write_into = log.producer_target().await?.as_str();
     let log_cursors = log.cursor_lag().await?;
     let logical_slot = store.logical().status(Some(slot)).await?.into_iter().next();
+    let logical_slot_unread_too_long = logical_slot
+        .as_ref()
+        .is_some_and(|s| s.unread_longer_than(inactive_warn));
     Ok(StatusReport {
+        logical_slot_unread_too_long,
+        inactive_warn,
         producers_write_into,
         log_cursors,
         logical_slot,
@@ -189,10 +210,15 @@ fn render_status(schema: &Schema, r: &StatusReport) -> String {
         if slot.is_lost() {
             let _ = writeln!(
                 out,
-                "  INVALIDATED: events emitted after {} may be lost (see postbox slot status)",
-                slot.confirmed_lsn
-                    .as_deref()
-                    .unwrap_or("its last confirmed position")
+                "  INVALIDATED: {} (see postbox slot status)",
+                slot.lost_range()
+            );
+        }
+        if r.logical_slot_unread_too_long {
+            let _ = writeln!(
+                out,
+                "  NOT READ for longer than {}: no relay reads the slot; events wait and WAL is retained (start a relay with --mode logical)",
+                humantime::format_duration(r.inactive_warn)
             );
         }
     }

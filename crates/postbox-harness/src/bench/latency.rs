@@ -7,6 +7,7 @@ use super::report::{percentile, round2, Latency};
 use super::{redis_target, Bench, RELAY_GRACE};
 use crate::{lock, AnyError};
 use postbox::{NewEvent, Outbox};
+use postbox_relay::ReadMode;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,26 +24,47 @@ type Commits = HashMap<Uuid, Instant>;
 
 impl Bench<'_> {
     /// One latency run: LISTEN/NOTIFY or polling, synchronous or
-    /// asynchronous relay commits, claim or log mode (producers then append
-    /// to the log).
+    /// asynchronous relay commits, claim, log (producers then append to the
+    /// log) or logical mode (producers emit; the relay reads a replication
+    /// slot, created before it starts and dropped after the run).
     pub(super) async fn latency(
         &self,
         listen: bool,
         synchronous: bool,
-        log: bool,
+        reading: ReadMode,
     ) -> Result<Latency, AnyError> {
         let options = self.options;
-        let mut mode = mode(listen, synchronous, options.poll_interval);
-        if log {
-            mode = format!("log mode, {mode}");
-        }
+        let mode = match reading {
+            ReadMode::Claim => mode(listen, synchronous, options.poll_interval),
+            ReadMode::Log => format!(
+                "log mode, {}",
+                mode(listen, synchronous, options.poll_interval)
+            ),
+            ReadMode::Logical => "logical mode (emit, replication slot)".to_owned(),
+        };
         crate::progressln!(
             "latency: {} events/s for {} with {mode}…",
             options.rate,
             humantime::format_duration(options.duration)
         );
         self.reset().await?;
-        if log {
+        if reading == ReadMode::Logical {
+            return self
+                .with_slot(self.latency_run(listen, synchronous, reading, mode))
+                .await;
+        }
+        self.latency_run(listen, synchronous, reading, mode).await
+    }
+
+    async fn latency_run(
+        &self,
+        listen: bool,
+        synchronous: bool,
+        reading: ReadMode,
+        mode: String,
+    ) -> Result<Latency, AnyError> {
+        let options = self.options;
+        if reading == ReadMode::Log {
             postbox_store::Store::new(self.pool.clone(), self.schema.clone())
                 .log()
                 .set_producer_target(postbox_store::ProducerTarget::Log)
@@ -55,10 +77,15 @@ impl Bench<'_> {
         let config = self.write_config(
             "postbox-bench",
             format!(
-                "[relay]\nmode = \"{}\"\nlisten = {listen}\nsynchronous_commit = {synchronous}\npoll_interval = \"{}\"\nbatch_size = {}\n",
-                if log { "log" } else { "claim" },
+                "[relay]\nmode = \"{}\"\nlisten = {listen}\nsynchronous_commit = {synchronous}\npoll_interval = \"{}\"\nbatch_size = {}\nlogical_slot = \"{}\"\n",
+                match reading {
+                    ReadMode::Claim => "claim",
+                    ReadMode::Log => "log",
+                    ReadMode::Logical => "logical",
+                },
                 humantime::format_duration(options.poll_interval),
-                options.batch_size
+                options.batch_size,
+                self.slot()
             ),
         )?;
         let relay = self
@@ -67,13 +94,14 @@ impl Bench<'_> {
             .args(["--sink", &self.sink])
             .spawn(None)?;
         let arrivals = Arrivals::start(&redis_url, key).await?;
-        if let Err(e) = self.warm_up(&arrivals).await {
+        let emit = reading == ReadMode::Logical;
+        if let Err(e) = self.warm_up(&arrivals, emit).await {
             let _ = relay.stop(RELAY_GRACE).await;
             return Err(e);
         }
         arrivals.clear();
 
-        let committed = self.produce_steadily().await?;
+        let committed = self.produce_steadily(emit).await?;
         arrivals.wait_for(committed.len(), ARRIVAL_TIMEOUT).await;
         let arrived = arrivals.stop();
         let _ = relay.stop(RELAY_GRACE).await;
@@ -83,12 +111,16 @@ impl Bench<'_> {
 
     /// One event through the whole path, so that the relay's start
     /// (connections, LISTEN, the sink) is not measured as latency.
-    async fn warm_up(&self, arrivals: &Arrivals) -> Result<(), AnyError> {
+    async fn warm_up(&self, arrivals: &Arrivals, emit: bool) -> Result<(), AnyError> {
         let warm_up = NewEvent::new("bench.warm_up", "bench", "0", &serde_json::json!({}))?;
         let warm_up_id = {
             let mut tx = self.pool.begin().await?;
-            let id = postbox::sqlx::enqueue(&Outbox::new(self.schema.clone()), &mut tx, &warm_up)
-                .await?;
+            let outbox = Outbox::new(self.schema.clone());
+            let id = if emit {
+                postbox::sqlx::emit(&outbox, &mut tx, &warm_up).await?
+            } else {
+                postbox::sqlx::enqueue(&outbox, &mut tx, &warm_up).await?
+            };
             tx.commit().await?;
             id
         };
@@ -103,8 +135,9 @@ impl Bench<'_> {
     }
 
     /// Producers committing one event per transaction at the target rate for
-    /// the run's duration; when each event committed.
-    async fn produce_steadily(&self) -> Result<Commits, AnyError> {
+    /// the run's duration (with `emit`, or `enqueue`); when each event
+    /// committed.
+    async fn produce_steadily(&self, emit: bool) -> Result<Commits, AnyError> {
         let options = self.options;
         let committed: Arc<Mutex<Commits>> = Arc::default();
         // Enough producers that a slow commit (a WAL flush each) does not
@@ -137,7 +170,11 @@ impl Bench<'_> {
                         &serde_json::json!({"p": p, "i": i}),
                     )?;
                     let mut tx = pool.begin().await?;
-                    let id = postbox::sqlx::enqueue(&outbox, &mut tx, &event).await?;
+                    let id = if emit {
+                        postbox::sqlx::emit(&outbox, &mut tx, &event).await?
+                    } else {
+                        postbox::sqlx::enqueue(&outbox, &mut tx, &event).await?
+                    };
                     tx.commit().await?;
                     lock(&committed).insert(id, Instant::now());
                 }

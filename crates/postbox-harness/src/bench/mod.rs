@@ -7,7 +7,12 @@
 //!   naive row-at-a-time relay (SELECT 100, then LPUSH + UPDATE + COMMIT per row).
 //! - **latency** (`latency.rs`): a steady producer at R events/s for T;
 //!   commit-to-Redis percentiles, once with LISTEN/NOTIFY and once with
-//!   polling only.
+//!   polling only, then in log mode and in logical mode (producers `emit`).
+//!   The same drain in log mode, and in logical mode (events emitted into
+//!   the WAL in transactions of 1,000, read from a replication slot), and one
+//!   transaction of 100,000 emitted events (the logical relay's peak RSS).
+//! - **producer**: producers committing one event per transaction, with
+//!   `enqueue` and then with `emit`: commits per second and table rows written.
 //! - **scale**: 1, 2 and 4 relay processes draining N events together.
 //! - **ordered**: N events over A aggregates drained unordered, then with
 //!   `--ordered`, in the same run.
@@ -33,8 +38,9 @@ use crate::pgcluster::TempCluster;
 use crate::supervisor::{run_together, RelayCommand, TogetherRun};
 use crate::{db, AnyError};
 use postbox::Schema;
+use postbox_relay::ReadMode;
 use redis::AsyncCommands;
-use report::{print_table, round2, BenchReport, Drain, Machine, Ordered, Scale};
+use report::{print_table, round2, BenchReport, Drain, Machine, Ordered, Producer, Scale};
 use std::time::{Duration, Instant};
 use store::BenchStore;
 
@@ -82,6 +88,7 @@ pub struct Options {
 pub enum Part {
     Drain,
     Latency,
+    Producer,
     Scale,
     Ordered,
     Sustained,
@@ -90,6 +97,10 @@ pub enum Part {
 
 const REDIS_DEFAULT: &str = "redis://127.0.0.1:6379";
 const KEY: &str = "postbox-bench:events";
+/// Events per transaction of the logical-mode drain's producers.
+const EMIT_PER_TRANSACTION: i64 = 1000;
+/// Events of the one large transaction the logical relay drains.
+const BIG_TRANSACTION: i64 = 100_000;
 /// How often a long drain says how far it got.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
@@ -172,20 +183,24 @@ async fn run_on(url: &str, options: &Options) -> Result<BenchReport, AnyError> {
         if is_redis_list(&sink) {
             // LISTEN with the relay's default (synchronous) commits, the same
             // with asynchronous ones (no flush per claim), polling.
-            // And log mode with LISTEN.
-            for (listen, synchronous, log) in [
-                (true, true, false),
-                (true, false, false),
-                (false, true, false),
-                (true, true, true),
+            // Then log mode with LISTEN, and logical mode (producers emit).
+            for (listen, synchronous, mode) in [
+                (true, true, ReadMode::Claim),
+                (true, false, ReadMode::Claim),
+                (false, true, ReadMode::Claim),
+                (true, true, ReadMode::Log),
+                (true, true, ReadMode::Logical),
             ] {
                 report
                     .latency
-                    .push(bench.latency(listen, synchronous, log).await?);
+                    .push(bench.latency(listen, synchronous, mode).await?);
             }
         } else {
             crate::errln!("latency: skipped (it reads the messages back from a Redis list sink)");
         }
+    }
+    if parts.contains(&Part::Producer) {
+        report.producer = Some(bench.producer().await?);
     }
     if parts.contains(&Part::Scale) {
         for &n in &options.relays {
@@ -285,8 +300,9 @@ impl Bench<'_> {
                 self.options.batch_size.to_string(),
             ])
             .args(extra.iter().copied());
-        // Progress within a long drain (on a terminal only): what is no longer pending.
-        let log_mode = extra.contains(&"log");
+        // Progress within a long drain (on a terminal only): what is no
+        // longer pending (claim mode only).
+        let log_mode = extra.contains(&"--mode");
         let total = u64::try_from(self.options.events).ok();
         let mut progress = crate::progress::Progress::new("  drained", total);
         let run = run_together(&command, n);
@@ -300,7 +316,7 @@ impl Bench<'_> {
                             let left = u64::try_from(left).unwrap_or(0);
                             progress.update(total.unwrap_or(0).saturating_sub(left));
                         }
-                        _ => progress.update_with(0, "(log mode: no pending count)"),
+                        _ => progress.update_with(0, "(no pending count in this mode)"),
                     }
                 }
             }
@@ -323,6 +339,17 @@ impl Bench<'_> {
         let log_relay = self.drain_with_relays(1, &["--mode", "log"]).await?;
         let wal_log = self.store.wal_since(&lsn).await?;
         let log_after = self.store.log_size().await?;
+
+        crate::progressln!(
+            "drain: the same events emitted into the WAL ({EMIT_PER_TRANSACTION} per transaction), through the relay in logical mode…"
+        );
+        let logical_relay = self
+            .logical_drain(options.events, EMIT_PER_TRANSACTION)
+            .await?;
+        crate::progressln!(
+            "drain: one transaction of {BIG_TRANSACTION} emitted events through the relay in logical mode…"
+        );
+        let big = self.logical_drain(BIG_TRANSACTION, BIG_TRANSACTION).await?;
 
         crate::progressln!("drain: the same events through the pure-SQL log ceiling…");
         self.reset().await?;
@@ -347,6 +374,7 @@ impl Bench<'_> {
 
         let relay_rate = options.events as f64 / relay.elapsed.as_secs_f64();
         let log_rate = options.events as f64 / log_relay.elapsed.as_secs_f64();
+        let logical_rate = options.events as f64 / logical_relay.elapsed.as_secs_f64();
         let per_event = |bytes: i64| round2(bytes as f64 / options.events as f64);
         Ok(Drain {
             wal_bytes_per_event: per_event(wal_claim),
@@ -358,6 +386,17 @@ impl Bench<'_> {
             log_ceiling_events_per_s: log_ceiling.round(),
             log_vs_log_ceiling: round2(log_rate / log_ceiling),
             log_after,
+            logical_events_per_transaction: EMIT_PER_TRANSACTION,
+            logical_relay_events_per_s: logical_rate.round(),
+            logical_relay_peak_rss_mb: logical_relay.peak_rss_mb,
+            logical_vs_log: round2(logical_rate / log_rate),
+            logical_vs_claim: round2(logical_rate / relay_rate),
+            logical_vs_naive: round2(logical_rate / naive),
+            logical_big_transaction_events: BIG_TRANSACTION,
+            logical_big_transaction_events_per_s: (BIG_TRANSACTION as f64
+                / big.elapsed.as_secs_f64())
+            .round(),
+            logical_big_transaction_peak_rss_mb: big.peak_rss_mb,
             events: options.events,
             batch_size: options.batch_size,
             relay_events_per_s: relay_rate.round(),
@@ -369,6 +408,119 @@ impl Bench<'_> {
             relay_vs_naive: round2(relay_rate / naive),
             table_after,
         })
+    }
+
+    /// The replication slot of the benchmark's logical-mode runs.
+    fn slot(&self) -> String {
+        format!("{}_slot", self.schema.name())
+    }
+
+    /// Run `body` with the benchmark's replication slot created first (so
+    /// that what it emits is in the slot) and dropped afterwards, even when
+    /// `body` fails (a slot left behind retains WAL).
+    async fn with_slot<T>(
+        &self,
+        body: impl std::future::Future<Output = Result<T, AnyError>>,
+    ) -> Result<T, AnyError> {
+        let slot = self.slot();
+        let logical = postbox_store::Store::new(self.pool.clone(), self.schema.clone()).logical();
+        {
+            let mut conn = self.pool.acquire().await?;
+            logical.ensure_slot(&mut conn, &slot).await?;
+        }
+        let result = body.await;
+        let dropped = logical.drop_slot(&slot).await;
+        let value = result?;
+        dropped?;
+        Ok(value)
+    }
+
+    /// A fresh schema; `n` events emitted into the WAL, `per_tx` per
+    /// transaction, drained by one relay in logical mode.
+    async fn logical_drain(&self, n: i64, per_tx: i64) -> Result<TogetherRun, AnyError> {
+        self.reset().await?;
+        let slot = self.slot();
+        self.with_slot(async {
+            self.store.seed_emit(n, per_tx).await?;
+            self.drain_with_relays(1, &["--mode", "logical", "--slot", &slot])
+                .await
+        })
+        .await
+    }
+
+    /// Producers committing one event per transaction as fast as they can
+    /// for the latency run's duration: with `enqueue`, then with `emit`.
+    async fn producer(&self) -> Result<Producer, AnyError> {
+        const PRODUCERS: usize = 16;
+        let duration = self.options.duration;
+        let mut rates = [0.0; 2];
+        let mut rows = [0; 2];
+        for (i, emit) in [false, true].into_iter().enumerate() {
+            crate::progressln!(
+                "producer: {PRODUCERS} producers committing one event per transaction with {} for {}…",
+                if emit { "emit" } else { "enqueue" },
+                humantime::format_duration(duration)
+            );
+            self.reset().await?;
+            let commits = self.commit_as_fast(PRODUCERS, duration, emit).await?;
+            rates[i] = commits as f64 / duration.as_secs_f64();
+            rows[i] = self.store.table_rows().await?;
+        }
+        Ok(Producer {
+            producers: PRODUCERS,
+            duration_s: duration.as_secs_f64(),
+            enqueue_commits_per_s: rates[0].round(),
+            emit_commits_per_s: rates[1].round(),
+            emit_vs_enqueue: round2(rates[1] / rates[0]),
+            enqueue_table_rows: rows[0],
+            emit_table_rows: rows[1],
+        })
+    }
+
+    /// `producers` tasks, each committing one event per transaction in a
+    /// loop for `duration`; how many transactions committed.
+    async fn commit_as_fast(
+        &self,
+        producers: usize,
+        duration: Duration,
+        emit: bool,
+    ) -> Result<u64, AnyError> {
+        let mut warm = Vec::new();
+        for _ in 0..producers {
+            warm.push(self.pool.acquire().await?);
+        }
+        drop(warm);
+        let deadline = Instant::now() + duration;
+        let mut tasks = Vec::new();
+        for p in 0..producers {
+            let pool = self.pool.clone();
+            let outbox = postbox::Outbox::new(self.schema.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut n = 0_u64;
+                while Instant::now() < deadline {
+                    let event = postbox::NewEvent::new(
+                        "order.created",
+                        "order",
+                        format!("{p}-{n}"),
+                        &serde_json::json!({"p": p, "n": n}),
+                    )?;
+                    let mut tx = pool.begin().await?;
+                    if emit {
+                        postbox::sqlx::emit(&outbox, &mut tx, &event).await?;
+                    } else {
+                        postbox::sqlx::enqueue(&outbox, &mut tx, &event).await?;
+                    }
+                    tx.commit().await?;
+                    n += 1;
+                }
+                Ok::<_, AnyError>(n)
+            }));
+        }
+        let mut total = 0;
+        for t in tasks {
+            total += t.await??;
+        }
+        Ok(total)
     }
 
     async fn scale(&self, n: usize) -> Result<Scale, AnyError> {

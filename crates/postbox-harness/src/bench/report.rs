@@ -11,6 +11,7 @@ pub struct BenchReport {
     pub latency: Vec<Latency>,
     pub scale: Vec<Scale>,
     pub ordered: Option<Ordered>,
+    pub producer: Option<Producer>,
     pub sustained: Option<Sustained>,
     pub tenants: Option<super::tenants::Tenants>,
 }
@@ -76,6 +77,35 @@ pub struct Drain {
     pub log_vs_log_ceiling: f64,
     /// The log's partitions after the log-mode drain.
     pub log_after: TableSize,
+    /// The same number of events emitted into the WAL (`emit`, in
+    /// transactions of `logical_events_per_transaction`) through a relay in
+    /// logical mode reading a replication slot.
+    pub logical_events_per_transaction: i64,
+    pub logical_relay_events_per_s: f64,
+    pub logical_relay_peak_rss_mb: f64,
+    pub logical_vs_log: f64,
+    pub logical_vs_claim: f64,
+    pub logical_vs_naive: f64,
+    /// One transaction of this many emitted events, drained by a relay in
+    /// logical mode: its rate and the relay's peak RSS (a transaction is
+    /// never held in memory).
+    pub logical_big_transaction_events: i64,
+    pub logical_big_transaction_events_per_s: f64,
+    pub logical_big_transaction_peak_rss_mb: f64,
+}
+
+/// Producers committing one event per transaction as fast as they can,
+/// with `enqueue` (a row in the outbox) and then with `emit` (the WAL only).
+#[derive(Debug, Serialize)]
+pub struct Producer {
+    pub producers: usize,
+    pub duration_s: f64,
+    pub enqueue_commits_per_s: f64,
+    pub emit_commits_per_s: f64,
+    pub emit_vs_enqueue: f64,
+    /// Rows in the outbox and the log after each run.
+    pub enqueue_table_rows: i64,
+    pub emit_table_rows: i64,
 }
 
 #[derive(Debug, Serialize)]
@@ -159,6 +189,40 @@ pub(super) fn print_table(r: &BenchReport) {
             d.log_after.index_bytes as f64 / 1e6,
             d.log_after.dead_tuples,
             d.log_wal_bytes_per_event
+        );
+        crate::outln!(
+            "  relay in logical mode      {:>9.0} events/s   peak RSS {:.1} MB   = {:.2} × log mode, {:.2} × claim mode, {:.1} × naive ({} events per emitting transaction)",
+            d.logical_relay_events_per_s,
+            d.logical_relay_peak_rss_mb,
+            d.logical_vs_log,
+            d.logical_vs_claim,
+            d.logical_vs_naive,
+            d.logical_events_per_transaction
+        );
+        crate::outln!(
+            "  logical, one transaction of {} events: {:.0} events/s, relay peak RSS {:.1} MB",
+            d.logical_big_transaction_events,
+            d.logical_big_transaction_events_per_s,
+            d.logical_big_transaction_peak_rss_mb
+        );
+    }
+    if let Some(p) = &r.producer {
+        crate::outln!();
+        crate::outln!(
+            "producer cost ({} producers, one event per transaction, {:.0} s each)",
+            p.producers,
+            p.duration_s
+        );
+        crate::outln!(
+            "  enqueue (outbox row)       {:>9.0} commits/s   table rows written {}",
+            p.enqueue_commits_per_s,
+            p.enqueue_table_rows
+        );
+        crate::outln!(
+            "  emit (WAL only)            {:>9.0} commits/s   table rows written {}   = {:.2} × enqueue",
+            p.emit_commits_per_s,
+            p.emit_table_rows,
+            p.emit_vs_enqueue
         );
     }
     if !r.latency.is_empty() {

@@ -14,6 +14,8 @@ pub struct BenchStore {
     drop_schema: String,
     seed: String,
     seed_log: String,
+    seed_emit: String,
+    table_rows: String,
     log_analyze: String,
     wal_lsn: String,
     wal_since: String,
@@ -46,6 +48,8 @@ impl BenchStore {
             drop_schema: sql.render("drop_schema", schema),
             seed: sql.render("seed", schema),
             seed_log: sql.render("seed_log", schema),
+            seed_emit: sql.render("seed_emit", schema),
+            table_rows: sql.render("table_rows", schema),
             log_analyze: sql.render("log_analyze", schema),
             wal_lsn: sql.render("wal_lsn", schema),
             wal_since: sql.render("wal_since", schema),
@@ -107,6 +111,25 @@ impl BenchStore {
             .await?;
         sqlx::raw_sql(&self.log_analyze).execute(&self.pool).await?;
         Ok(())
+    }
+
+    /// Emit `n` events into the WAL (logical mode), `per_tx` per
+    /// transaction; no table row is written.
+    pub async fn seed_emit(&self, n: i64, per_tx: i64) -> Result<(), sqlx::Error> {
+        let sql = self
+            .seed_emit
+            .replace("{events}", &n.to_string())
+            .replace("{per_tx}", &per_tx.max(1).to_string());
+        sqlx::raw_sql(&sql).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Rows in the outbox and the log together.
+    pub async fn table_rows(&self) -> Result<i64, sqlx::Error> {
+        sqlx::query(&self.table_rows)
+            .fetch_one(&self.pool)
+            .await?
+            .try_get("table_rows")
     }
 
     /// The current WAL position.
@@ -203,6 +226,7 @@ mod tests {
         let store = BenchStore::new(pool, &Schema::new("x_bench").unwrap());
         assert!(store.ceiling.contains("{batch}"));
         assert!(store.log_ceiling.contains("{batch}"));
+        assert!(store.seed_emit.contains("{per_tx}") && store.seed_emit.contains("{events}"));
         assert!(store.seed.contains("\"x_bench\".outbox"));
     }
 }

@@ -129,16 +129,9 @@ pub async fn run(
     if options.rate == 0 || options.aggregates == 0 {
         return Err("--rate and --aggregates must be at least 1".into());
     }
-    if options.mode == ReadMode::Logical {
+    if options.ordered && options.mode != ReadMode::Claim {
         return Err(
-            "--mode logical: the contract check does not run logical mode yet; \
-                    use --mode claim or --mode log"
-                .into(),
-        );
-    }
-    if options.ordered && options.mode == ReadMode::Log {
-        return Err(
-            "--ordered: log mode does not keep per-aggregate order yet; \
+            "--ordered: log and logical mode do not keep per-aggregate order yet; \
                     run ordered checks with --mode claim"
                 .into(),
         );
@@ -246,11 +239,48 @@ async fn run_on(
     std::fs::create_dir_all(&logs)?;
 
     let db = RunDatabase::prepare(url, &schema, options.mode).await?;
-    let (broker, source, broker_proxy) = broker::set_up(&options.sink, &run_id).await?;
-    announce(options, &broker, seed, &schema, spec);
-    let relays = start_relays(options, &db, &broker, spec, &logs, seed)?;
-    let consumer = ConsumerTask::start(options, &db, source, seed)?;
-    let mut producers = Producers::start(options, &db, seed)?;
+    let result = run_in(
+        &db, spec, options, crash, throwaway, interrupt, seed, &run_id, logs,
+    )
+    .await;
+    // A replication slot left behind retains WAL on the server: drop it
+    // whatever the outcome (a finished run dropped it before its clean-up).
+    if result.is_err() {
+        drop_slot_loudly(&db).await;
+    }
+    result
+}
+
+/// Drop the run's slot, or say how to.
+async fn drop_slot_loudly(db: &RunDatabase) {
+    if let Err(e) = db.drop_slot().await {
+        crate::errln!(
+            "could not drop the run's replication slot {} ({}); drop it with `postbox slot drop {}`",
+            db.slot,
+            error_chain(e.as_ref()),
+            db.slot
+        );
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_in(
+    db: &RunDatabase,
+    spec: &str,
+    options: &Options,
+    crash: Option<CrashTarget<'_>>,
+    throwaway: bool,
+    interrupt: Interrupt,
+    seed: u64,
+    run_id: &str,
+    logs: std::path::PathBuf,
+) -> Result<Verdict, AnyError> {
+    let schema = &db.schema;
+    let (broker, source, broker_proxy) = broker::set_up(&options.sink, run_id).await?;
+    announce(options, &broker, seed, schema, spec);
+    let relays = start_relays(options, db, &broker, spec, &logs, seed)?;
+    let consumer = ConsumerTask::start(options, db, source, seed)?;
+    let mut producers = Producers::start(options, db, seed)?;
 
     let counters = FaultCounters::default();
     let started = Instant::now();
@@ -287,7 +317,7 @@ async fn run_on(
         }
     }
 
-    let drained = drain(&db, &consumer.seen, options.drain_timeout).await?;
+    let drained = drain(db, &consumer.seen, options.drain_timeout).await?;
     let relay_counters = relays.counters.clone();
     relays.shutdown().await;
     let seen = consumer.stop_when_quiet().await;
@@ -322,7 +352,10 @@ async fn run_on(
     } else {
         crate::out!("{}", report.text());
     }
-    clean_up(&report, options.keep, throwaway, &db, &broker, &logs).await;
+    // Before the clean-up, which may drop the schema (and the slot's
+    // functions with it); the relays are gone.
+    drop_slot_loudly(db).await;
+    clean_up(&report, options.keep, throwaway, db, &broker, &logs).await;
     Ok(if report.passed {
         Verdict::Pass
     } else {
@@ -338,11 +371,16 @@ struct RunDatabase {
     proxied_url: String,
     schema: Schema,
     tables: Arc<Tables>,
+    mode: ReadMode,
+    /// Logical mode's replication slot (named after the schema; created
+    /// before the producers start, dropped at the end).
+    slot: String,
 }
 
 impl RunDatabase {
     /// Connect, and create the run's schema: postbox's tables and the run's
-    /// own; in log mode, producers write into the log (`migrate --mode log`).
+    /// own; in log mode, producers write into the log (`migrate --mode log`);
+    /// in logical mode, the replication slot exists before anyone emits.
     async fn prepare(url: &str, schema: &Schema, mode: ReadMode) -> Result<Self, AnyError> {
         let db_url = url::Url::parse(url).map_err(|e| format!("DATABASE_URL: {e}"))?;
         let proxy = FaultProxy::start(&host_port(&db_url, 5432)?).await?;
@@ -364,13 +402,51 @@ impl RunDatabase {
                 .set_producer_target(ProducerTarget::Log)
                 .await?;
         }
+        let slot = schema.name().to_owned();
+        if mode == ReadMode::Logical {
+            let mut conn = direct.acquire().await?;
+            Store::new(direct.clone(), schema.clone())
+                .logical()
+                .ensure_slot(&mut conn, &slot)
+                .await?;
+        }
         Ok(Self {
             direct,
             proxy,
             proxied_url,
             schema: schema.clone(),
             tables,
+            mode,
+            slot,
         })
+    }
+
+    /// Drop logical mode's slot (waiting up to 30 s for a relay still
+    /// holding it to go).
+    async fn drop_slot(&self) -> Result<(), AnyError> {
+        if self.mode != ReadMode::Logical {
+            return Ok(());
+        }
+        let logical = Store::new(self.direct.clone(), self.schema.clone()).logical();
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            match logical.drop_slot(&self.slot).await {
+                Ok(_) => return Ok(()),
+                Err(e) if Instant::now() > until => return Err(e.into()),
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+
+    /// Logical mode: whether the slot is confirmed past `lsn` (every emit
+    /// committed before `lsn` was taken by the relays).
+    async fn slot_past(&self, lsn: postbox_store::Lsn) -> Result<bool, AnyError> {
+        let logical = Store::new(self.direct.clone(), self.schema.clone()).logical();
+        let mut conn = self.direct.acquire().await?;
+        Ok(logical
+            .confirmed(&mut conn, &self.slot)
+            .await?
+            .is_some_and(|c| c >= lsn))
     }
 
     /// A pool through the fault proxy, connecting on first use.
@@ -416,7 +492,10 @@ fn start_relays(
     seed: u64,
 ) -> Result<Supervisor, AnyError> {
     let config_path = logs.join("relay.toml");
-    std::fs::write(&config_path, relay_config_file(&broker.relay_url, options))?;
+    std::fs::write(
+        &config_path,
+        relay_config_file(&broker.relay_url, &db.slot, options),
+    )?;
     let mut command = RelayCommand::new(&db.proxied_url, &db.schema)?
         .config(&config_path)
         .env(failpoint::ENV, spec)
@@ -434,7 +513,7 @@ fn start_relays(
 
 /// Relay settings for a run with short leases and retries, no dead letters,
 /// in the run's reading mode and commit setting.
-fn relay_config_file(sink: &str, options: &Options) -> String {
+fn relay_config_file(sink: &str, slot: &str, options: &Options) -> String {
     let lease_ms = options.lease.as_millis().max(1000);
     format!(
         "[relay]\n\
@@ -450,6 +529,7 @@ fn relay_config_file(sink: &str, options: &Options) -> String {
          backoff_max = \"2s\"\n\
          max_attempts = 1000000\n\
          shutdown_timeout = \"5s\"\n\
+         logical_slot = {}\n\
          [health]\n\
          enabled = false\n\
          [sink]\n\
@@ -461,6 +541,7 @@ fn relay_config_file(sink: &str, options: &Options) -> String {
         },
         options.relay_synchronous_commit,
         (lease_ms / 3).max(300),
+        toml_string(slot),
         toml_string(sink)
     )
 }
@@ -542,6 +623,7 @@ impl Producers {
                     period,
                     aggregates: options.aggregates,
                     rollback_percent: options.rollback_percent,
+                    emit: options.mode == ReadMode::Logical,
                     seed: seed.wrapping_add(p * 7919),
                 };
                 let (ledger, stop) = (ledger.clone(), stop.clone());
@@ -723,10 +805,23 @@ async fn drain(db: &RunDatabase, seen: &Seen, timeout: Duration) -> Result<Drain
     let committed_rows = db.tables.produced_count(&db.direct).await?;
     let store = Store::new(db.direct.clone(), db.schema.clone());
     let log = store.log();
+    // In logical mode, every emit committed by now is before this position.
+    let wal_end = if db.mode == ReadMode::Logical {
+        let mut conn = db.direct.acquire().await?;
+        Some(store.logical().flush_lsn(&mut conn).await?)
+    } else {
+        None
+    };
     let dead_letters = loop {
         let counts = store.status_counts().await?;
-        // In log mode, also every event of the log read by its cursor.
-        let unread = log.unread().await?;
+        // In log mode, also every event of the log read by its cursor; in
+        // logical mode, the slot confirmed past every committed emit.
+        let mut unread = log.unread().await?;
+        if let Some(lsn) = wal_end {
+            if !db.slot_past(lsn).await? {
+                unread += 1;
+            }
+        }
         let idle = counts.pending == 0 && counts.processing == 0 && unread == 0;
         let applied = seen.applied.load(Ordering::Relaxed) as i64;
         if idle && applied >= committed_rows && seen.quiet_for() > Duration::from_millis(500) {
@@ -740,7 +835,7 @@ async fn drain(db: &RunDatabase, seen: &Seen, timeout: Duration) -> Result<Drain
         }
         if started.elapsed() > timeout {
             crate::errln!(
-                "  drain timed out after {}: {} pending, {} in flight, {} unread in the log",
+                "  drain timed out after {}: {} pending, {} in flight, {} unread in the log (or the slot)",
                 humantime::format_duration(timeout),
                 counts.pending,
                 counts.processing,

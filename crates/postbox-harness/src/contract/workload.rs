@@ -45,6 +45,8 @@ pub struct Producer {
     pub period: Duration,
     pub aggregates: u32,
     pub rollback_percent: u32,
+    /// Logical mode: `emit` each event into the WAL instead of `enqueue_batch`.
+    pub emit: bool,
     pub seed: u64,
 }
 
@@ -128,7 +130,13 @@ impl Producer {
         let Ok(mut tx) = self.pool.begin().await else {
             return Fate::Aborted;
         };
-        if postbox::sqlx::enqueue_batch(&self.outbox, &mut tx, events)
+        if self.emit {
+            for e in events {
+                if postbox::sqlx::emit(&self.outbox, &mut tx, e).await.is_err() {
+                    return Fate::Aborted;
+                }
+            }
+        } else if postbox::sqlx::enqueue_batch(&self.outbox, &mut tx, events)
             .await
             .is_err()
         {
