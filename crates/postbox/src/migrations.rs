@@ -82,6 +82,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "scheduled",
         sql: include_str!("../migrations/0012_scheduled.sql"),
     },
+    Migration {
+        version: 14,
+        name: "log_partitions",
+        sql: include_str!("../migrations/0014_log_partitions.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.

@@ -15,6 +15,7 @@ pub struct BenchStore {
     seed: String,
     seed_log: String,
     log_analyze: String,
+    autovacuum_off: String,
     wal_lsn: String,
     wal_since: String,
     log_size: String,
@@ -47,6 +48,7 @@ impl BenchStore {
             seed: sql.render("seed", schema),
             seed_log: sql.render("seed_log", schema),
             log_analyze: sql.render("log_analyze", schema),
+            autovacuum_off: sql.render("autovacuum_off", schema),
             wal_lsn: sql.render("wal_lsn", schema),
             wal_since: sql.render("wal_since", schema),
             log_size: sql.render("log_size", schema),
@@ -106,6 +108,14 @@ impl BenchStore {
             .execute(&self.pool)
             .await?;
         sqlx::raw_sql(&self.log_analyze).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Autovacuum off on the log's segments and the outbox.
+    pub async fn autovacuum_off(&self) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(&self.autovacuum_off)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 

@@ -136,13 +136,6 @@ pub async fn run(
                 .into(),
         );
     }
-    if options.ordered && options.mode == ReadMode::Log {
-        return Err(
-            "--ordered: log mode does not keep per-aggregate order yet; \
-                    run ordered checks with --mode claim"
-                .into(),
-        );
-    }
     let crashes = options.faults.contains(&FaultKind::Crash);
     if crashes && database_url.is_some() && options.crash_external.is_none() {
         return Err(
@@ -433,12 +426,15 @@ fn start_relays(
 }
 
 /// Relay settings for a run with short leases and retries, no dead letters,
-/// in the run's reading mode and commit setting.
+/// in the run's reading mode and commit setting. In log mode the cursor is
+/// split into two partitions per relay, so the relays share the log (and
+/// hand partitions over as they are killed and restarted).
 fn relay_config_file(sink: &str, options: &Options) -> String {
     let lease_ms = options.lease.as_millis().max(1000);
     format!(
         "[relay]\n\
          mode = \"{}\"\n\
+         log_partitions = {}\n\
          synchronous_commit = {}\n\
          log_segment_age = \"5s\"\n\
          batch_size = 100\n\
@@ -459,6 +455,7 @@ fn relay_config_file(sink: &str, options: &Options) -> String {
             ReadMode::Log => "log",
             ReadMode::Logical => "logical",
         },
+        (options.relays * 2).clamp(1, 1024),
         options.relay_synchronous_commit,
         (lease_ms / 3).max(300),
         toml_string(sink)
