@@ -431,31 +431,32 @@ async fn log_mode_keeps_every_aggregate_in_order_through_random_failures() {
         config,
     )])
     .await;
-    let j = sink.journal.lock().unwrap();
-    assert!(
-        j.overlaps.is_empty(),
-        "two events of one aggregate in flight at once: {:?}",
-        &j.overlaps[..j.overlaps.len().min(5)]
-    );
-    let want: Vec<i64> = (1..=per as i64).collect();
-    for a in 0..aggregates {
-        let key = format!("acc-{a}");
-        assert_eq!(
-            j.delivered.get(&key),
-            Some(&want),
-            "{key} delivered out of order or incompletely"
-        );
-        let attempted = &j.attempted[&key];
+    {
+        let j = sink.journal.lock().unwrap();
         assert!(
-            attempted
-                .windows(2)
-                .all(|w| w[1] == w[0] || w[1] == w[0] + 1),
-            "{key} attempts {attempted:?}"
+            j.overlaps.is_empty(),
+            "two events of one aggregate in flight at once: {:?}",
+            &j.overlaps[..j.overlaps.len().min(5)]
         );
+        let want: Vec<i64> = (1..=per as i64).collect();
+        for a in 0..aggregates {
+            let key = format!("acc-{a}");
+            assert_eq!(
+                j.delivered.get(&key),
+                Some(&want),
+                "{key} delivered out of order or incompletely"
+            );
+            let attempted = &j.attempted[&key];
+            assert!(
+                attempted
+                    .windows(2)
+                    .all(|w| w[1] == w[0] || w[1] == w[0] + 1),
+                "{key} attempts {attempted:?}"
+            );
+        }
+        let retries: usize = j.attempted.values().map(Vec::len).sum::<usize>() - aggregates * per;
+        assert!(retries > 100, "the sink failed often enough ({retries})");
     }
-    let retries: usize = j.attempted.values().map(Vec::len).sum::<usize>() - aggregates * per;
-    assert!(retries > 100, "the sink failed often enough ({retries})");
-    drop(j);
     db.drop_schema().await;
 }
 
