@@ -65,6 +65,15 @@ SELECT (SELECT count(*) FROM {schema}.outbox) + (SELECT count(*) FROM {schema}.l
 -- name: log_analyze
 ANALYZE {schema}.log;
 
+-- name: autovacuum_off
+-- The sustained run in log mode: no autovacuum on the log's segments nor
+-- the outbox, to show that delivery needs none.
+ALTER TABLE {schema}.log_0 SET (autovacuum_enabled = false);
+ALTER TABLE {schema}.log_1 SET (autovacuum_enabled = false);
+ALTER TABLE {schema}.log_2 SET (autovacuum_enabled = false);
+ALTER TABLE {schema}.log_3 SET (autovacuum_enabled = false);
+ALTER TABLE {schema}.outbox SET (autovacuum_enabled = false);
+
 -- name: wal_lsn
 -- Where the WAL is now (for the WAL each drain writes).
 SELECT pg_current_wal_lsn()::text AS lsn;

@@ -69,6 +69,14 @@ pub struct RelayConfig {
     /// has read it.
     #[serde(with = "humantime_serde")]
     pub log_segment_age: Duration,
+    /// Log mode: into how many partitions each destination's cursor is split
+    /// (1–1024), by a hash of the aggregate, so several relays share one
+    /// destination: each partition has its own cursor and lease, and each
+    /// relay takes about 1/(relays) of them. One aggregate is always in one
+    /// partition, so ordered routes keep their order. Applies when the
+    /// cursors are made; a destination split otherwise is re-split when a
+    /// relay starts while no relay holds any of its cursors.
+    pub log_partitions: u16,
     /// Longest wait between two claims when no notification arrives.
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
@@ -122,6 +130,7 @@ impl Default for RelayConfig {
             mode: ReadMode::Claim,
             batch_size: 500,
             log_segment_age: Duration::from_secs(60),
+            log_partitions: 1,
             poll_interval: Duration::from_secs(1),
             lease: Duration::from_secs(60),
             publish_timeout: Duration::from_secs(20),
@@ -147,6 +156,12 @@ impl RelayConfig {
             return Err(ConfigError::new(
                 f("batch_size"),
                 format!("must be between 1 and 10000, got {}", self.batch_size),
+            ));
+        }
+        if !(1..=1024).contains(&self.log_partitions) {
+            return Err(ConfigError::new(
+                f("log_partitions"),
+                format!("must be between 1 and 1024, got {}", self.log_partitions),
             ));
         }
         let positive = [

@@ -1,5 +1,9 @@
-//! Log mode's reader: one task per destination, reading that destination's
-//! cursor over the append-only log (see `postbox_store::Log`).
+//! Log mode's reader: one task per destination and partition, reading that
+//! partition of the destination's cursor over the append-only log (see
+//! `postbox_store::Log`). A destination's cursor is split by a hash of the
+//! aggregate into `relay.log_partitions` partitions, each under its own
+//! lease; relays sharing a log take about an equal share of them each (see
+//! `Log::acquire`), so one aggregate is read by one reader, in order.
 //!
 //! Each round reads one page of the cursor's window, publishes the events
 //! that route to the destination, and then — in one transaction — moves the
@@ -19,8 +23,10 @@ use crate::backoff;
 use crate::metrics as m;
 use crate::redact::sanitize_error;
 use crate::relay::{publish_to, RunMode, Shared};
+use crate::router::PoisonPolicy;
 use crate::sink::{Message, Outcome};
 use postbox_store::{Handoff, Log, LogEvent, LogWindow};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,22 +35,32 @@ use uuid::Uuid;
 const DB_RETRY_BASE: Duration = Duration::from_millis(100);
 const DB_RETRY_MAX: Duration = Duration::from_secs(10);
 
-/// Read destination `d`'s cursor until shutdown (or, draining, until a
-/// window comes back empty).
-pub(crate) async fn read_loop(shared: Arc<Shared>, d: usize, owner: Uuid, mode: RunMode) {
+/// How often a reader renews its lease (and heartbeat) at most: also how
+/// soon a relay gives back partitions beyond its share when another joins.
+const RENEW_MAX: Duration = Duration::from_secs(1);
+
+/// Read partition `part` of destination `d`'s cursor until shutdown (or,
+/// draining, until a window comes back empty).
+pub(crate) async fn read_loop(
+    shared: Arc<Shared>,
+    d: usize,
+    part: i32,
+    owner: Uuid,
+    mode: RunMode,
+) {
     let log = shared.store.log();
     let name = shared.router.destinations()[d].name.clone();
-    let names = [name.clone()];
     let config = &shared.config;
     let mut reader = Reader {
         held_until: None,
         window: None,
         ahead: None,
+        ordered: shared.router.claim_order().is_some(),
     };
     let mut failures = 0;
     let mut wake = shared.log_wake.subscribe();
     while !shared.shutdown.is_cancelled() {
-        match reader.round(&shared, &log, d, owner, &names).await {
+        match reader.round(&shared, &log, d, part, owner).await {
             Ok(Round::More) => failures = 0,
             // A window that ended short holds everything committed when it
             // opened; anything committed since sent a notification (or the
@@ -72,7 +88,7 @@ pub(crate) async fn read_loop(shared: Arc<Shared>, d: usize, owner: Uuid, mode: 
                 reader.forget();
                 failures += 1;
                 let delay = backoff::full_jitter(failures, DB_RETRY_BASE, DB_RETRY_MAX);
-                tracing::warn!(destination = %name, error = %sanitize_error(&e.to_string()), retry_in = ?delay, "reading the log failed");
+                tracing::warn!(destination = %name, part, error = %sanitize_error(&e.to_string()), retry_in = ?delay, "reading the log failed");
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = shared.shutdown.cancelled() => {}
@@ -80,8 +96,8 @@ pub(crate) async fn read_loop(shared: Arc<Shared>, d: usize, owner: Uuid, mode: 
             }
         }
     }
-    if let Err(e) = log.release(owner, &names).await {
-        tracing::debug!(error = %sanitize_error(&e.to_string()), "could not release the log cursors' leases; they expire by themselves");
+    if let Err(e) = log.release(owner, &name, part).await {
+        tracing::debug!(error = %sanitize_error(&e.to_string()), "could not release the log cursor's lease; it expires by itself");
     }
 }
 
@@ -95,6 +111,8 @@ struct Reader {
     window: Option<LogWindow>,
     /// The window's next page, read while the previous one was published.
     ahead: Option<Vec<LogEvent>>,
+    /// The router has ordered routes.
+    ordered: bool,
 }
 
 impl Reader {
@@ -112,17 +130,20 @@ impl Reader {
         shared: &Shared,
         log: &Log,
         d: usize,
+        part: i32,
         owner: Uuid,
-        names: &[String; 1],
     ) -> Result<Round, sqlx::Error> {
         let config = &shared.config;
+        let name = &shared.router.destinations()[d].name;
         let batch = i64::from(config.batch_size);
         if self.held_until.is_none_or(|t| Instant::now() >= t) {
-            if log.acquire(owner, names, config.lease).await?.is_empty() {
+            // Between pages: nothing of this cursor is in flight, so a
+            // partition beyond this relay's share may be given back here.
+            if !log.acquire(owner, name, part, config.lease).await? {
                 self.forget();
                 return Ok(Round::NotHeld);
             }
-            self.held_until = Some(Instant::now() + config.lease / 3);
+            self.held_until = Some(Instant::now() + (config.lease / 3).min(RENEW_MAX));
         }
         let (window, page) = match self.window.take() {
             Some(w) => {
@@ -134,7 +155,7 @@ impl Reader {
             }
             None => {
                 self.ahead = None;
-                let Some(w) = log.window(&names[0], owner).await? else {
+                let Some(w) = log.window(name, part, owner).await? else {
                     self.forget();
                     return Ok(Round::NotHeld);
                 };
@@ -157,13 +178,23 @@ impl Reader {
         };
         // The next page of the window does not depend on how this one is
         // published: read it meanwhile. A failed read-ahead is read again.
-        let ((delivered, handoffs), ahead) = if done {
-            (publish_page(shared, d, &page).await, None)
+        let (published, ahead) = if done {
+            (
+                publish_page(shared, log, d, &page, self.ordered).await,
+                None,
+            )
         } else {
-            let (published, ahead) =
-                tokio::join!(publish_page(shared, d, &page), log.page(&next, batch));
+            let (published, ahead) = tokio::join!(
+                publish_page(shared, log, d, &page, self.ordered),
+                log.page(&next, batch)
+            );
             (published, ahead.ok())
         };
+        let Published {
+            delivered,
+            handoffs,
+            held,
+        } = published?;
         let delivered_at: Vec<_> = delivered
             .iter()
             .map(|&i| page[i].event.created_at)
@@ -177,11 +208,11 @@ impl Reader {
             .settle_page(&window, owner, last, delivered as i64, done, &handoffs)
             .await?;
         if !kept {
-            tracing::warn!(destination = %names[0], "lost the log cursor's lease; another relay reads it now");
+            tracing::warn!(destination = %name, part, "lost the log cursor's lease; another relay reads it now");
             self.forget();
             return Ok(Round::NotHeld);
         }
-        count(shared, delivered, &handoffs);
+        count(shared, delivered, &handoffs, held);
         m::record_commit_to_delivery(delivered_at.into_iter());
         if !done {
             self.window = Some(next);
@@ -226,6 +257,19 @@ struct Pending {
 }
 
 impl Pending {
+    /// Not published now, not tried: due in the outbox at once (an event held
+    /// behind an earlier one of its aggregate) or at its time (a scheduled
+    /// event, whose hand-off makes it due then).
+    fn untried(others: Vec<String>) -> Self {
+        Pending {
+            dead: false,
+            delay: Duration::ZERO,
+            attempts: 0,
+            error: String::new(),
+            others,
+        }
+    }
+
     fn into_handoff(self, event: &LogEvent) -> Handoff<'_> {
         Handoff {
             event,
@@ -238,18 +282,47 @@ impl Pending {
     }
 }
 
-/// Publish the page's events that route to `d`; returns the page indices of
-/// those delivered and, by page index, the ones to hand off.
+/// What publishing a page did at one destination.
+#[derive(Default)]
+struct Published {
+    /// Page indices of the events delivered.
+    delivered: Vec<usize>,
+    /// By page index, the events to hand to the outbox.
+    handoffs: Vec<(usize, Pending)>,
+    /// How many of the hand-offs are held behind an earlier event of their
+    /// aggregate (not tried).
+    held: usize,
+}
+
+/// An aggregate, as ordered routes key it.
+type Aggregate<'a> = (&'a str, &'a str);
+
+fn aggregate(e: &LogEvent) -> Aggregate<'_> {
+    (&e.event.aggregate_type, &e.event.aggregate_id)
+}
+
+/// Publish the page's events that route to `d`.
+///
+/// Unordered events go out in one call. On ordered routes an aggregate's
+/// events go out one at a time, in id order (which is its sequence order,
+/// see ARCHITECTURE.md "The log"): the page is published in layers — every
+/// aggregate's first event, then every aggregate's second one, … — and once
+/// one of an aggregate's events is not delivered (a retry, or a dead letter
+/// its poison policy blocks on), is scheduled for later, or follows an
+/// earlier event the outbox still holds for `d`, its later events are handed
+/// to the outbox too, where the ordered claim delivers them behind it. Other
+/// aggregates keep flowing from the log; an aggregate whose events in the
+/// outbox are all delivered flows from the log again. `ordered`: the router
+/// has ordered routes.
 async fn publish_page(
     shared: &Shared,
+    log: &Log,
     d: usize,
     page: &[LogEvent],
-) -> (Vec<usize>, Vec<(usize, Pending)>) {
+    ordered: bool,
+) -> Result<Published, sqlx::Error> {
     let router = &shared.router;
-    let config = &shared.config;
-    let mut mine = Vec::with_capacity(page.len());
-    let mut targets_of = Vec::with_capacity(page.len());
-    let mut handoffs = Vec::new();
+    let name = &router.destinations()[d].name;
     let others = |targets: &[usize]| -> Vec<String> {
         targets
             .iter()
@@ -257,83 +330,168 @@ async fn publish_page(
             .map(|&t| router.destinations()[t].name.clone())
             .collect()
     };
+    let mut out = Published::default();
+    // Per page index: its destinations (empty when `d` is not one of them)
+    // and, on an ordered route, its poison policy.
+    let mut targets = vec![Vec::new(); page.len()];
+    let mut policies: Vec<Option<PoisonPolicy>> = vec![None; page.len()];
     for (i, e) in page.iter().enumerate() {
-        let targets = router.targets(&e.event.event_type);
-        if !targets.contains(&d) {
-            continue;
-        }
-        if e.scheduled {
-            // Not due yet: the outbox keeps it until its time (the hand-off
-            // makes it due then), so the cursor moves on.
-            handoffs.push((
-                i,
-                Pending {
-                    dead: false,
-                    delay: Duration::ZERO,
-                    attempts: 0,
-                    error: String::new(),
-                    others: others(&targets),
-                },
-            ));
-            continue;
-        }
-        mine.push(i);
-        targets_of.push(targets);
-    }
-    if mine.is_empty() {
-        return (Vec::new(), handoffs);
-    }
-    let messages: Vec<Message> = mine
-        .iter()
-        .map(|&i| Message::from(&page[i].event))
-        .collect();
-    let outcomes = publish_to(shared, d, &messages).await;
-    let mut delivered = Vec::new();
-    for ((&i, outcome), targets) in mine.iter().zip(outcomes).zip(targets_of) {
-        let others = || others(&targets);
-        let pending = match outcome {
-            Outcome::Delivered => {
-                delivered.push(i);
-                continue;
+        let t = router.targets(&e.event.event_type);
+        if t.contains(&d) {
+            if ordered && e.event.sequence.is_some() {
+                policies[i] = router.ordering(&e.event.event_type);
             }
-            Outcome::Retry { error, after } => Pending {
-                dead: config.max_attempts <= 1,
-                delay: after
-                    .unwrap_or_else(|| {
-                        backoff::full_jitter(1, config.backoff_base, config.backoff_max)
-                    })
-                    .min(config.backoff_max),
-                attempts: 1,
-                error: sanitize_error(&error),
-                others: others(),
-            },
-            Outcome::Deferred { reason, after } => Pending {
-                dead: false,
-                delay: after.unwrap_or(config.backoff_base).min(config.backoff_max),
-                attempts: 0,
-                error: sanitize_error(&reason),
-                others: others(),
-            },
-            Outcome::Reject { error } => {
-                let error = sanitize_error(&error);
-                tracing::warn!(event_id = %page[i].event.event_id, event_type = %page[i].event.event_type, %error, "rejected by the sink; dead-lettered");
-                Pending {
-                    dead: true,
-                    delay: Duration::ZERO,
-                    attempts: 1,
-                    error,
-                    others: others(),
+            targets[i] = t;
+        }
+    }
+    // The lowest sequence the outbox still holds for `d`, per aggregate of
+    // the page's ordered events.
+    let mut held: HashMap<(String, String), i64> = HashMap::new();
+    if policies.iter().any(Option::is_some) {
+        let aggregates: Vec<Aggregate<'_>> = page
+            .iter()
+            .zip(&policies)
+            .filter(|(_, p)| p.is_some())
+            .map(|(e, _)| aggregate(e))
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        for h in log.held(name, &aggregates).await? {
+            // Only an ordered event that goes to `d` holds `d` back, and a
+            // dead letter only when its poison policy blocks.
+            let holds = match router.ordering(&h.event_type) {
+                None => false,
+                Some(policy) => {
+                    router.targets(&h.event_type).contains(&d)
+                        && !(h.dead && policy == PoisonPolicy::Skip)
+                }
+            };
+            if holds {
+                let lowest = held
+                    .entry((h.aggregate_type, h.aggregate_id))
+                    .or_insert(h.sequence);
+                *lowest = (*lowest).min(h.sequence);
+            }
+        }
+    }
+    // Aggregates whose later events wait in the outbox.
+    let mut blocked: HashSet<Aggregate<'_>> = HashSet::new();
+    let mut depth: HashMap<Aggregate<'_>, usize> = HashMap::new();
+    let mut layers: Vec<Vec<usize>> = vec![Vec::new()];
+    for (i, e) in page.iter().enumerate() {
+        if targets[i].is_empty() {
+            continue;
+        }
+        let Some(seq) = policies[i].and(e.event.sequence) else {
+            if e.scheduled {
+                out.handoffs
+                    .push((i, Pending::untried(others(&targets[i]))));
+            } else {
+                layers[0].push(i);
+            }
+            continue;
+        };
+        let key = aggregate(e);
+        let behind = blocked.contains(&key)
+            || held
+                .get(&(key.0.to_owned(), key.1.to_owned()))
+                .is_some_and(|&lowest| lowest < seq);
+        if behind || e.scheduled {
+            // Not due yet, or behind an earlier event: the outbox keeps it
+            // (making it due at its time), and the aggregate's later events
+            // go behind it.
+            out.held += usize::from(behind);
+            out.handoffs
+                .push((i, Pending::untried(others(&targets[i]))));
+            blocked.insert(key);
+            continue;
+        }
+        let k = depth.entry(key).or_default();
+        if layers.len() <= *k {
+            layers.push(Vec::new());
+        }
+        layers[*k].push(i);
+        *k += 1;
+    }
+    for layer in layers {
+        let mut now = Vec::with_capacity(layer.len());
+        for i in layer {
+            if policies[i].is_some() && blocked.contains(&aggregate(&page[i])) {
+                out.held += 1;
+                out.handoffs
+                    .push((i, Pending::untried(others(&targets[i]))));
+            } else {
+                now.push(i);
+            }
+        }
+        if now.is_empty() {
+            continue;
+        }
+        let messages: Vec<Message> = now.iter().map(|&i| Message::from(&page[i].event)).collect();
+        let outcomes = publish_to(shared, d, &messages).await;
+        for (&i, outcome) in now.iter().zip(outcomes) {
+            let Some(pending) = settle(shared, &page[i], outcome, others(&targets[i])) else {
+                out.delivered.push(i);
+                continue;
+            };
+            if let Some(policy) = policies[i] {
+                if !(pending.dead && policy == PoisonPolicy::Skip) {
+                    blocked.insert(aggregate(&page[i]));
                 }
             }
-        };
-        handoffs.push((i, pending));
+            out.handoffs.push((i, pending));
+        }
     }
-    (delivered, handoffs)
+    out.handoffs.sort_by_key(|(i, _)| *i);
+    Ok(out)
 }
 
-fn count(shared: &Shared, delivered: usize, handoffs: &[Handoff<'_>]) {
+/// What to hand off for an event the sink answered `outcome` to; `None`
+/// when it was delivered.
+fn settle(
+    shared: &Shared,
+    event: &LogEvent,
+    outcome: Outcome,
+    others: Vec<String>,
+) -> Option<Pending> {
+    let config = &shared.config;
+    Some(match outcome {
+        Outcome::Delivered => return None,
+        Outcome::Retry { error, after } => Pending {
+            dead: config.max_attempts <= 1,
+            delay: after
+                .unwrap_or_else(|| backoff::full_jitter(1, config.backoff_base, config.backoff_max))
+                .min(config.backoff_max),
+            attempts: 1,
+            error: sanitize_error(&error),
+            others,
+        },
+        Outcome::Deferred { reason, after } => Pending {
+            dead: false,
+            delay: after.unwrap_or(config.backoff_base).min(config.backoff_max),
+            attempts: 0,
+            error: sanitize_error(&reason),
+            others,
+        },
+        Outcome::Reject { error } => {
+            let error = sanitize_error(&error);
+            tracing::warn!(event_id = %event.event.event_id, event_type = %event.event.event_type, %error, "rejected by the sink; dead-lettered");
+            Pending {
+                dead: true,
+                delay: Duration::ZERO,
+                attempts: 1,
+                error,
+                others,
+            }
+        }
+    })
+}
+
+/// Count a settled page; `held` of the hand-offs were not tried (behind an
+/// earlier event of their aggregate).
+fn count(shared: &Shared, delivered: usize, handoffs: &[Handoff<'_>], held: usize) {
     let dead = handoffs.iter().filter(|h| h.dead).count();
-    let scheduled = handoffs.iter().filter(|h| h.event.scheduled).count();
+    let scheduled = handoffs.iter().filter(|h| h.event.scheduled).count() + held;
     let stats = &shared.stats;
     stats
         .delivered

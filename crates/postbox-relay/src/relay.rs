@@ -170,12 +170,6 @@ impl Relay {
         config: RelayConfig,
     ) -> Result<Self, ConfigError> {
         config.validate()?;
-        if config.mode == ReadMode::Log && router.claim_order().is_some() {
-            return Err(ConfigError::new(
-                "relay.mode",
-                "log mode does not keep per-aggregate order yet: run ordered routes in claim mode",
-            ));
-        }
         if config.mode == ReadMode::Logical && router.claim_order().is_some() {
             return Err(ConfigError::new(
                 "relay.mode",
@@ -384,7 +378,8 @@ impl Relay {
 }
 
 impl Relay {
-    /// Log mode: a cursor per destination, and a reader task for each.
+    /// Log mode: a cursor per destination (split into partitions), and a
+    /// reader task for each partition.
     async fn start_log_readers(
         &self,
         shared: &Arc<Shared>,
@@ -396,10 +391,11 @@ impl Relay {
             .iter()
             .map(|d| d.name.clone())
             .collect();
+        let wanted = i32::from(shared.config.log_partitions);
         let mut failures = 0;
-        loop {
-            match shared.store.log().ensure_cursors(&names).await {
-                Ok(()) => break,
+        let split = loop {
+            match shared.store.log().ensure_split(&names, wanted).await {
+                Ok(split) => break split,
                 Err(e) => {
                     failures += 1;
                     let delay = backoff::full_jitter(failures, DB_RETRY_BASE, DB_RETRY_MAX);
@@ -410,11 +406,27 @@ impl Relay {
                     }
                 }
             }
-        }
+        };
         let owner = uuid::Uuid::new_v4();
-        let mut tasks: Vec<_> = (0..names.len())
-            .map(|d| spawn(crate::log_mode::read_loop(shared.clone(), d, owner, mode)))
-            .collect();
+        let mut tasks = Vec::new();
+        for (d, name) in names.iter().enumerate() {
+            let parts = split
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or(wanted, |&(_, p)| p);
+            if parts != wanted {
+                tracing::warn!(destination = %name, partitions = parts, log_partitions = wanted, "the destination's log cursor is split differently and a relay reads it: reading the existing partitions (stop every relay reading it to re-split)");
+            }
+            for part in 0..parts {
+                tasks.push(spawn(crate::log_mode::read_loop(
+                    shared.clone(),
+                    d,
+                    part,
+                    owner,
+                    mode,
+                )));
+            }
+        }
         let archive = self
             .retention
             .as_ref()

@@ -289,6 +289,21 @@ impl Router {
         out
     }
 
+    /// Whether `event_type` is ordered (some matching route is) and, if so,
+    /// its poison policy: `Block` when any matching ordered route blocks.
+    pub fn ordering(&self, event_type: &str) -> Option<PoisonPolicy> {
+        let mut policy = None;
+        for r in self.routes.iter().filter(|r| r.ordered) {
+            if r.patterns.iter().any(|p| p.matches(event_type)) {
+                if r.poison == PoisonPolicy::Block {
+                    return Some(PoisonPolicy::Block);
+                }
+                policy = Some(PoisonPolicy::Skip);
+            }
+        }
+        policy
+    }
+
     /// The ordered claim's patterns, or `None` when no route is ordered (the
     /// relay then claims with the plain, fastest query).
     pub fn claim_order(&self) -> Option<ClaimOrder> {

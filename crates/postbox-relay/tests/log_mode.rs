@@ -320,13 +320,168 @@ async fn a_segment_a_cursor_has_not_read_is_kept() {
     db.drop_schema().await;
 }
 
+/// `n` events over `aggregates` aggregates, in one transaction per 100.
+async fn append_over(db: &TestDb, n: usize, aggregates: usize) -> Vec<Uuid> {
+    let sql = db.sql(APPEND);
+    let mut ids = Vec::new();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(100) {
+        let mut tx = db.pool.begin().await.unwrap();
+        for &i in chunk {
+            let id = Uuid::now_v7();
+            sqlx::query(&sql)
+                .bind(id)
+                .bind(format!("a{}", i % aggregates))
+                .bind("order.created")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            ids.push(id);
+        }
+        tx.commit().await.unwrap();
+    }
+    ids
+}
+
+/// How many of the log cursor's partitions each relay holds now.
+async fn holdings(db: &TestDb) -> Vec<i64> {
+    sqlx::query_scalar(&db.sql(
+        "SELECT count(*) FROM {schema}.log_cursors \
+         WHERE owner IS NOT NULL AND lease_expires_at > now() GROUP BY owner ORDER BY 1",
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
+
+fn split_config(partitions: u16) -> RelayConfig {
+    RelayConfig {
+        log_partitions: partitions,
+        lease: Duration::from_secs(2),
+        publish_timeout: Duration::from_millis(500),
+        ..log_config()
+    }
+}
+
+/// Each aggregate's sequences in the order the sink received them.
+fn sequences(sink: &ScriptedSink) -> HashMap<String, Vec<i64>> {
+    let mut by: HashMap<String, Vec<i64>> = HashMap::new();
+    for m in &sink.seen.lock().unwrap().messages {
+        by.entry(m.aggregate_id.clone())
+            .or_default()
+            .push(m.sequence.unwrap());
+    }
+    by
+}
+
 #[tokio::test]
-async fn ordered_routes_are_refused_in_log_mode() {
+async fn two_relays_split_one_log_and_deliver_each_event_once_in_order() {
     let db = TestDb::new().await;
-    let router = Router::single(ScriptedSink::delivering()).all_ordered(Default::default());
-    let err = Relay::with_router(store(&db), router, log_config())
-        .err()
-        .expect("refused");
-    assert!(err.to_string().contains("relay.mode"), "{err}");
+    let sink = ScriptedSink::delivering();
+    let relay = |sink: std::sync::Arc<ScriptedSink>| {
+        let router = Router::single(sink).all_ordered(Default::default());
+        Relay::with_router(store(&db), router, split_config(4)).unwrap()
+    };
+    let (a, b) = (relay(sink.clone()), relay(sink.clone()));
+    let stop = CancellationToken::new();
+    let (run_a, run_b) = (
+        a.run(RunMode::Forever, stop.clone()),
+        b.run(RunMode::Forever, stop.clone()),
+    );
+    let check = async {
+        wait_for("each relay holds half", Duration::from_secs(30), || async {
+            holdings(&db).await == vec![2, 2]
+        })
+        .await;
+        let ids = append_over(&db, 1000, 60).await;
+        wait_for("every event delivered", Duration::from_secs(60), || {
+            let sink = sink.clone();
+            async move { sink.count() >= 1000 }
+        })
+        .await;
+        stop.cancel();
+        ids
+    };
+    let (stats_a, stats_b, ids) = tokio::join!(run_a, run_b, check);
+    let seen = times(&sink);
+    assert_eq!(seen.len(), 1000);
+    assert!(ids.iter().all(|id| seen[id] == 1), "each event once");
+    assert!(
+        stats_a.delivered > 0 && stats_b.delivered > 0,
+        "both relays delivered: {} and {}",
+        stats_a.delivered,
+        stats_b.delivered
+    );
+    assert_eq!(stats_a.delivered + stats_b.delivered, 1000);
+    for (aggregate, seqs) in sequences(&sink) {
+        assert!(
+            seqs.windows(2).all(|w| w[1] == w[0] + 1),
+            "{aggregate} out of order: {seqs:?}"
+        );
+    }
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn a_dead_relays_partitions_are_taken_over_within_its_lease() {
+    let db = TestDb::new().await;
+    let sink = ScriptedSink::delivering();
+    let relay = || Relay::new(store(&db), sink.clone(), split_config(4)).unwrap();
+    let (a, b) = (relay(), relay());
+    let stop = CancellationToken::new();
+    let doomed = tokio::spawn({
+        let stop = stop.clone();
+        async move { a.run(RunMode::Forever, stop).await }
+    });
+    let survivor = tokio::spawn({
+        let stop = stop.clone();
+        async move { b.run(RunMode::Forever, stop).await }
+    });
+    wait_for("each relay holds half", Duration::from_secs(30), || async {
+        holdings(&db).await == vec![2, 2]
+    })
+    .await;
+    // The relay dies: no release, its leases and heartbeat run out.
+    doomed.abort();
+    let ids = append_over(&db, 400, 40).await;
+    wait_for(
+        "the survivor delivers every event",
+        Duration::from_secs(30),
+        || {
+            let (sink, ids) = (sink.clone(), ids.clone());
+            async move {
+                let seen = sink.ids();
+                ids.iter().all(|id| seen.contains(id))
+            }
+        },
+    )
+    .await;
+    assert_eq!(holdings(&db).await, vec![4], "it holds every partition");
+    stop.cancel();
+    let stats = survivor.await.unwrap();
+    assert_eq!(stats.delivered, 400);
+    assert!(times(&sink).values().all(|&n| n == 1));
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn a_destination_is_re_split_when_no_relay_holds_it() {
+    let db = TestDb::new().await;
+    let first = append_over(&db, 100, 10).await;
+    let sink = ScriptedSink::delivering();
+    drain_with(&db, Router::single(sink.clone()), log_config()).await;
+    assert_eq!(sink.count(), 100);
+    let log = store(&db).log();
+    let split = log.ensure_split(&["default".to_owned()], 3).await.unwrap();
+    assert_eq!(split, vec![("default".to_owned(), 3)]);
+    // Every partition starts where the single cursor was: nothing again.
+    let later = append_over(&db, 90, 9).await;
+    drain_with(&db, Router::single(sink.clone()), split_config(3)).await;
+    let seen = times(&sink);
+    assert!(first.iter().chain(&later).all(|id| seen[id] == 1));
+    assert_eq!(
+        db.count("SELECT count(*) FROM {schema}.log_cursors WHERE parts = 3")
+            .await,
+        3
+    );
     db.drop_schema().await;
 }

@@ -386,3 +386,250 @@ async fn a_retry_holds_back_only_its_own_aggregate() {
     tokio::join!(run, check);
     db.drop_schema().await;
 }
+
+/// Send the schema's producers into the log (log mode).
+async fn producing_into_the_log(db: &TestDb) {
+    store(db)
+        .log()
+        .set_producer_target(postbox_store::ProducerTarget::Log)
+        .await
+        .unwrap();
+}
+
+fn log_config(config: RelayConfig) -> RelayConfig {
+    RelayConfig {
+        mode: postbox_relay::ReadMode::Log,
+        ..config
+    }
+}
+
+#[tokio::test]
+async fn log_mode_keeps_every_aggregate_in_order_through_random_failures() {
+    let db = TestDb::new().await;
+    producing_into_the_log(&db).await;
+    let (aggregates, per) = (200, 10);
+    enqueue_aggregates(&db, aggregates, per).await;
+    // 20 % of publish answers are failures, at random.
+    let sink = OrderSink::new(|_| {
+        if rand::random::<f64>() < 0.2 {
+            Outcome::retry("random failure")
+        } else {
+            Outcome::Delivered
+        }
+    });
+    let config = log_config(RelayConfig {
+        batch_size: 300,
+        max_attempts: 100,
+        backoff_base: Duration::from_millis(1),
+        backoff_max: Duration::from_millis(20),
+        ..fast_config()
+    });
+    drain_all(&[ordered_relay(
+        &db,
+        sink.clone(),
+        PoisonPolicy::Block,
+        config,
+    )])
+    .await;
+    {
+        let j = sink.journal.lock().unwrap();
+        assert!(
+            j.overlaps.is_empty(),
+            "two events of one aggregate in flight at once: {:?}",
+            &j.overlaps[..j.overlaps.len().min(5)]
+        );
+        let want: Vec<i64> = (1..=per as i64).collect();
+        for a in 0..aggregates {
+            let key = format!("acc-{a}");
+            assert_eq!(
+                j.delivered.get(&key),
+                Some(&want),
+                "{key} delivered out of order or incompletely"
+            );
+            let attempted = &j.attempted[&key];
+            assert!(
+                attempted
+                    .windows(2)
+                    .all(|w| w[1] == w[0] || w[1] == w[0] + 1),
+                "{key} attempts {attempted:?}"
+            );
+        }
+        let retries: usize = j.attempted.values().map(Vec::len).sum::<usize>() - aggregates * per;
+        assert!(retries > 100, "the sink failed often enough ({retries})");
+    }
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn in_log_mode_a_retry_holds_back_only_its_own_aggregate_then_it_flows_from_the_log_again() {
+    let db = TestDb::new().await;
+    producing_into_the_log(&db).await;
+    enqueue_aggregates(&db, 10, 3).await;
+    // acc-3's first event keeps failing until the test lets it through.
+    let open = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let o = open.clone();
+    let sink = OrderSink::new(move |m| {
+        if m.aggregate_id == "acc-3" && !o.load(std::sync::atomic::Ordering::SeqCst) {
+            Outcome::retry("not yet")
+        } else {
+            Outcome::Delivered
+        }
+    });
+    let config = log_config(RelayConfig {
+        max_attempts: 1000,
+        ..fast_config()
+    });
+    let relay = ordered_relay(&db, sink.clone(), PoisonPolicy::Block, config);
+    let stop = CancellationToken::new();
+    let run = relay.run(RunMode::Forever, stop.clone());
+    let check = async {
+        wait_for(
+            "every other aggregate delivered",
+            Duration::from_secs(30),
+            || async {
+                (0..10)
+                    .filter(|&a| a != 3)
+                    .all(|a| sink.delivered(&format!("acc-{a}")).len() == 3)
+            },
+        )
+        .await;
+        // Its later events wait behind it in the outbox, untried.
+        wait_for(
+            "acc-3 held in the outbox",
+            Duration::from_secs(30),
+            || async {
+                db.count("SELECT count(*) FROM {schema}.outbox WHERE aggregate_id = 'acc-3'")
+                    .await
+                    == 3
+            },
+        )
+        .await;
+        assert!(sink.delivered("acc-3").is_empty());
+        {
+            let j = sink.journal.lock().unwrap();
+            assert!(
+                j.attempted["acc-3"].iter().all(|&s| s == 1),
+                "only the head was tried"
+            );
+        }
+        assert_eq!(
+            db.count("SELECT count(*) FROM {schema}.outbox WHERE aggregate_id <> 'acc-3'")
+                .await,
+            0,
+            "other aggregates never left the log"
+        );
+        open.store(true, std::sync::atomic::Ordering::SeqCst);
+        wait_for(
+            "acc-3 delivered in order",
+            Duration::from_secs(30),
+            || async { sink.delivered("acc-3") == vec![1, 2, 3] },
+        )
+        .await;
+        wait_for("acc-3's events marked sent", Duration::from_secs(30), || async {
+            db.count(
+                "SELECT count(*) FROM {schema}.outbox WHERE aggregate_id = 'acc-3' AND status = 'sent'",
+            )
+            .await
+                == 3
+        })
+        .await;
+        // Nothing of acc-3 waits in the outbox any more: its next events
+        // flow from the log again.
+        enqueue_aggregates(&db, 10, 1).await;
+        wait_for("acc-3's next event", Duration::from_secs(30), || async {
+            sink.delivered("acc-3") == vec![1, 2, 3, 4]
+        })
+        .await;
+        assert_eq!(
+            db.count("SELECT count(*) FROM {schema}.outbox WHERE aggregate_id = 'acc-3'")
+                .await,
+            3,
+            "delivered from the log"
+        );
+        stop.cancel();
+    };
+    tokio::join!(run, check);
+
+    // The consumer's sequence check applies each of acc-3's events in turn.
+    let outbox = Outbox::new(db.schema.clone());
+    for seq in sink.delivered("acc-3") {
+        let mut tx = db.pool.begin().await.unwrap();
+        let v = postbox::sqlx::check_sequence(&outbox, &mut tx, "ledger", "account", "acc-3", seq)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(v, SequenceCheck::Apply, "sequence {seq}");
+    }
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn in_log_mode_a_poisoned_aggregate_blocks_only_itself_until_discarded() {
+    let db = TestDb::new().await;
+    producing_into_the_log(&db).await;
+    enqueue_aggregates(&db, 50, 5).await;
+    let sink = poisoning("acc-7", 2);
+    let config = log_config(fast_config());
+    drain_all(&[ordered_relay(
+        &db,
+        sink.clone(),
+        PoisonPolicy::Block,
+        config.clone(),
+    )])
+    .await;
+    assert_eq!(sink.delivered("acc-7"), vec![1]);
+    for a in (0..50).filter(|&a| a != 7) {
+        assert_eq!(sink.delivered(&format!("acc-{a}")), vec![1, 2, 3, 4, 5]);
+    }
+    assert_eq!(
+        db.count("SELECT count(*) FROM {schema}.outbox WHERE status = 'failed'")
+            .await,
+        1
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM {schema}.outbox WHERE status = 'pending'")
+            .await,
+        3,
+        "its successors wait behind it"
+    );
+    let applied = operator(
+        &db,
+        Selection::All(Default::default()),
+        Action::Discard {
+            reason: "bad data".into(),
+        },
+    )
+    .await;
+    assert_eq!(applied.count, 1);
+    drain_all(&[ordered_relay(
+        &db,
+        sink.clone(),
+        PoisonPolicy::Block,
+        config,
+    )])
+    .await;
+    assert_eq!(sink.delivered("acc-7"), vec![1, 3, 4, 5]);
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn in_log_mode_skip_lets_the_aggregate_go_on_from_the_log() {
+    let db = TestDb::new().await;
+    producing_into_the_log(&db).await;
+    enqueue_aggregates(&db, 4, 4).await;
+    let sink = poisoning("acc-2", 2);
+    drain_all(&[ordered_relay(
+        &db,
+        sink.clone(),
+        PoisonPolicy::Skip,
+        log_config(fast_config()),
+    )])
+    .await;
+    assert_eq!(sink.delivered("acc-2"), vec![1, 3, 4]);
+    assert_eq!(
+        db.count("SELECT count(*) FROM {schema}.outbox").await,
+        1,
+        "only the dead letter left the log"
+    );
+    db.drop_schema().await;
+}

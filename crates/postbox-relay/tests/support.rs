@@ -18,6 +18,7 @@ pub fn fast_config() -> RelayConfig {
     RelayConfig {
         mode: postbox_relay::ReadMode::Claim,
         log_segment_age: Duration::from_secs(60),
+        log_partitions: 1,
         batch_size: 100,
         poll_interval: Duration::from_millis(50),
         lease: Duration::from_secs(30),

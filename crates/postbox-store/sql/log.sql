@@ -2,37 +2,106 @@
 -- Snapshots travel as text ($n::text::pg_snapshot).
 
 -- name: cursors_ensure
--- A cursor for each destination $1 that has none; a new cursor starts before
--- the first event still in the log.
-INSERT INTO {schema}.log_cursors (destination)
-SELECT unnest($1::text[])
-ON CONFLICT (destination) DO NOTHING;
+-- Cursors for each destination $1 that has none, split into $2 partitions
+-- (migration 14); a new cursor starts before the first event still in the
+-- log.
+INSERT INTO {schema}.log_cursors (destination, part, parts)
+SELECT d, p, $2
+FROM unnest($1::text[]) AS d, generate_series(0, $2 - 1) AS p
+WHERE NOT EXISTS (SELECT 1 FROM {schema}.log_cursors c WHERE c.destination = d)
+ON CONFLICT (destination, part) DO NOTHING;
+
+-- name: cursors_split
+-- Into how many partitions each of destinations $1 is split now.
+SELECT destination, max(parts) AS parts
+FROM {schema}.log_cursors
+WHERE destination = ANY($1::text[])
+GROUP BY destination;
+
+-- name: cursors_lock
+-- Re-splitting destination $1 (in a transaction): its cursors, locked; the
+-- caller goes on only when no relay holds any of them. `start` is the
+-- earliest of their `lo` snapshots (snapshots taken later see more, so
+-- the order of xmax, then xmin, then more transactions in progress first,
+-- is the order they were taken in).
+SELECT count(*) FILTER (WHERE owner IS NOT NULL AND lease_expires_at > now()) AS held,
+       (array_agg(lo::text ORDER BY pg_snapshot_xmax(lo), pg_snapshot_xmin(lo),
+                  cardinality(ARRAY(SELECT pg_snapshot_xip(lo))) DESC))[1] AS start,
+       sum(delivered)::bigint AS delivered
+FROM (SELECT * FROM {schema}.log_cursors WHERE destination = $1 FOR UPDATE) c;
+
+-- name: cursors_drop
+-- Re-splitting: destination $1's cursors go (the caller holds their locks).
+DELETE FROM {schema}.log_cursors WHERE destination = $1;
+
+-- name: cursors_split_at
+-- Re-splitting: destination $1's cursors anew, $2 partitions all starting at
+-- snapshot $3, the first keeping the count $4 delivered so far.
+INSERT INTO {schema}.log_cursors (destination, part, parts, lo, delivered)
+SELECT $1, p, $2, $3::text::pg_snapshot, CASE WHEN p = 0 THEN $4 ELSE 0 END
+FROM generate_series(0, $2 - 1) AS p;
 
 -- name: cursors_acquire
--- Take (or renew) the lease on the cursors of destinations $2 for owner $1,
--- for $3 seconds, where nobody else holds a live lease. Returns those held.
-UPDATE {schema}.log_cursors
-SET owner = $1, lease_expires_at = now() + make_interval(secs => $3)
-WHERE destination = ANY($2::text[])
-  AND (owner IS NULL OR owner = $1 OR lease_expires_at < now())
-RETURNING destination;
+-- Take, renew or give back owner $1's lease on partition $3 of destination
+-- $2's cursor, for $4 seconds, and renew $1's heartbeat as a reader of $2.
+-- A relay holds at most its share of the destination's partitions,
+-- ceil(parts / live readers) (a reader is live while its heartbeat is
+-- younger than the lease): it keeps a partition it holds while fewer than
+-- its share of its others come before it, gives it back otherwise (called
+-- between pages, so nothing is in flight), and takes a free or expired one
+-- while it holds fewer than its share. Returns whether $1 holds it now.
+WITH beat AS (
+    INSERT INTO {schema}.log_readers AS r (destination, owner, seen_at)
+    VALUES ($2, $1, now())
+    ON CONFLICT (destination, owner) DO UPDATE SET seen_at = now()),
+share AS (
+    SELECT ceil(c.parts::numeric / (1 + (
+               SELECT count(*) FROM {schema}.log_readers r
+               WHERE r.destination = $2 AND r.owner <> $1
+                 AND r.seen_at > now() - make_interval(secs => $4))))::bigint AS share,
+           count(*) FILTER (WHERE m.part < c.part) AS before,
+           count(m.part) AS mine
+    FROM {schema}.log_cursors c
+    LEFT JOIN {schema}.log_cursors m
+      ON m.destination = c.destination AND m.part <> c.part
+     AND m.owner = $1 AND m.lease_expires_at > now()
+    WHERE c.destination = $2 AND c.part = $3
+    GROUP BY c.parts, c.part),
+taken AS (
+    UPDATE {schema}.log_cursors c
+    SET owner = CASE WHEN (c.owner = $1 AND s.before < s.share) OR s.mine < s.share
+                     THEN $1 END,
+        lease_expires_at = CASE WHEN (c.owner = $1 AND s.before < s.share) OR s.mine < s.share
+                                THEN now() + make_interval(secs => $4) END
+    FROM share s
+    WHERE c.destination = $2 AND c.part = $3
+      AND (c.owner = $1 OR c.owner IS NULL OR c.lease_expires_at < now())
+    RETURNING c.owner)
+SELECT EXISTS (SELECT 1 FROM taken WHERE owner = $1) AS held;
 
 -- name: cursors_release
--- Give up owner $1's leases on the cursors of destinations $2 (on shutdown),
--- so another relay takes over at once.
-UPDATE {schema}.log_cursors
-SET owner = NULL, lease_expires_at = NULL
-WHERE owner = $1 AND destination = ANY($2::text[]);
+-- Give up owner $1's lease on partition $3 of destination $2's cursor (on
+-- shutdown, or a drain's end), so another relay takes over at once; and,
+-- unless $1 holds another of $2's partitions, its heartbeat as a reader.
+WITH freed AS (
+    UPDATE {schema}.log_cursors
+    SET owner = NULL, lease_expires_at = NULL
+    WHERE owner = $1 AND destination = $2 AND part = $3)
+DELETE FROM {schema}.log_readers r
+WHERE r.owner = $1 AND r.destination = $2
+  AND NOT EXISTS (SELECT 1 FROM {schema}.log_cursors c
+                  WHERE c.destination = $2 AND c.part <> $3 AND c.owner = $1
+                    AND c.lease_expires_at > now());
 
 -- name: window
--- The window cursor $1 reads now, opening one when none is open: the events
--- visible in `hi` (a snapshot taken here) and not in `lo`. Only while owner
--- $2 holds the cursor.
+-- The window partition $3 of cursor $1 reads now, opening one when none is
+-- open: the events visible in `hi` (a snapshot taken here) and not in `lo`.
+-- Only while owner $2 holds the cursor.
 UPDATE {schema}.log_cursors
 SET hi = COALESCE(hi, pg_current_snapshot()),
     after_id = CASE WHEN hi IS NULL THEN 0 ELSE after_id END
-WHERE destination = $1 AND owner = $2 AND lease_expires_at > now()
-RETURNING destination, lo::text AS lo, hi::text AS hi, after_id;
+WHERE destination = $1 AND part = $3 AND owner = $2 AND lease_expires_at > now()
+RETURNING destination, part, parts, lo::text AS lo, hi::text AS hi, after_id;
 
 -- name: window_floor
 -- The lowest id among the events of the window (lo $1, hi $2); NULL when it
@@ -60,6 +129,8 @@ SELECT LEAST(
 -- A log event is on its first attempt (`attempts` 1): retries happen in the outbox.
 -- `scheduled`: its delivery time (migration 12) is still ahead; the reader
 -- hands it to the outbox rather than publish it.
+-- A cursor split into $5 partitions (migration 14) reads only the events
+-- of its partition $6.
 SELECT id, event_id, event_type, aggregate_type, aggregate_id, schema_version,
        payload::text AS payload, headers::text AS headers, created_at, sequence,
        1 AS attempts, COALESCE(deliver_at > now(), false) AS scheduled
@@ -68,21 +139,46 @@ WHERE id > $3
   AND pg_visible_in_snapshot(txid, $2::text::pg_snapshot)
   AND (txid >= pg_snapshot_xmax($1::text::pg_snapshot)
        OR txid = ANY (ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot))))
+  AND ($5 = 1 OR {schema}.log_part(aggregate_type, aggregate_id, $5) = $6)
 ORDER BY id
 LIMIT $4;
 
 -- name: advance
--- Record that cursor $1 (owner $2) published its window up to id $3 ($4
--- events); with $5 the window is done: `hi` becomes `lo`. False (no row)
--- when the lease was lost: the caller stops reading this cursor.
+-- Record that partition $6 of cursor $1 (owner $2) published its window up
+-- to id $3 ($4 events); with $5 the window is done: `hi` becomes `lo`.
+-- False (no row) when the lease was lost: the caller stops reading this
+-- cursor.
 UPDATE {schema}.log_cursors
 SET lo = CASE WHEN $5 THEN hi ELSE lo END,
     hi = CASE WHEN $5 THEN NULL ELSE hi END,
     after_id = CASE WHEN $5 THEN 0 ELSE $3 END,
     delivered = delivered + $4,
     updated_at = now()
-WHERE destination = $1 AND owner = $2 AND lease_expires_at > now()
+WHERE destination = $1 AND part = $6 AND owner = $2 AND lease_expires_at > now()
 RETURNING true AS advanced;
+
+-- name: held
+-- Ordered routes: what the outbox still holds, for destination $1, of the
+-- aggregates $2/$3 (types and ids, parallel): per aggregate, event type and
+-- whether it is a dead letter, the lowest sequence among its events that are
+-- pending, in flight, or dead letters no operator has resolved, and that
+-- have not reached $1 (no delivery row for $1 marked sent — a fan-out event
+-- another destination handed off is delivered to $1 from the log). Read
+-- along the partial index (aggregate_type, aggregate_id, sequence) WHERE
+-- status <> 'sent'. The reader decides, by its routes, which of these hold
+-- back the aggregate's later events at $1.
+SELECT o.aggregate_type, o.aggregate_id, o.event_type,
+       COALESCE(d.status, o.status) = 'failed' AS dead,
+       min(o.sequence) AS sequence
+FROM {schema}.outbox o
+JOIN unnest($2::text[], $3::text[]) AS a(aggregate_type, aggregate_id)
+  ON o.aggregate_type = a.aggregate_type AND o.aggregate_id = a.aggregate_id
+LEFT JOIN {schema}.deliveries d ON d.outbox_id = o.id AND d.destination = $1
+WHERE o.status <> 'sent'
+  AND o.sequence IS NOT NULL
+  AND (o.status <> 'failed' OR o.resolved_at IS NULL)
+  AND d.status IS DISTINCT FROM 'sent'
+GROUP BY 1, 2, 3, 4;
 
 -- name: producer_target
 SELECT producer_target FROM {schema}.log_settings;
@@ -112,24 +208,34 @@ SELECT {schema}.log_rotate(make_interval(secs => $1)) AS rotated;
 SELECT {schema}.log_truncate($1, $2) AS removed;
 
 -- name: cursor_lag
--- Each cursor's lag: committed events it has not read (not visible in its
--- `lo`), the age of the oldest of them, and how many it delivered so far.
+-- Each destination's lag: committed events its cursor has not read (not
+-- visible in the `lo` of the partition they belong to), the age of the
+-- oldest of them, and how many it delivered so far; held when a relay holds
+-- every partition.
 SELECT c.destination,
-       c.delivered,
-       c.owner IS NOT NULL AND c.lease_expires_at > now() AS held,
-       (SELECT count(*) FROM {schema}.log l
-        WHERE l.txid >= pg_snapshot_xmin(c.lo)
-          AND NOT pg_visible_in_snapshot(l.txid, c.lo)) AS lag_events,
-       (SELECT extract(epoch FROM now() - min(l.created_at))::float8 FROM {schema}.log l
-        WHERE l.txid >= pg_snapshot_xmin(c.lo)
-          AND NOT pg_visible_in_snapshot(l.txid, c.lo)) AS lag_seconds
+       sum(c.delivered)::bigint AS delivered,
+       bool_and(c.owner IS NOT NULL AND c.lease_expires_at > now()) AS held,
+       sum((SELECT count(*) FROM {schema}.log l
+            WHERE l.txid >= pg_snapshot_xmin(c.lo)
+              AND NOT pg_visible_in_snapshot(l.txid, c.lo)
+              AND (c.parts = 1 OR {schema}.log_part(l.aggregate_type, l.aggregate_id, c.parts) = c.part)))::bigint
+         AS lag_events,
+       max((SELECT extract(epoch FROM now() - min(l.created_at))::float8 FROM {schema}.log l
+            WHERE l.txid >= pg_snapshot_xmin(c.lo)
+              AND NOT pg_visible_in_snapshot(l.txid, c.lo)
+              AND (c.parts = 1 OR {schema}.log_part(l.aggregate_type, l.aggregate_id, c.parts) = c.part)))
+         AS lag_seconds
 FROM {schema}.log_cursors c
+GROUP BY c.destination
 ORDER BY c.destination;
 
 -- name: unread
 -- Events in the log some cursor has not read yet (every event, when no
--- cursor exists).
+-- cursor exists): not visible in the `lo` of the partition of some
+-- destination's cursor it belongs to.
 SELECT count(*) AS unread FROM {schema}.log l
 WHERE NOT EXISTS (SELECT 1 FROM {schema}.log_cursors)
    OR EXISTS (SELECT 1 FROM {schema}.log_cursors c
-              WHERE NOT pg_visible_in_snapshot(l.txid, c.lo));
+              WHERE NOT pg_visible_in_snapshot(l.txid, c.lo)
+                AND (c.parts = 1
+                     OR {schema}.log_part(l.aggregate_type, l.aggregate_id, c.parts) = c.part));

@@ -69,12 +69,13 @@ GRANT UPDATE (created_at) ON {schema}.idempotency_keys TO {relay};
 
 -- Log mode: the relay reads the log (through its partitioned parent: the
 -- segments need no grant of their own) and the producers' target, keeps its
--- own cursors, and does everything else to the log through the SECURITY
+-- own cursors (and, migration 14, re-splits them and keeps the heartbeat
+-- that shares a destination's partitions), and does everything else to the log through the SECURITY
 -- DEFINER functions of migration 10: rotating and truncating the ring, and
 -- handing events it did not deliver to the outbox (copied from the log, so
 -- it needs no INSERT on the outbox and cannot make up an event).
 GRANT SELECT ON {schema}.log, {schema}.log_settings TO {relay};
-GRANT SELECT, INSERT, UPDATE ON {schema}.log_cursors TO {relay};
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.log_cursors, {schema}.log_readers TO {relay};
 GRANT EXECUTE ON FUNCTION
     {schema}.log_rotate(interval),
     {schema}.log_truncate(integer, boolean),

@@ -36,6 +36,11 @@ impl ProducerTarget {
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
 pub struct LogWindow {
     pub destination: String,
+    /// The cursor's partition (0 ≤ part < parts): it reads the events whose
+    /// aggregate hashes to it (migration 14's `log_part`).
+    pub part: i32,
+    /// Into how many partitions the destination's cursor is split.
+    pub parts: i32,
     /// Everything visible in this snapshot is done.
     pub lo: String,
     /// The window's upper snapshot.
@@ -80,11 +85,16 @@ struct PageRow {
 
 struct Queries {
     cursors_ensure: String,
+    cursors_split: String,
+    cursors_lock: String,
+    cursors_drop: String,
+    cursors_split_at: String,
     cursors_acquire: String,
     cursors_release: String,
     window: String,
     window_floor: String,
     page: String,
+    held: String,
     advance: String,
     producer_target: String,
     set_producer_target: String,
@@ -100,11 +110,16 @@ impl Queries {
         let mut file = catalog("log.sql", include_str!("../sql/log.sql"));
         let queries = Self {
             cursors_ensure: file.render("cursors_ensure", schema),
+            cursors_split: file.render("cursors_split", schema),
+            cursors_lock: file.render("cursors_lock", schema),
+            cursors_drop: file.render("cursors_drop", schema),
+            cursors_split_at: file.render("cursors_split_at", schema),
             cursors_acquire: file.render("cursors_acquire", schema),
             cursors_release: file.render("cursors_release", schema),
             window: file.render("window", schema),
             window_floor: file.render("window_floor", schema),
             page: file.render("page", schema),
+            held: file.render("held", schema),
             advance: file.render("advance", schema),
             producer_target: file.render("producer_target", schema),
             set_producer_target: file.render("set_producer_target", schema),
@@ -117,6 +132,20 @@ impl Queries {
         file.finish();
         queries
     }
+}
+
+/// Events of one aggregate the outbox still holds for a destination (see
+/// [`Log::held`]).
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct HeldEvents {
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    /// Unresolved dead letters (for the destination); otherwise pending or
+    /// in flight.
+    pub dead: bool,
+    /// The lowest sequence among them.
+    pub sequence: i64,
 }
 
 /// An event a destination did not take, leaving the log for the outbox's
@@ -152,51 +181,126 @@ impl Log {
         }
     }
 
-    /// Make sure each destination has a cursor.
+    /// Make sure each destination has a cursor (in one partition when it
+    /// has none yet).
     pub async fn ensure_cursors(&self, destinations: &[String]) -> Result<(), sqlx::Error> {
         sqlx::query(&self.sql.cursors_ensure)
             .bind(destinations)
+            .bind(1_i32)
             .execute(&self.pool)
             .await?;
         Ok(())
     }
 
-    /// Take or renew `owner`'s lease on the cursors of `destinations`;
-    /// returns the destinations it holds now.
+    /// Make sure each destination has a cursor split into `parts`
+    /// partitions: new cursors are made so; a destination split otherwise is
+    /// re-split when no relay holds any of its cursors (every partition then
+    /// starts again at the earliest of the old cursors' positions, so events
+    /// the others had read past that are delivered again). Returns, per
+    /// destination, how many partitions it has now — the old count where a
+    /// relay holds one of its cursors.
+    pub async fn ensure_split(
+        &self,
+        destinations: &[String],
+        parts: i32,
+    ) -> Result<Vec<(String, i32)>, sqlx::Error> {
+        sqlx::query(&self.sql.cursors_ensure)
+            .bind(destinations)
+            .bind(parts)
+            .execute(&self.pool)
+            .await?;
+        let mut split: Vec<(String, i32)> = sqlx::query_as(&self.sql.cursors_split)
+            .bind(destinations)
+            .fetch_all(&self.pool)
+            .await?;
+        for (destination, now) in &mut split {
+            if *now != parts && self.resplit(destination, parts).await? {
+                *now = parts;
+            }
+        }
+        Ok(split)
+    }
+
+    /// Re-split `destination`'s cursors into `parts` partitions if no relay
+    /// holds any of them; whether it did.
+    async fn resplit(&self, destination: &str, parts: i32) -> Result<bool, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let (held, start, delivered): (i64, Option<String>, Option<i64>) =
+            sqlx::query_as(&self.sql.cursors_lock)
+                .bind(destination)
+                .fetch_one(&mut *tx)
+                .await?;
+        let Some(start) = start.filter(|_| held == 0) else {
+            tx.rollback().await?;
+            return Ok(false);
+        };
+        sqlx::query(&self.sql.cursors_drop)
+            .bind(destination)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(&self.sql.cursors_split_at)
+            .bind(destination)
+            .bind(parts)
+            .bind(start)
+            .bind(delivered.unwrap_or(0))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Take, renew or give back `owner`'s lease on partition `part` of
+    /// `destination`'s cursor (and renew its heartbeat as a reader of
+    /// `destination`): an owner holds at most its fair share of the
+    /// destination's partitions, ceil(parts / live readers), taking free
+    /// ones below it and giving back the ones beyond it. Call it between
+    /// pages. Returns whether `owner` holds the partition now.
     pub async fn acquire(
         &self,
         owner: Uuid,
-        destinations: &[String],
+        destination: &str,
+        part: i32,
         lease: Duration,
-    ) -> Result<Vec<String>, sqlx::Error> {
+    ) -> Result<bool, sqlx::Error> {
         sqlx::query_scalar(&self.sql.cursors_acquire)
             .bind(owner)
-            .bind(destinations)
+            .bind(destination)
+            .bind(part)
             .bind(lease.as_secs_f64())
-            .fetch_all(&self.pool)
+            .fetch_one(&self.pool)
             .await
     }
 
-    /// Give up `owner`'s leases on the cursors of `destinations`.
-    pub async fn release(&self, owner: Uuid, destinations: &[String]) -> Result<(), sqlx::Error> {
+    /// Give up `owner`'s lease on partition `part` of `destination`'s
+    /// cursor and, unless it holds another of its partitions, its heartbeat
+    /// as the destination's reader.
+    pub async fn release(
+        &self,
+        owner: Uuid,
+        destination: &str,
+        part: i32,
+    ) -> Result<(), sqlx::Error> {
         sqlx::query(&self.sql.cursors_release)
             .bind(owner)
-            .bind(destinations)
+            .bind(destination)
+            .bind(part)
             .execute(&self.pool)
             .await?;
         Ok(())
     }
 
-    /// The window `destination`'s cursor reads now (opening one if needed);
-    /// `None` when `owner` does not hold the cursor.
+    /// The window partition `part` of `destination`'s cursor reads now
+    /// (opening one if needed); `None` when `owner` does not hold it.
     pub async fn window(
         &self,
         destination: &str,
+        part: i32,
         owner: Uuid,
     ) -> Result<Option<LogWindow>, sqlx::Error> {
         sqlx::query_as(&self.sql.window)
             .bind(destination)
             .bind(owner)
+            .bind(part)
             .fetch_optional(&self.pool)
             .await
     }
@@ -226,6 +330,8 @@ impl Log {
             .bind(&window.hi)
             .bind(window.after_id)
             .bind(limit)
+            .bind(window.parts)
+            .bind(window.part)
             .fetch_all(&self.pool)
             .await?;
         rows.into_iter()
@@ -238,6 +344,28 @@ impl Log {
                 })
             })
             .collect()
+    }
+
+    /// For ordered routes: of the aggregates `aggregates` (type, id), the
+    /// events the outbox has not delivered to `destination` yet — pending,
+    /// in flight, or unresolved dead letters — grouped by aggregate, event
+    /// type and whether they are dead letters, each group with its lowest
+    /// sequence.
+    pub async fn held(
+        &self,
+        destination: &str,
+        aggregates: &[(&str, &str)],
+    ) -> Result<Vec<HeldEvents>, sqlx::Error> {
+        if aggregates.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (types, ids): (Vec<&str>, Vec<&str>) = aggregates.iter().copied().unzip();
+        sqlx::query_as(&self.sql.held)
+            .bind(destination)
+            .bind(&types)
+            .bind(&ids)
+            .fetch_all(&self.pool)
+            .await
     }
 
     /// Record that `window` was published up to `last_id` (`count` events);
@@ -271,6 +399,7 @@ impl Log {
             .bind(last_id)
             .bind(count)
             .bind(done)
+            .bind(window.part)
     }
 
     /// Move the cursor past a published page as [`Log::advance`] does, and

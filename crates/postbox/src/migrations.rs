@@ -88,6 +88,11 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../migrations/0013_scheduled_emit.sql"),
     },
     Migration {
+        version: 14,
+        name: "log_partitions",
+        sql: include_str!("../migrations/0014_log_partitions.sql"),
+    },
+    Migration {
         version: 15,
         name: "logical_readers",
         sql: include_str!("../migrations/0015_logical_readers.sql"),

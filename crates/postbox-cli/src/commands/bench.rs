@@ -61,6 +61,10 @@ pub struct BenchArgs {
         default_value = "drain,latency,producer,scale,ordered"
     )]
     pub only: Vec<Part>,
+    /// Reading modes of the scale-out and sustained runs (log: relays sharing
+    /// one log; the log's segments with autovacuum off)
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "claim")]
+    pub modes: Vec<Mode>,
     /// Schema the benchmark creates and drops (never your outbox's)
     #[arg(long, default_value = "postbox_bench")]
     pub bench_schema: String,
@@ -79,6 +83,21 @@ pub enum Part {
     Ordered,
     Sustained,
     Tenants,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    Claim,
+    Log,
+}
+
+impl From<Mode> for bench::Mode {
+    fn from(mode: Mode) -> Self {
+        match mode {
+            Mode::Claim => bench::Mode::Claim,
+            Mode::Log => bench::Mode::Log,
+        }
+    }
 }
 
 impl From<Part> for bench::Part {
@@ -113,6 +132,7 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> Result<ExitCode, AnyEr
         tenant_backlog: args.tenant_backlog,
         tenant_drain_events: args.tenant_drain_events,
         parts: args.only.into_iter().map(bench::Part::from).collect(),
+        modes: args.modes.into_iter().map(bench::Mode::from).collect(),
         bench_schema: args.bench_schema,
         json: args.json,
     };

@@ -13,13 +13,17 @@
 //!   transaction of 100,000 emitted events (the logical relay's peak RSS).
 //! - **producer**: producers committing one event per transaction, with
 //!   `enqueue` and then with `emit`: commits per second and table rows written.
-//! - **scale**: 1, 2 and 4 relay processes draining N events together.
+//! - **scale**: 1, 2 and 4 relay processes draining N events together; in
+//!   log mode (`--modes log`), relays sharing one log whose cursor is split
+//!   into partitions: the rate against one relay, and the duplicates the
+//!   sink received.
 //! - **ordered**: N events over A aggregates drained unordered, then with
 //!   `--ordered`, in the same run.
 //! - **sustained** (`sustained.rs`): producers at a steady high rate for a
 //!   long time, the relay with retention on; the outbox's table and index
-//!   size and dead tuples sampled throughout, and the relay's peak RSS. (Not
-//!   in the default set.)
+//!   size and dead tuples sampled throughout, and the relay's peak RSS; in
+//!   log mode (`--modes log`), the log's segments and the outbox sampled
+//!   with autovacuum off and no vacuum step. (Not in the default set.)
 //! - **tenants** (`tenants.rs`): one relay process serving hundreds of
 //!   outboxes over many databases: RSS, connections, idle CPU, cross-tenant
 //!   latency under a backlog, drain of 100 outboxes against one. (Not in the
@@ -40,7 +44,9 @@ use crate::{db, AnyError};
 use postbox::Schema;
 use postbox_relay::ReadMode;
 use redis::AsyncCommands;
-use report::{print_table, round2, BenchReport, Drain, Machine, Ordered, Producer, Scale};
+use report::{
+    print_table, round2, BenchReport, Drain, LogScale, Machine, Ordered, Producer, Scale,
+};
 use std::time::{Duration, Instant};
 use store::BenchStore;
 
@@ -77,10 +83,19 @@ pub struct Options {
     pub tenant_drain_events: i64,
     /// Which parts to run.
     pub parts: Vec<Part>,
+    /// Reading modes of the scale-out and sustained runs.
+    pub modes: Vec<Mode>,
     /// Schema the benchmark creates and drops (its name must contain "bench").
     pub bench_schema: String,
     /// Print the results as JSON rather than a table.
     pub json: bool,
+}
+
+/// A reading mode the scale-out and sustained runs measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Claim,
+    Log,
 }
 
 /// The parts of a benchmark run.
@@ -203,15 +218,31 @@ async fn run_on(url: &str, options: &Options) -> Result<BenchReport, AnyError> {
         report.producer = Some(bench.producer().await?);
     }
     if parts.contains(&Part::Scale) {
-        for &n in &options.relays {
-            report.scale.push(bench.scale(n).await?);
+        if options.modes.contains(&Mode::Claim) {
+            for &n in &options.relays {
+                report.scale.push(bench.scale(n).await?);
+            }
+        }
+        if options.modes.contains(&Mode::Log) {
+            if is_redis_list(&sink) {
+                report.log_scale = bench.log_scale().await?;
+            } else {
+                crate::errln!(
+                    "scale, log mode: skipped (it counts duplicates in a Redis list sink)"
+                );
+            }
         }
     }
     if parts.contains(&Part::Ordered) {
         report.ordered = Some(bench.ordered().await?);
     }
     if parts.contains(&Part::Sustained) {
-        report.sustained = Some(bench.sustained().await?);
+        if options.modes.contains(&Mode::Claim) {
+            report.sustained = Some(bench.sustained().await?);
+        }
+        if options.modes.contains(&Mode::Log) {
+            report.log_sustained = Some(bench.log_sustained().await?);
+        }
     }
     if parts.contains(&Part::Tenants) {
         report.tenants = Some(bench.tenants().await?);
@@ -534,6 +565,62 @@ impl Bench<'_> {
             events_per_s: (events as f64 / run.elapsed.as_secs_f64()).round(),
             peak_rss_mb: run.peak_rss_mb,
         })
+    }
+
+    /// Log mode: one relay, then each count of `--relays` above one,
+    /// draining one log whose destination's cursor is split into as many
+    /// partitions as the most relays (4 at least); the sink's list tells the
+    /// duplicates.
+    async fn log_scale(&self) -> Result<Vec<LogScale>, AnyError> {
+        let events = self.options.events;
+        let mut counts = vec![1];
+        counts.extend(self.options.relays.iter().copied().filter(|&n| n > 1));
+        let partitions =
+            u16::try_from(counts.iter().copied().max().unwrap_or(1).max(4)).unwrap_or(u16::MAX);
+        let config = self.write_config(
+            "postbox-bench-log-scale",
+            format!("[relay]\nmode = \"log\"\nlog_partitions = {partitions}\n"),
+        )?;
+        let mut out: Vec<LogScale> = Vec::new();
+        for n in counts {
+            crate::progressln!(
+                "scale: {events} events through {n} relay process(es) on one log ({partitions} partitions)…"
+            );
+            self.reset().await?;
+            self.store.seed_log(events, 0).await?;
+            let path = config.display().to_string();
+            let run = self
+                .drain_with_relays(n, &["--mode", "log", "--config", &path])
+                .await?;
+            let received = self.received().await?;
+            if received < events {
+                return Err(format!(
+                    "scale, log mode: the sink received {received} messages for {events} events"
+                )
+                .into());
+            }
+            let rate = events as f64 / run.elapsed.as_secs_f64();
+            let one = out.first().map_or(rate, |o| o.events_per_s);
+            out.push(LogScale {
+                relays: n,
+                partitions,
+                events,
+                events_per_s: rate.round(),
+                vs_one_relay: round2(rate / one),
+                duplicates: received - events,
+                peak_rss_mb: run.peak_rss_mb,
+            });
+        }
+        let _ = std::fs::remove_file(&config);
+        Ok(out)
+    }
+
+    /// Messages in the sink's Redis list.
+    async fn received(&self) -> Result<i64, AnyError> {
+        let (url, key) = redis_target(&self.sink).ok_or("not a Redis list sink")?;
+        let client = redis::Client::open(url)?;
+        let mut c = crate::redis_connection(&client).await?;
+        Ok(c.llen(&key).await?)
     }
 
     async fn ordered(&self) -> Result<Ordered, AnyError> {

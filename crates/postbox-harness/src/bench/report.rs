@@ -10,9 +10,13 @@ pub struct BenchReport {
     pub drain: Option<Drain>,
     pub latency: Vec<Latency>,
     pub scale: Vec<Scale>,
+    /// The scale-out run in log mode: relays sharing one log's partitions.
+    pub log_scale: Vec<LogScale>,
     pub ordered: Option<Ordered>,
     pub producer: Option<Producer>,
     pub sustained: Option<Sustained>,
+    /// The sustained run in log mode, autovacuum off and no vacuum step.
+    pub log_sustained: Option<LogSustained>,
     pub tenants: Option<super::tenants::Tenants>,
 }
 
@@ -24,6 +28,31 @@ pub struct Sustained {
     /// Samples of the outbox table: seconds since the start, sizes, pending.
     pub samples: Vec<Sample>,
     pub relay_peak_rss_mb: f64,
+}
+
+/// The sustained run in log mode: producers append to the log, one relay
+/// reads it; the log's segments (table and indexes) and the outbox sampled.
+#[derive(Debug, Serialize)]
+pub struct LogSustained {
+    pub rate: u64,
+    pub duration_s: f64,
+    pub events: u64,
+    /// Events the relay delivered (what the sink received).
+    pub delivered: u64,
+    pub samples: Vec<LogSample>,
+    pub relay_peak_rss_mb: f64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct LogSample {
+    pub at_s: f64,
+    /// The log's segments: table and index bytes, dead tuples.
+    pub log_table_bytes: i64,
+    pub log_index_bytes: i64,
+    pub log_dead_tuples: i64,
+    /// The outbox (only what a destination did not take goes there).
+    pub outbox_table_bytes: i64,
+    pub outbox_dead_tuples: i64,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -126,6 +155,21 @@ pub struct Scale {
     pub relays: usize,
     pub events: i64,
     pub events_per_s: f64,
+    pub peak_rss_mb: f64,
+}
+
+/// Relays draining one log together, its destination's cursor split into
+/// `partitions`.
+#[derive(Debug, Serialize)]
+pub struct LogScale {
+    pub relays: usize,
+    pub partitions: u16,
+    pub events: i64,
+    pub events_per_s: f64,
+    /// Against one relay on the same log in the same run.
+    pub vs_one_relay: f64,
+    /// Messages the sink received beyond one per event.
+    pub duplicates: i64,
     pub peak_rss_mb: f64,
 }
 
@@ -279,6 +323,31 @@ pub(super) fn print_table(r: &BenchReport) {
             );
         }
     }
+    if let Some(s) = &r.log_sustained {
+        crate::outln!();
+        crate::outln!(
+            "sustained, log mode ({} events/s for {:.0} s, {} events, {} delivered; autovacuum off, no vacuum; relay peak RSS {:.1} MB)",
+            s.rate,
+            s.duration_s,
+            s.events,
+            s.delivered,
+            s.relay_peak_rss_mb
+        );
+        crate::outln!(
+            "  at s   log table MB  log indexes MB  log dead tuples  outbox MB  outbox dead tuples"
+        );
+        for x in &s.samples {
+            crate::outln!(
+                "  {:>6.0} {:>12.1} {:>15.1} {:>16} {:>10.2} {:>19}",
+                x.at_s,
+                x.log_table_bytes as f64 / 1e6,
+                x.log_index_bytes as f64 / 1e6,
+                x.log_dead_tuples,
+                x.outbox_table_bytes as f64 / 1e6,
+                x.outbox_dead_tuples
+            );
+        }
+    }
     if let Some(t) = &r.tenants {
         super::tenants::print(t);
     }
@@ -290,6 +359,24 @@ pub(super) fn print_table(r: &BenchReport) {
                 "  {} relay process(es)       {:>9.0} events/s   peak RSS {:.1} MB each",
                 s.relays,
                 s.events_per_s,
+                s.peak_rss_mb
+            );
+        }
+    }
+    if !r.log_scale.is_empty() {
+        crate::outln!();
+        crate::outln!(
+            "scale-out, log mode ({} events, one log split into {} partitions)",
+            r.log_scale[0].events,
+            r.log_scale[0].partitions
+        );
+        for s in &r.log_scale {
+            crate::outln!(
+                "  {} relay process(es)       {:>9.0} events/s   = {:.2} × one relay   {} duplicates   peak RSS {:.1} MB each",
+                s.relays,
+                s.events_per_s,
+                s.vs_one_relay,
+                s.duplicates,
                 s.peak_rss_mb
             );
         }

@@ -17,6 +17,7 @@ pub struct BenchStore {
     seed_emit: String,
     table_rows: String,
     log_analyze: String,
+    autovacuum_off: String,
     wal_lsn: String,
     wal_since: String,
     log_size: String,
@@ -51,6 +52,7 @@ impl BenchStore {
             seed_emit: sql.render("seed_emit", schema),
             table_rows: sql.render("table_rows", schema),
             log_analyze: sql.render("log_analyze", schema),
+            autovacuum_off: sql.render("autovacuum_off", schema),
             wal_lsn: sql.render("wal_lsn", schema),
             wal_since: sql.render("wal_since", schema),
             log_size: sql.render("log_size", schema),
@@ -130,6 +132,14 @@ impl BenchStore {
             .fetch_one(&self.pool)
             .await?
             .try_get("table_rows")
+    }
+
+    /// Autovacuum off on the log's segments and the outbox.
+    pub async fn autovacuum_off(&self) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(&self.autovacuum_off)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     /// The current WAL position.

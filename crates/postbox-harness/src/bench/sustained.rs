@@ -3,7 +3,7 @@
 //! on; the outbox's sizes and dead tuples sampled throughout, and the relay's
 //! peak RSS.
 
-use super::report::{round2, Sample, Sustained};
+use super::report::{round2, LogSample, LogSustained, Sample, Sustained};
 use super::{redis_target, Bench};
 use crate::os::Signal;
 use crate::AnyError;
@@ -59,6 +59,86 @@ impl Bench<'_> {
             rate,
             duration_s: round2(started.elapsed().as_secs_f64()),
             events: produced.load(Ordering::Relaxed),
+            samples,
+            relay_peak_rss_mb: round2(rss),
+        })
+    }
+
+    /// The same producers appending to the log, one relay in log mode, no
+    /// retention, autovacuum off: the log's segments and the outbox sampled
+    /// throughout; then the relay catches up and exits.
+    pub(super) async fn log_sustained(&self) -> Result<LogSustained, AnyError> {
+        let options = self.options;
+        let rate = options.sustained_rate.max(1);
+        crate::progressln!(
+            "sustained, log mode: {rate} events/s for {} with autovacuum off and no vacuum…",
+            humantime::format_duration(options.sustained_duration)
+        );
+        self.reset().await?;
+        postbox_store::Store::new(self.pool.clone(), self.schema.clone())
+            .log()
+            .set_producer_target(postbox_store::ProducerTarget::Log)
+            .await?;
+        self.store.autovacuum_off().await?;
+        let (redis_url, key) = redis_target(&self.sink)
+            .ok_or("sustained in log mode needs a Redis list sink with a fixed key (…?key=NAME)")?;
+        // Segments of a tenth of the run (10 s at least): the ring of four
+        // turns over several times.
+        let segment = (options.sustained_duration / 10).max(Duration::from_secs(10));
+        let config = self.write_config(
+            "postbox-bench-log-sustained",
+            format!(
+                "[relay]\nmode = \"log\"\nbatch_size = {}\nlog_segment_age = \"{}\"\n",
+                options.batch_size,
+                humantime::format_duration(segment)
+            ),
+        )?;
+        let relay = self
+            .relay()?
+            .config(&config)
+            .args(["--sink", &self.sink])
+            .spawn(None)?;
+        let delivered = Arc::new(AtomicU64::new(0));
+        let counter = count_and_clear(redis_url, key, delivered.clone());
+
+        let started = Instant::now();
+        let deadline = started + options.sustained_duration;
+        let produced = Arc::new(AtomicU64::new(0));
+        let producers = self.produce_batches(rate, deadline, &produced);
+        let every = (options.sustained_duration / 10).max(Duration::from_secs(1));
+        let mut samples = Vec::new();
+        while Instant::now() < deadline {
+            tokio::time::sleep(every.min(deadline.saturating_duration_since(Instant::now()))).await;
+            let log = self.store.log_size().await?;
+            let outbox = self.store.table_size().await?;
+            samples.push(LogSample {
+                at_s: round2(started.elapsed().as_secs_f64()),
+                log_table_bytes: log.table_bytes,
+                log_index_bytes: log.index_bytes,
+                log_dead_tuples: log.dead_tuples,
+                outbox_table_bytes: outbox.table_bytes,
+                outbox_dead_tuples: outbox.dead_tuples,
+            });
+        }
+        for t in producers {
+            t.await??;
+        }
+        let duration_s = round2(started.elapsed().as_secs_f64());
+        let events = produced.load(Ordering::Relaxed);
+        // The relay catches up (at most a minute), then exits.
+        let catch_up = Instant::now() + Duration::from_secs(60);
+        while delivered.load(Ordering::Relaxed) < events && Instant::now() < catch_up {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        relay.signal(Signal::Terminate);
+        let rss = relay.wait().await?.peak_rss_mb;
+        counter.abort();
+        let _ = std::fs::remove_file(&config);
+        Ok(LogSustained {
+            rate,
+            duration_s,
+            events,
+            delivered: delivered.load(Ordering::Relaxed),
             samples,
             relay_peak_rss_mb: round2(rss),
         })
@@ -147,4 +227,30 @@ impl Bench<'_> {
         }
         Ok(samples)
     }
+}
+
+/// Empty the Redis list every 200 ms, counting what it held into `count`
+/// (LLEN and DEL in one transaction, so nothing is missed).
+fn count_and_clear(url: String, key: String, count: Arc<AtomicU64>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let Ok(client) = redis::Client::open(url) else {
+            return;
+        };
+        let Ok(mut c) = crate::redis_connection(&client).await else {
+            return;
+        };
+        loop {
+            let taken: Result<(u64,), _> = redis::pipe()
+                .atomic()
+                .llen(&key)
+                .del(&key)
+                .ignore()
+                .query_async(&mut c)
+                .await;
+            if let Ok((n,)) = taken {
+                count.fetch_add(n, Ordering::Relaxed);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
 }

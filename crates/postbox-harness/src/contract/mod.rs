@@ -129,10 +129,10 @@ pub async fn run(
     if options.rate == 0 || options.aggregates == 0 {
         return Err("--rate and --aggregates must be at least 1".into());
     }
-    if options.ordered && options.mode != ReadMode::Claim {
+    if options.ordered && options.mode == ReadMode::Logical {
         return Err(
-            "--ordered: log and logical mode do not keep per-aggregate order yet; \
-                    run ordered checks with --mode claim"
+            "--ordered: logical mode does not keep per-aggregate order yet; \
+                    run ordered checks with --mode claim or --mode log"
                 .into(),
         );
     }
@@ -512,12 +512,15 @@ fn start_relays(
 }
 
 /// Relay settings for a run with short leases and retries, no dead letters,
-/// in the run's reading mode and commit setting.
+/// in the run's reading mode and commit setting. In log mode the cursor is
+/// split into two partitions per relay, so the relays share the log (and
+/// hand partitions over as they are killed and restarted).
 fn relay_config_file(sink: &str, slot: &str, options: &Options) -> String {
     let lease_ms = options.lease.as_millis().max(1000);
     format!(
         "[relay]\n\
          mode = \"{}\"\n\
+         log_partitions = {}\n\
          synchronous_commit = {}\n\
          log_segment_age = \"5s\"\n\
          batch_size = 100\n\
@@ -539,6 +542,7 @@ fn relay_config_file(sink: &str, slot: &str, options: &Options) -> String {
             ReadMode::Log => "log",
             ReadMode::Logical => "logical",
         },
+        (options.relays * 2).clamp(1, 1024),
         options.relay_synchronous_commit,
         (lease_ms / 3).max(300),
         toml_string(slot),
