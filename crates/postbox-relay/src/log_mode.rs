@@ -30,6 +30,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 use uuid::Uuid;
 
 const DB_RETRY_BASE: Duration = Duration::from_millis(100);
@@ -170,6 +171,12 @@ impl Reader {
                 }
             }
         };
+        if !page.is_empty() {
+            crate::otel::claimed(
+                &shared.store.schema(),
+                page.iter().map(|e| &e.event.headers),
+            );
+        }
         let done = (page.len() as i64) < batch;
         let last = page.last().map_or(window.after_id, |e| e.id);
         let next = LogWindow {
@@ -204,8 +211,13 @@ impl Reader {
             .into_iter()
             .map(|(i, h)| h.into_handoff(&page[i]))
             .collect();
+        let settled = crate::otel::settle_span(
+            &shared.store.schema(),
+            page.iter().map(|e| &e.event.headers),
+        );
         let kept = log
             .settle_page(&window, owner, last, delivered as i64, done, &handoffs)
+            .instrument(settled)
             .await?;
         if !kept {
             tracing::warn!(destination = %name, part, "lost the log cursor's lease; another relay reads it now");

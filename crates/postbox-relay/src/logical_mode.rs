@@ -315,6 +315,10 @@ async fn publish_batch(
     events: &[LogicalEvent],
 ) -> Result<(), sqlx::Error> {
     let router = &shared.router;
+    crate::otel::claimed(
+        &shared.store.schema(),
+        events.iter().map(|e| &e.event.headers),
+    );
     let targets: Vec<Vec<usize>> = events
         .iter()
         .map(|e| router.targets(&e.event.event_type))

@@ -2,10 +2,13 @@
 //! (see `postbox::otel` for the producer's and the consumer's).
 //!
 //! Per batch, always (plain `tracing` spans at INFO, a callsite check when no
-//! subscriber wants them): `claim {schema}` (operation type `receive`;
-//! claim mode, made only for a claim that returned events),
+//! subscriber wants them): `claim {schema}` (operation type `receive`; a
+//! claim in claim mode, a page of the log in log mode, a batch read from the
+//! slot in logical mode, made only for a read that returned events),
 //! `publish {destination}` (`publish`, one per destination the batch goes
-//! to, in every reading mode) and `settle {schema}` (`settle`, claim mode),
+//! to, in every reading mode) and `settle {schema}` (`settle`: the claim's
+//! acknowledgement, or the cursor's move in log mode; logical mode confirms
+//! its slot per round, not per batch),
 //! each with
 //! `messaging.batch.message_count`.
 //!
@@ -22,13 +25,22 @@
 
 use crate::sink::{Message, Outcome};
 use postbox::otel::MESSAGING_SYSTEM;
+use std::collections::BTreeMap;
 use tracing::Span;
 
-/// Mark a claimed batch of `messages` from `schema`'s outbox with a span
-/// (linked to the events' contexts). Made once the claim returned events, so
-/// an idle relay's empty claims make no spans; it marks the claim rather than
-/// timing it (the claim is one short statement).
-pub(crate) fn claimed(schema: &impl std::fmt::Display, messages: &[Message]) {
+/// The headers of the events of a batch, from which the batch spans link to
+/// the contexts the events carry.
+pub(crate) type Carried<'a> = &'a BTreeMap<String, String>;
+
+/// Mark a claimed batch from `schema` (its events' `headers`) with a span
+/// linked to the events' contexts: a claim in claim mode, a page of the log
+/// in log mode, a batch read from the slot in logical mode. Made once the
+/// read returned events, so an idle relay makes no spans; it marks the read
+/// rather than timing it (one short statement).
+pub(crate) fn claimed<'a>(
+    schema: &impl std::fmt::Display,
+    headers: impl ExactSizeIterator<Item = Carried<'a>>,
+) {
     let span = tracing::info_span!(
         target: "postbox_relay::otel",
         "claim",
@@ -38,13 +50,18 @@ pub(crate) fn claimed(schema: &impl std::fmt::Display, messages: &[Message]) {
         messaging.operation.type = "receive",
         messaging.operation.name = "claim",
         messaging.destination.name = %schema,
-        messaging.batch.message_count = messages.len(),
+        messaging.batch.message_count = headers.len(),
     );
-    link_events(&span, messages);
+    link_events(&span, headers);
 }
 
-/// The span of settling a batch of `messages` in `schema`'s outbox.
-pub(crate) fn settle_span(schema: &impl std::fmt::Display, messages: &[Message]) -> Span {
+/// The span of settling a batch in `schema` (its events' `headers`): the
+/// claim's acknowledgement in claim mode, moving the cursor (and handing
+/// failures to the outbox) in log mode.
+pub(crate) fn settle_span<'a>(
+    schema: &impl std::fmt::Display,
+    headers: impl ExactSizeIterator<Item = Carried<'a>>,
+) -> Span {
     let span = tracing::info_span!(
         target: "postbox_relay::otel",
         "settle",
@@ -53,26 +70,26 @@ pub(crate) fn settle_span(schema: &impl std::fmt::Display, messages: &[Message])
         messaging.operation.type = "settle",
         messaging.operation.name = "settle",
         messaging.destination.name = %schema,
-        messaging.batch.message_count = messages.len(),
+        messaging.batch.message_count = headers.len(),
     );
-    link_events(&span, messages);
+    link_events(&span, headers);
     span
 }
 
 /// Link a batch span to the context each event carries (only when an
 /// OpenTelemetry layer tracks the span).
-fn link_events(span: &Span, messages: &[Message]) {
+fn link_events<'a>(span: &Span, headers: impl Iterator<Item = Carried<'a>>) {
     #[cfg(feature = "otel")]
     if tracked(span) {
         use tracing_opentelemetry::OpenTelemetrySpanExt;
-        for m in messages {
-            if let Some(sc) = carried(m) {
+        for h in headers {
+            if let Some(sc) = carried(h) {
                 span.add_link(sc);
             }
         }
     }
     #[cfg(not(feature = "otel"))]
-    let _ = (span, messages);
+    let _ = (span, headers);
 }
 
 /// One destination's publish of a batch: the batch span, and (feature
@@ -154,9 +171,9 @@ fn tracked(span: &Span) -> bool {
 
 /// The span context an event carries (its `traceparent`), if valid.
 #[cfg(feature = "otel")]
-fn carried(m: &Message) -> Option<opentelemetry::trace::SpanContext> {
-    let traceparent = m.headers.get("traceparent")?;
-    let tracestate = m.headers.get("tracestate").map(String::as_str);
+fn carried(headers: Carried<'_>) -> Option<opentelemetry::trace::SpanContext> {
+    let traceparent = headers.get("traceparent")?;
+    let tracestate = headers.get("tracestate").map(String::as_str);
     postbox::otel::context::span_context(traceparent, tracestate)
 }
 
@@ -182,7 +199,7 @@ fn per_event(batch: &Span, destination: &str, messages: &[Message]) -> (Vec<Span
             messaging.destination.name = destination,
             messaging.message.id = %m.event_id,
         );
-        if let Some(producer) = carried(m) {
+        if let Some(producer) = carried(&m.headers) {
             batch.add_link(producer.clone());
             // The producer's context is the parent; the batch is a link.
             let _ = span.set_parent(Context::new().with_remote_span_context(producer));

@@ -519,7 +519,10 @@ async fn claim_loop(shared: &Shared, mode: RunMode, to_publish: mpsc::Sender<Cla
         };
         let n = claim.ids.len();
         if n > 0 {
-            crate::otel::claimed(&shared.store.schema(), &claim.messages);
+            crate::otel::claimed(
+                &shared.store.schema(),
+                claim.messages.iter().map(|m| &m.headers),
+            );
             failpoint::hit(failpoint::points::AFTER_CLAIM_COMMIT).await;
             only_blocked = 0;
             shared.stats.claimed.fetch_add(n as u64, Ordering::Relaxed);
@@ -900,7 +903,10 @@ async fn settle_loop(shared: Arc<Shared>, mut settled: mpsc::Receiver<Published>
             .await;
         }
         failpoint::hit(failpoint::points::AFTER_PUBLISH_BEFORE_ACK).await;
-        let span = crate::otel::settle_span(&shared.store.schema(), &claim.messages);
+        let span = crate::otel::settle_span(
+            &shared.store.schema(),
+            claim.messages.iter().map(|m| &m.headers),
+        );
         settle(&shared, &claim, outcomes, &budgets)
             .instrument(span)
             .await;
