@@ -176,7 +176,7 @@ pub struct OutboxSection {
 /// ```toml
 /// [tenants]
 /// max_in_flight_batches = 8     # across every outbox
-/// pool_size = 2                 # per database, plus its LISTEN connection
+/// pool_size = 3                 # per database, plus its LISTEN connection
 /// rediscover_interval = "30s"   # list databases and schemas again
 /// idle_poll = "30s"             # an idle outbox's safety poll
 /// aggregate_metrics = false     # true: no `outbox` label on metrics

@@ -175,6 +175,8 @@ pub struct RelayRun<'a> {
     pub source: Option<String>,
     pub drain: bool,
     pub metrics_listen: Option<String>,
+    /// How often a single outbox's backlog gauges are refreshed.
+    pub gauge_interval: std::time::Duration,
 }
 
 /// `postbox relay` over many outboxes: one process, shared pools and LISTEN
@@ -186,6 +188,20 @@ pub async fn relay(
 ) -> Result<std::process::ExitCode, AnyError> {
     let section = &settings.file.tenants;
     let sources = sources(settings, select, Some(run.routes))?;
+    // Per-outbox backlog gauges only make sense labelled by outbox; at most
+    // one refresh per outbox every idle_poll (hundreds of outboxes).
+    let gauges = (run.metrics_listen.is_some() && !section.aggregate_metrics)
+        .then(|| section.idle_poll.max(run.gauge_interval));
+    let retention = settings.file.retention.enabled.then(|| {
+        let r = &settings.file.retention;
+        tracing::info!(
+            older_than = %humantime::format_duration(r.older_than),
+            archive = r.archive,
+            inbox = r.inbox,
+            "retention is on, for every outbox"
+        );
+        r.clone()
+    });
     let config = TenantsConfig {
         relay: run.config,
         max_in_flight_batches: section.max_in_flight_batches,
@@ -196,6 +212,8 @@ pub async fn relay(
             .source
             .or_else(|| settings.file.sink.source.clone())
             .unwrap_or_else(|| postbox_relay::cloudevents::DEFAULT_SOURCE.to_owned()),
+        gauges,
+        retention,
     };
     for d in run.router.destinations() {
         match d.sink.check().await.map_err(|e| e.masked(d.sink.secrets())) {

@@ -144,3 +144,150 @@ async fn one_relay_migrates_serves_and_shows_every_matching_schema() {
             .unwrap();
     }
 }
+
+#[tokio::test]
+async fn purge_works_on_every_matching_outbox() {
+    let pool = PgPool::connect(&database_url()).await.unwrap();
+    let prefix = unique("tnpurge");
+    let (a, b) = (format!("{prefix}_a"), format!("{prefix}_b"));
+    let glob = format!("{prefix}_*");
+    for s in [&a, &b] {
+        sqlx::raw_sql(&format!("CREATE SCHEMA {s}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    ok(postbox(&["migrate", "--schemas", &glob]).output().unwrap());
+    enqueue(&pool, &a, 4).await;
+    enqueue(&pool, &b, 3).await;
+    // a: 3 events sent long ago, 1 pending; b: 2 sent long ago, 1 sent just now.
+    sqlx::raw_sql(&format!(
+        "UPDATE {a}.outbox SET status = 'sent', sent_at = now() - interval '10 days' WHERE id <= 3;
+         UPDATE {b}.outbox SET status = 'sent', sent_at = now() - interval '10 days' WHERE id <= 2;
+         UPDATE {b}.outbox SET status = 'sent', sent_at = now() WHERE id = 3;"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let out = ok(
+        postbox(&["purge", "--schemas", &glob, "--older-than", "7d"])
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        out.contains(&format!("postgres/{a}: 3 sent events deleted")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("postgres/{b}: 2 sent events deleted")),
+        "{out}"
+    );
+    assert!(
+        out.contains("purged 2 outboxes: 5 sent events deleted"),
+        "{out}"
+    );
+    for (schema, left) in [(&a, 1), (&b, 1)] {
+        let n: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {schema}.outbox"))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(n, left, "{schema}: only old sent events are purged");
+    }
+    for s in [&a, &b] {
+        sqlx::raw_sql(&format!("DROP SCHEMA {s} CASCADE"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn dlq_lists_and_replays_across_outboxes() {
+    let pool = PgPool::connect(&database_url()).await.unwrap();
+    let prefix = unique("tndlq");
+    let (a, b) = (format!("{prefix}_a"), format!("{prefix}_b"));
+    let glob = format!("{prefix}_*");
+    for s in [&a, &b] {
+        sqlx::raw_sql(&format!("CREATE SCHEMA {s}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    ok(postbox(&["migrate", "--schemas", &glob]).output().unwrap());
+    enqueue(&pool, &a, 2).await;
+    enqueue(&pool, &b, 2).await;
+    // Dead letters: both of a's events, one of b's.
+    sqlx::raw_sql(&format!(
+        "UPDATE {a}.outbox SET status = 'failed', attempts = 5, last_error = 'rejected';
+         UPDATE {b}.outbox SET status = 'failed', attempts = 5, last_error = 'rejected' WHERE id = 1;"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let listed = ok(postbox(&["dlq", "list", "--schemas", &glob, "--json"])
+        .output()
+        .unwrap());
+    let rows: serde_json::Value = serde_json::from_str(listed.trim()).unwrap();
+    let mut outboxes: Vec<&str> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["outbox"].as_str().unwrap())
+        .collect();
+    outboxes.sort();
+    let (name_a, name_b) = (format!("postgres/{a}"), format!("postgres/{b}"));
+    assert_eq!(
+        outboxes,
+        vec![name_a.as_str(), &name_a, &name_b],
+        "{listed}"
+    );
+    let table = ok(postbox(&["dlq", "list", "--schemas", &glob])
+        .output()
+        .unwrap());
+    assert!(
+        table.contains(&name_b) && table.contains("rejected"),
+        "{table}"
+    );
+
+    let replayed = ok(postbox(&[
+        "dlq",
+        "replay",
+        "--all",
+        "--schemas",
+        &glob,
+        "--actor",
+        "ops",
+    ])
+    .output()
+    .unwrap());
+    assert!(
+        replayed.contains(&format!("{name_a}: replayed 2 dead letter(s)")),
+        "{replayed}"
+    );
+    assert!(
+        replayed.contains("replayed 3 dead letter(s) under their own event id")
+            && replayed.contains("over 2 outbox(es), audited as ops"),
+        "{replayed}"
+    );
+    for s in [&a, &b] {
+        let failed: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {s}.outbox WHERE status = 'failed'"
+        ))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(failed, 0, "{s}: every dead letter is pending again");
+    }
+    let none = ok(postbox(&["dlq", "list", "--schemas", &glob])
+        .output()
+        .unwrap());
+    assert!(none.contains("no dead letters in 2 outbox(es)"), "{none}");
+    for s in [&a, &b] {
+        sqlx::raw_sql(&format!("DROP SCHEMA {s} CASCADE"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+}

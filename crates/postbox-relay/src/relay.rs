@@ -31,6 +31,7 @@ use crate::redact::sanitize_error;
 use crate::retention::{self, RetentionConfig};
 use crate::router::{RetryPolicy, Round, Router};
 use crate::sink::{Message, Outcome, Sink};
+use crate::tenants::permits::BatchPermits;
 use crate::trouble::{whole_seconds, Report};
 use futures::FutureExt;
 use postbox_store::{ClaimOrder, DeliveryUpdate, Failure, RelayCommit, Store};
@@ -38,7 +39,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
@@ -101,7 +102,7 @@ pub struct Relay {
     health: Option<HealthConfig>,
     /// Set when serving many outboxes: see [`Relay::with_wake`] and friends.
     wake: Option<Arc<Notify>>,
-    permits: Option<Arc<Semaphore>>,
+    permits: Option<Arc<BatchPermits>>,
     source: Option<Arc<str>>,
 }
 
@@ -124,7 +125,7 @@ pub(crate) struct Shared {
     /// Per destination (by index): its current run of failures, if any.
     trouble: Vec<crate::trouble::Trouble>,
     /// A permit per claimed batch, shared by many relays (see [`Relay::with_batch_permits`]).
-    permits: Option<Arc<Semaphore>>,
+    permits: Option<Arc<BatchPermits>>,
     /// The CloudEvents `source` given to every claimed message, if any.
     source: Option<Arc<str>>,
 }
@@ -203,9 +204,10 @@ impl Relay {
     }
 
     /// Take a permit from `permits` before each claim and hold it until the
-    /// batch is settled: relays sharing the semaphore share a cap on batches
-    /// in flight, and its first-come order takes turns between them.
-    pub fn with_batch_permits(mut self, permits: Arc<Semaphore>) -> Self {
+    /// batch is settled: relays sharing them share a cap on batches in
+    /// flight, and one with no batch in flight may take a reserved permit
+    /// (see [`BatchPermits`]).
+    pub fn with_batch_permits(mut self, permits: Arc<BatchPermits>) -> Self {
         self.permits = Some(permits);
         self
     }
@@ -482,7 +484,7 @@ async fn claim_loop(shared: &Shared, mode: RunMode, to_publish: mpsc::Sender<Cla
     while !shared.shutdown.is_cancelled() {
         let permit = match &shared.permits {
             Some(permits) => tokio::select! {
-                p = permits.clone().acquire_owned() => p.ok(),
+                p = permits.acquire(shared.in_flight.load(Ordering::SeqCst) == 0) => p,
                 _ = shared.shutdown.cancelled() => break,
             },
             None => None,

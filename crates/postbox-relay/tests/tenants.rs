@@ -371,6 +371,79 @@ async fn a_huge_backlog_does_not_starve_a_quiet_outbox() {
 }
 
 #[tokio::test]
+async fn a_quiet_outbox_is_served_while_every_busy_batch_is_stuck() {
+    let pool = pool().await;
+    let prefix = unique("tn");
+    let busy = migrated(&pool, &format!("{prefix}_busy")).await;
+    let quiet = migrated(&pool, &format!("{prefix}_quiet")).await;
+    enqueue(&pool, &busy, "order.created", 200).await;
+    // The busy outbox's destination never answers until the end: its
+    // batches hold their permits for good.
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let stuck = ScriptedSink::held(gate.clone());
+    let sink = ScriptedSink::delivering();
+    let mut config = config();
+    // One shared permit and one reserved for outboxes with nothing in flight.
+    config.max_in_flight_batches = 2;
+    config.relay.batch_size = 10;
+    let tenants = Arc::new(
+        Tenants::new(
+            config,
+            vec![
+                OutboxSource::Outbox {
+                    connect: connect(),
+                    schema: busy.clone(),
+                    router: Some(Arc::new(Router::single(stuck.clone() as Arc<dyn Sink>))),
+                },
+                OutboxSource::Outbox {
+                    connect: connect(),
+                    schema: quiet.clone(),
+                    router: None,
+                },
+            ],
+            Router::single(sink.clone() as Arc<dyn Sink>),
+        )
+        .unwrap(),
+    );
+    let stop = CancellationToken::new();
+    let task = start(tenants.clone(), &stop);
+    wait_for(
+        "the busy outbox's batch is stuck in its sink",
+        WAIT,
+        || async { stuck.count() >= 10 },
+    )
+    .await;
+    // Whatever the busy outbox holds or waits for, the quiet one's event
+    // goes through (with first-come permits alone, the busy outbox would
+    // hold both and the quiet event wait for its sink).
+    enqueue(&pool, &quiet, "order.created", 1).await;
+    wait_for("the quiet outbox's event is delivered", WAIT, || async {
+        sink.count() == 1
+    })
+    .await;
+    let busy_stats = tenants
+        .status()
+        .into_iter()
+        .find(|o| o.schema == busy.name())
+        .expect("the busy outbox is listed")
+        .stats;
+    assert_eq!(
+        busy_stats.delivered, 0,
+        "the busy outbox's batches were all still stuck"
+    );
+    stop.cancel();
+    // Let the stuck batches answer, so the relay stops without waiting out its timeout.
+    wait_for("the relay stops", WAIT, || async {
+        gate.notify_waiters();
+        task.is_finished()
+    })
+    .await;
+    task.await.unwrap();
+    drop_schema(&pool, busy.name()).await;
+    drop_schema(&pool, quiet.name()).await;
+}
+
+#[tokio::test]
 async fn serves_the_matching_schemas_of_every_matching_database() {
     let admin = pool().await;
     let prefix = unique("tndb");
@@ -468,4 +541,84 @@ async fn idle_outboxes_hold_no_batch_permit() {
     for s in &schemas {
         drop_schema(&pool, s.name()).await;
     }
+}
+
+/// The backlog gauges of every outbox, each labelled with its outbox, so an
+/// alert can name the tenant.
+#[test]
+fn every_outbox_has_its_own_labelled_backlog_gauges() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use postbox_relay::metrics as m;
+    use postbox_relay::tenants::label::OutboxLabels;
+
+    let debugging = DebuggingRecorder::new();
+    let snapshotter = debugging.snapshotter();
+    let recorder = OutboxLabels::new(debugging, false);
+    // What this thread records: a current-thread runtime keeps every task on it.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let pool = pool().await;
+            let prefix = unique("tngauge");
+            let a = migrated(&pool, &format!("{prefix}_a")).await;
+            let b = migrated(&pool, &format!("{prefix}_b")).await;
+            enqueue(&pool, &a, "order.created", 2).await;
+            // Two dead letters in a, none in b: nothing for the relay to claim.
+            sqlx::raw_sql(&format!(
+                "UPDATE {}.outbox SET status = 'failed', attempts = 5",
+                a.name()
+            ))
+            .execute(&pool)
+            .await
+            .unwrap();
+            let mut config = config();
+            config.gauges = Some(Duration::from_millis(100));
+            let sink = ScriptedSink::delivering();
+            let tenants = Arc::new(
+                Tenants::new(
+                    config,
+                    vec![OutboxSource::Discover {
+                        connect: connect(),
+                        databases: None,
+                        schemas: Pattern::parse(&format!("{prefix}_*")).unwrap(),
+                    }],
+                    Router::single(sink as Arc<dyn Sink>),
+                )
+                .unwrap(),
+            );
+            let stop = CancellationToken::new();
+            let task = start(tenants.clone(), &stop);
+            let dead_letters = |schema: &Schema| {
+                let suffix = format!("/{}", schema.name());
+                snapshotter
+                    .snapshot()
+                    .into_vec()
+                    .into_iter()
+                    .find_map(|(key, _, _, value)| {
+                        let key = key.key();
+                        let ours = key.name() == m::DEAD_LETTERS
+                            && key
+                                .labels()
+                                .any(|l| l.key() == "outbox" && l.value().ends_with(&suffix));
+                        match value {
+                            DebugValue::Gauge(v) if ours => Some(v.into_inner()),
+                            _ => None,
+                        }
+                    })
+            };
+            wait_for(
+                "each outbox's dead-letter gauge, labelled",
+                WAIT,
+                || async { dead_letters(&a) == Some(2.0) && dead_letters(&b) == Some(0.0) },
+            )
+            .await;
+            stop.cancel();
+            task.await.unwrap();
+            drop_schema(&pool, a.name()).await;
+            drop_schema(&pool, b.name()).await;
+        })
+    });
 }

@@ -64,6 +64,10 @@ pub struct ListArgs {
     /// Print a JSON array
     #[arg(long)]
     pub json: bool,
+    /// List the dead letters of many outboxes, each row naming its outbox
+    /// (--limit caps the rows in all, oldest first)
+    #[command(flatten)]
+    pub select: crate::tenants::SelectArgs,
 }
 
 #[derive(Args, Debug)]
@@ -96,6 +100,9 @@ pub struct TargetArgs {
     /// Events per transaction (and per audit entry)
     #[arg(long, default_value_t = 1000)]
     pub batch_size: i64,
+    /// Act on the dead letters of many outboxes, one after the other
+    #[command(flatten)]
+    pub select: crate::tenants::SelectArgs,
 }
 
 impl TargetArgs {
@@ -152,9 +159,29 @@ pub struct AuditArgs {
 }
 
 pub async fn run(settings: &Settings, args: DlqArgs) -> Result<ExitCode, AnyError> {
+    let many = |select| crate::tenants::many(settings, select);
+    match args.command {
+        DlqCommand::List(a) if many(&a.select) => return list_many(settings, a).await,
+        DlqCommand::Replay(a) if many(&a.target.select) => {
+            let action = if a.new_id {
+                Action::ReplayAsNew
+            } else {
+                Action::Replay
+            };
+            return act_many(settings, &a.target, action).await;
+        }
+        DlqCommand::Discard(a) if many(&a.target.select) => {
+            let action = Action::Discard { reason: a.reason };
+            return act_many(settings, &a.target, action).await;
+        }
+        command => run_one(settings, command).await,
+    }
+}
+
+async fn run_one(settings: &Settings, command: DlqCommand) -> Result<ExitCode, AnyError> {
     let pool = settings.pool("postbox-dlq").await?;
     let dlq = Store::new(pool, settings.schema.clone()).dead_letters();
-    match args.command {
+    match command {
         DlqCommand::List(a) => list(&dlq, a).await,
         DlqCommand::Show(a) => {
             let redactor = settings.file.redact.redactor()?;
@@ -197,6 +224,71 @@ async fn list(dlq: &DeadLetters, args: ListArgs) -> Result<ExitCode, AnyError> {
     );
     for r in &rows {
         print_row(r);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `dlq list --schemas GLOB`: the oldest dead letters of every matching
+/// outbox, `--limit` in all, each naming its outbox.
+async fn list_many(settings: &Settings, args: ListArgs) -> Result<ExitCode, AnyError> {
+    #[derive(serde::Serialize)]
+    struct Row {
+        outbox: String,
+        #[serde(flatten)]
+        letter: DeadLetter,
+    }
+    let found = crate::tenants::list(settings, &args.select, true).await?;
+    let filter = args.filter.filter();
+    let mut rows = Vec::new();
+    for outbox in &found {
+        let dlq = Store::new(outbox.pool.clone(), outbox.schema.clone()).dead_letters();
+        let letters = dlq
+            .list(&filter, args.limit)
+            .await
+            .map_err(|e| format!("{}: {e}", outbox.name))?;
+        rows.extend(letters.into_iter().map(|letter| Row {
+            outbox: outbox.name.clone(),
+            letter,
+        }));
+    }
+    rows.sort_by_key(|r| r.letter.created_at);
+    rows.truncate(usize::try_from(args.limit).unwrap_or(0));
+    if args.json {
+        outln!("{}", serde_json::to_string(&rows)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if rows.is_empty() {
+        outln!("no dead letters in {} outbox(es)", found.len());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let width = rows
+        .iter()
+        .map(|r| r.outbox.len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    outln!(
+        "{:<width$}  {:<36}  {:<24}  {:<24}  {:>8}  {:<20}  last error",
+        "outbox",
+        "event id",
+        "type",
+        "aggregate",
+        "attempts",
+        "created"
+    );
+    for r in &rows {
+        let l = &r.letter;
+        let aggregate = format!("{}/{}", l.aggregate_type, l.aggregate_id);
+        outln!(
+            "{:<width$}  {:<36}  {:<24}  {:<24}  {:>8}  {:<20}  {}",
+            r.outbox,
+            l.event_id,
+            clip(&l.event_type, 24),
+            clip(&aggregate, 24),
+            l.attempts,
+            l.created_at.format("%Y-%m-%d %H:%M:%S"),
+            clip(l.last_error.as_deref().unwrap_or("-"), 80)
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -319,6 +411,72 @@ async fn act(dlq: &DeadLetters, target: &TargetArgs, action: Action) -> Result<E
     }
     for id in &applied.skipped {
         errln!("skipped {id}: not an unresolved dead letter");
+    }
+    Ok(ExitCode::FAILURE)
+}
+
+/// `dlq replay|discard --schemas GLOB`: the action on every matching outbox
+/// in turn, each audited in its own schema. An event id is skipped only if no
+/// outbox holds it as an unresolved dead letter.
+async fn act_many(
+    settings: &Settings,
+    target: &TargetArgs,
+    action: Action,
+) -> Result<ExitCode, AnyError> {
+    let selection = target.selection()?;
+    let actor = target.actor()?;
+    let verb = match action {
+        Action::Replay | Action::ReplayAsNew => "replayed",
+        Action::Discard { .. } => "discarded",
+    };
+    let found = crate::tenants::list(settings, &target.select, true).await?;
+    let (mut count, mut batches) = (0, 0);
+    let mut taken = std::collections::HashSet::new();
+    for outbox in &found {
+        let dlq = Store::new(outbox.pool.clone(), outbox.schema.clone()).dead_letters();
+        let applied = dlq
+            .apply(&selection, &action, &actor, target.batch_size, |_| {})
+            .await
+            .map_err(|e| {
+                format!(
+                    "{}: {e} (the outboxes listed before it are done)",
+                    outbox.name
+                )
+            })?;
+        if applied.count > 0 {
+            outln!("{}: {verb} {} dead letter(s)", outbox.name, applied.count);
+        }
+        for (original, copy) in &applied.new_ids {
+            outln!("{original} -> {copy}");
+        }
+        if let Selection::Ids(ids) = &selection {
+            taken.extend(
+                ids.iter()
+                    .filter(|id| !applied.skipped.contains(id))
+                    .copied(),
+            );
+        }
+        count += applied.count;
+        batches += applied.batches;
+    }
+    let how = match action {
+        Action::Replay => " under their own event id",
+        Action::ReplayAsNew => " as new events",
+        Action::Discard { .. } => "",
+    };
+    outln!(
+        "{verb} {count} dead letter(s){how} in {batches} batch(es) over {} outbox(es), audited as {actor}",
+        found.len()
+    );
+    let skipped: Vec<&Uuid> = match &selection {
+        Selection::Ids(ids) => ids.iter().filter(|id| !taken.contains(*id)).collect(),
+        _ => Vec::new(),
+    };
+    if skipped.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    for id in skipped {
+        errln!("skipped {id}: not an unresolved dead letter in any of these outboxes");
     }
     Ok(ExitCode::FAILURE)
 }

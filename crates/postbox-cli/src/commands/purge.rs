@@ -27,6 +27,10 @@ pub struct PurgeArgs {
     /// Pause between batches [default: 100ms, or retention.pause]
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub pause: Option<Duration>,
+
+    /// Purge many outboxes, one after the other (one line each)
+    #[command(flatten)]
+    pub select: crate::tenants::SelectArgs,
 }
 
 pub async fn run(settings: &Settings, args: PurgeArgs) -> Result<ExitCode, AnyError> {
@@ -55,15 +59,14 @@ pub async fn run(settings: &Settings, args: PurgeArgs) -> Result<ExitCode, AnyEr
             ],
         )
     })?;
-    let pool = settings.pool("postbox-purge").await?;
-    let store = Store::new(pool, settings.schema.clone());
     let stop = CancellationToken::new();
     tokio::spawn(cancel_on_signal(stop.clone()));
-    let verb = if config.archive {
-        "archived"
-    } else {
-        "deleted"
-    };
+    if crate::tenants::many(settings, &args.select) {
+        return purge_many(settings, &args.select, &config, &stop).await;
+    }
+    let pool = settings.pool("postbox-purge").await?;
+    let store = Store::new(pool, settings.schema.clone());
+    let verb = verb(&config);
     // On a terminal only: a line redrawn as batches go (quiet in a pipe).
     let mut progress = Progress::new("purge:", None);
     let report = retention::purge(&store, &config, &stop, |p: retention::Progress| {
@@ -76,7 +79,70 @@ pub async fn run(settings: &Settings, args: PurgeArgs) -> Result<ExitCode, AnyEr
     })
     .await?;
     progress.finish();
-    let mut line = format!("purged: {} sent events {verb}", report.outbox);
+    outln!("purged: {}", summary(&config, &report));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `purge --schemas GLOB` (or `--databases`, or the config's `[[outboxes]]`):
+/// every outbox in turn, a line each, then the totals. An outbox that fails
+/// is reported and the others are still purged; the exit status says so.
+async fn purge_many(
+    settings: &Settings,
+    select: &crate::tenants::SelectArgs,
+    config: &RetentionConfig,
+    stop: &CancellationToken,
+) -> Result<ExitCode, AnyError> {
+    let found = crate::tenants::list(settings, select, true).await?;
+    let mut total = retention::PurgeReport::default();
+    let mut failed = 0;
+    for outbox in &found {
+        if stop.is_cancelled() {
+            break;
+        }
+        let store = Store::new(outbox.pool.clone(), outbox.schema.clone());
+        match retention::purge(&store, config, stop, |_| {}).await {
+            Ok(report) => {
+                outln!("{}: {}", outbox.name, summary(config, &report));
+                total.outbox += report.outbox;
+                total.inbox += report.inbox;
+                total.idempotency_keys += report.idempotency_keys;
+                total.interrupted |= report.interrupted;
+            }
+            Err(e) => {
+                failed += 1;
+                outln!("{}: failed: {e}: {}", outbox.name, e.source);
+            }
+        }
+    }
+    total.interrupted |= stop.is_cancelled();
+    outln!(
+        "purged {} outboxes: {}{}",
+        found.len() - failed,
+        summary(config, &total),
+        if failed > 0 {
+            format!("; {failed} failed")
+        } else {
+            String::new()
+        }
+    );
+    Ok(if failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn verb(config: &RetentionConfig) -> &'static str {
+    if config.archive {
+        "archived"
+    } else {
+        "deleted"
+    }
+}
+
+/// `N sent events deleted[, …]` for one purge.
+fn summary(config: &RetentionConfig, report: &retention::PurgeReport) -> String {
+    let mut line = format!("{} sent events {}", report.outbox, verb(config));
     if config.inbox {
         line.push_str(&format!(", {} inbox records deleted", report.inbox));
     }
@@ -89,6 +155,5 @@ pub async fn run(settings: &Settings, args: PurgeArgs) -> Result<ExitCode, AnyEr
     if report.interrupted {
         line.push_str(" (interrupted)");
     }
-    outln!("{line}");
-    Ok(ExitCode::SUCCESS)
+    line
 }

@@ -170,6 +170,7 @@ pub async fn run(settings: &Settings, args: RelayArgs) -> Result<ExitCode, AnyEr
             source: args.source.clone(),
             drain: args.drain,
             metrics_listen: args.metrics_listen.clone(),
+            gauge_interval: GAUGE_INTERVAL,
         };
         return crate::tenants::relay(settings, &args.select, run).await;
     }

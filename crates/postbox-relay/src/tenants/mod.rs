@@ -16,16 +16,18 @@
 //! - **one router** (so one set of sinks and broker connections) for every
 //!   outbox that has no routes of its own;
 //! - **a global cap on batches in flight** (`max_in_flight_batches`): each
-//!   engine takes a permit from one shared semaphore before it claims and
-//!   gives it back once the batch is settled.
+//!   engine takes a permit ([`permits`]) before it claims and gives it back
+//!   once the batch is settled.
 //!
-//! **Fairness.** The semaphore serves waiters first come, first served, and an
-//! engine asks for one permit at a time: every outbox with work is served
-//! round-robin, one batch per turn. An outbox with a huge backlog claims a
-//! batch, then queues behind every other outbox waiting for a turn, so an
-//! event committed in a quiet outbox waits for at most one batch of each
-//! busy outbox ahead of it (with `max_in_flight_batches` of them in flight at
-//! once), however long their backlogs are.
+//! **Fairness.** A quarter of the permits (at least one, when there are two
+//! or more) is reserved for outboxes with no batch in flight; the rest are
+//! shared, first come, first served, and an engine asks for one permit at a
+//! time. An outbox draining a backlog asks for its next batch while the
+//! previous ones are still in flight, so it only ever waits on the shared
+//! permits: busy outboxes take turns there, one batch per turn, and an event
+//! committed in a quiet outbox finds a reserved permit free instead of
+//! waiting for a busy batch to settle, however many busy outboxes there are
+//! and however long their backlogs.
 //!
 //! **Isolation.** Every outbox runs in its own task, inside a span and a
 //! metrics scope naming it ([`label`]): a database that is down, a schema that
@@ -40,11 +42,14 @@
 
 pub mod label;
 mod listen;
+pub mod permits;
 
 use crate::config::{ConfigError, RelayConfig};
 use crate::redact::sanitize_error;
+use crate::retention::RetentionConfig;
 use crate::router::{Pattern, Router};
 use crate::{metrics as m, Relay, RunMode, Stats, StatsSnapshot};
+use permits::BatchPermits;
 use postbox::Schema;
 use postbox_store::Store;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -53,7 +58,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
@@ -76,6 +81,11 @@ pub struct TenantsConfig {
     pub idle_poll: Duration,
     /// Prefix of every event's CloudEvents `source`: `<source>/<database>/<schema>`.
     pub source: String,
+    /// Refresh every outbox's backlog gauges this often (each carries the
+    /// outbox's label); `None`: no gauges.
+    pub gauges: Option<Duration>,
+    /// Relay-side retention, run by every outbox on its own.
+    pub retention: Option<RetentionConfig>,
 }
 
 impl Default for TenantsConfig {
@@ -83,10 +93,14 @@ impl Default for TenantsConfig {
         Self {
             relay: RelayConfig::default(),
             max_in_flight_batches: 8,
-            pool_size: 2,
+            // A busy outbox claims on one connection while it settles on
+            // another: the third serves the quiet outboxes of its database.
+            pool_size: 3,
             rediscover_interval: Duration::from_secs(30),
             idle_poll: Duration::from_secs(30),
             source: crate::cloudevents::DEFAULT_SOURCE.to_owned(),
+            gauges: None,
+            retention: None,
         }
     }
 }
@@ -121,6 +135,15 @@ impl TenantsConfig {
         }
         if self.source.is_empty() {
             return Err(ConfigError::new("tenants.source", "must not be empty"));
+        }
+        if self.gauges.is_some_and(|g| g.is_zero()) {
+            return Err(ConfigError::new(
+                "metrics.refresh_interval",
+                "must be greater than zero",
+            ));
+        }
+        if let Some(retention) = &self.retention {
+            retention.validate()?;
         }
         Ok(())
     }
@@ -183,7 +206,7 @@ pub struct Tenants {
     config: TenantsConfig,
     sources: Vec<OutboxSource>,
     router: Arc<Router>,
-    permits: Arc<Semaphore>,
+    permits: Arc<BatchPermits>,
     outboxes: Arc<Mutex<BTreeMap<String, Arc<OutboxState>>>>,
 }
 
@@ -232,7 +255,7 @@ impl Tenants {
                 "no outbox to serve: list [[outboxes]] or pass --schemas / --databases",
             ));
         }
-        let permits = Arc::new(Semaphore::new(config.max_in_flight_batches));
+        let permits = Arc::new(BatchPermits::new(config.max_in_flight_batches));
         Ok(Self {
             config,
             sources,
@@ -401,7 +424,16 @@ impl Tenants {
     ) -> Option<Engine> {
         let state = self.state(name, &db.name, schema);
         let store = Store::new(db.pool.clone(), schema.clone());
-        let relay = match Relay::with_shared_router(store, router.clone(), self.config.engine()) {
+        let built = Relay::with_shared_router(store, router.clone(), self.config.engine())
+            .and_then(|relay| match self.config.gauges {
+                Some(every) => relay.with_gauges(every),
+                None => Ok(relay),
+            })
+            .and_then(|relay| match &self.config.retention {
+                Some(retention) => relay.with_retention(retention.clone()),
+                None => Ok(relay),
+            });
+        let relay = match built {
             Ok(relay) => relay,
             Err(e) => {
                 tracing::error!(outbox = %name, error = %e, "cannot serve this outbox");
