@@ -351,7 +351,20 @@ async fn bench_runs_on_tiny_inputs() {
         r["drain"]["log_ceiling_events_per_s"].as_f64().unwrap() > 0.0,
         "the pure-SQL log ceiling ran: {r}"
     );
-    assert_eq!(r["latency"].as_array().unwrap().len(), 4, "{r}");
+    assert_eq!(r["latency"].as_array().unwrap().len(), 5, "{r}");
+    assert_eq!(
+        r["latency"][4]["mode"], "logical mode (emit, replication slot)",
+        "{r}"
+    );
+    assert!(
+        r["latency"][4]["events"].as_u64().unwrap() > 0,
+        "logical mode delivered: {r}"
+    );
+    assert!(
+        r["drain"]["logical_relay_events_per_s"].as_f64().unwrap() > 0.0,
+        "logical mode drained: {r}"
+    );
+    assert_eq!(r["producer"]["emit_table_rows"], 0, "{r}");
     assert!(r["latency"][0]["events"].as_u64().unwrap() > 0, "{r}");
     assert_eq!(r["latency"][3]["mode"], "log mode, LISTEN/NOTIFY", "{r}");
     assert!(
