@@ -8,6 +8,7 @@
 
 use crate::catalog;
 use crate::relay::{ClaimedEvent, ClaimedRow};
+use postbox::statements::trusted;
 use postbox::Schema;
 use sqlx::PgPool;
 use std::sync::Arc;
@@ -154,7 +155,7 @@ impl Log {
 
     /// Make sure each destination has a cursor.
     pub async fn ensure_cursors(&self, destinations: &[String]) -> Result<(), sqlx::Error> {
-        sqlx::query(&self.sql.cursors_ensure)
+        sqlx::query(trusted(&self.sql.cursors_ensure))
             .bind(destinations)
             .execute(&self.pool)
             .await?;
@@ -169,7 +170,7 @@ impl Log {
         destinations: &[String],
         lease: Duration,
     ) -> Result<Vec<String>, sqlx::Error> {
-        sqlx::query_scalar(&self.sql.cursors_acquire)
+        sqlx::query_scalar(trusted(&self.sql.cursors_acquire))
             .bind(owner)
             .bind(destinations)
             .bind(lease.as_secs_f64())
@@ -179,7 +180,7 @@ impl Log {
 
     /// Give up `owner`'s leases on the cursors of `destinations`.
     pub async fn release(&self, owner: Uuid, destinations: &[String]) -> Result<(), sqlx::Error> {
-        sqlx::query(&self.sql.cursors_release)
+        sqlx::query(trusted(&self.sql.cursors_release))
             .bind(owner)
             .bind(destinations)
             .execute(&self.pool)
@@ -194,7 +195,7 @@ impl Log {
         destination: &str,
         owner: Uuid,
     ) -> Result<Option<LogWindow>, sqlx::Error> {
-        sqlx::query_as(&self.sql.window)
+        sqlx::query_as(trusted(&self.sql.window))
             .bind(destination)
             .bind(owner)
             .fetch_optional(&self.pool)
@@ -208,7 +209,7 @@ impl Log {
         if window.after_id != 0 {
             return Ok(Some(window));
         }
-        let floor: Option<i64> = sqlx::query_scalar(&self.sql.window_floor)
+        let floor: Option<i64> = sqlx::query_scalar(trusted(&self.sql.window_floor))
             .bind(&window.lo)
             .bind(&window.hi)
             .fetch_one(&self.pool)
@@ -221,7 +222,7 @@ impl Log {
 
     /// Up to `limit` events of `window` after its position, in id order.
     pub async fn page(&self, window: &LogWindow, limit: i64) -> Result<Vec<LogEvent>, sqlx::Error> {
-        let rows: Vec<PageRow> = sqlx::query_as(&self.sql.page)
+        let rows: Vec<PageRow> = sqlx::query_as(trusted(&self.sql.page))
             .bind(&window.lo)
             .bind(&window.hi)
             .bind(window.after_id)
@@ -265,7 +266,7 @@ impl Log {
         count: i64,
         done: bool,
     ) -> sqlx::query::QueryScalar<'q, sqlx::Postgres, bool, sqlx::postgres::PgArguments> {
-        sqlx::query_scalar(&self.sql.advance)
+        sqlx::query_scalar(trusted(&self.sql.advance))
             .bind(&window.destination)
             .bind(owner)
             .bind(last_id)
@@ -306,7 +307,7 @@ impl Log {
             }
         }
         let each = |f: fn(&Handoff<'_>) -> i64| handoffs.iter().map(f).collect::<Vec<_>>();
-        let found: i32 = sqlx::query_scalar(&self.sql.handoff)
+        let found: i32 = sqlx::query_scalar(trusted(&self.sql.handoff))
             .bind(&window.destination)
             .bind(each(|h| h.event.id))
             .bind(
@@ -364,14 +365,14 @@ impl Log {
     ) -> Result<(bool, u64), sqlx::Error> {
         let mut removed = 0;
         for segment in 0..4_i32 {
-            let n: Option<i64> = sqlx::query_scalar(&self.sql.truncate)
+            let n: Option<i64> = sqlx::query_scalar(trusted(&self.sql.truncate))
                 .bind(segment)
                 .bind(archive)
                 .fetch_one(&self.pool)
                 .await?;
             removed += n.unwrap_or(0).max(0) as u64;
         }
-        let rotated: bool = sqlx::query_scalar(&self.sql.rotate)
+        let rotated: bool = sqlx::query_scalar(trusted(&self.sql.rotate))
             .bind(segment_age.as_secs_f64())
             .fetch_one(&self.pool)
             .await?;
@@ -380,7 +381,7 @@ impl Log {
 
     /// Every cursor's lag.
     pub async fn cursor_lag(&self) -> Result<Vec<CursorLag>, sqlx::Error> {
-        sqlx::query_as(&self.sql.cursor_lag)
+        sqlx::query_as(trusted(&self.sql.cursor_lag))
             .fetch_all(&self.pool)
             .await
     }
@@ -388,14 +389,14 @@ impl Log {
     /// Events in the log some cursor has not read (all of them when no
     /// cursor exists yet).
     pub async fn unread(&self) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar(&self.sql.unread)
+        sqlx::query_scalar(trusted(&self.sql.unread))
             .fetch_one(&self.pool)
             .await
     }
 
     /// Which table producers write to.
     pub async fn producer_target(&self) -> Result<ProducerTarget, sqlx::Error> {
-        let target: String = sqlx::query_scalar(&self.sql.producer_target)
+        let target: String = sqlx::query_scalar(trusted(&self.sql.producer_target))
             .fetch_one(&self.pool)
             .await?;
         Ok(if target == "log" {
@@ -407,7 +408,7 @@ impl Log {
 
     /// Send producers to `target`.
     pub async fn set_producer_target(&self, target: ProducerTarget) -> Result<(), sqlx::Error> {
-        sqlx::query(&self.sql.set_producer_target)
+        sqlx::query(trusted(&self.sql.set_producer_target))
             .bind(target.as_str())
             .execute(&self.pool)
             .await?;

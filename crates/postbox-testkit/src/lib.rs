@@ -11,6 +11,7 @@
 pub mod proxy;
 pub mod qstash;
 
+use postbox::statements::trusted;
 use postbox::Schema;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
@@ -80,7 +81,7 @@ impl TestDb {
 
     /// Run statements (no parameters) in this test's schema.
     pub async fn exec(&self, sql: &str) {
-        sqlx::raw_sql(&self.sql(sql))
+        sqlx::raw_sql(trusted(&self.sql(sql)))
             .execute(&self.pool)
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
@@ -88,7 +89,7 @@ impl TestDb {
 
     /// A single i64 from a query (e.g. a count).
     pub async fn count(&self, sql: &str) -> i64 {
-        sqlx::query_scalar(&self.sql(sql))
+        sqlx::query_scalar(trusted(&self.sql(sql)))
             .fetch_one(&self.pool)
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
@@ -113,7 +114,7 @@ impl TestDb {
 
     /// Drop the schema (call at the end of a passing test; a failing one leaves it to inspect).
     pub async fn drop_schema(self) {
-        let _ = sqlx::raw_sql(&self.sql("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        let _ = sqlx::raw_sql(trusted(&self.sql("DROP SCHEMA IF EXISTS {schema} CASCADE")))
             .execute(&self.pool)
             .await;
         self.pool.close().await;

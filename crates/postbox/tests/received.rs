@@ -2,6 +2,7 @@
 //! caller's transaction, mark processed in that transaction, purge by age.
 
 use postbox::received::{self, NewDelivery};
+use postbox::statements::trusted;
 use postbox::{Error, InboxOutcome, Outbox};
 use postbox_testkit::TestDb;
 use std::time::Duration;
@@ -107,7 +108,7 @@ async fn marking_processed_commits_with_the_effect_or_not_at_all() {
         .await
         .unwrap();
     for d in &batch {
-        sqlx::query(&effect)
+        sqlx::query(trusted(&effect))
             .bind(&d.event_id)
             .execute(&mut *tx)
             .await
@@ -128,7 +129,7 @@ async fn marking_processed_commits_with_the_effect_or_not_at_all() {
         .unwrap();
     assert_eq!(again.iter().map(|d| d.id).collect::<Vec<_>>(), ids);
     for d in &again {
-        sqlx::query(&effect)
+        sqlx::query(trusted(&effect))
             .bind(&d.event_id)
             .execute(&mut *tx)
             .await
@@ -194,11 +195,12 @@ async fn purge_deletes_only_old_processed_deliveries() {
         received::purge(&outbox, &mut conn, day, 10).await.unwrap(),
         0
     );
-    let left: Vec<String> =
-        sqlx::query_scalar(&db.sql("SELECT event_id FROM {schema}.received ORDER BY event_id"))
-            .fetch_all(&db.pool)
-            .await
-            .unwrap();
+    let left: Vec<String> = sqlx::query_scalar(trusted(
+        &db.sql("SELECT event_id FROM {schema}.received ORDER BY event_id"),
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
     assert_eq!(left, ["c", "d"]);
     db.drop_schema().await;
 }
