@@ -144,6 +144,7 @@ async fn the_same_key_for_another_request_is_refused_and_expired_keys_are_new() 
             .await,
         1
     );
+    drop(conn);
     db.drop_schema().await;
 }
 

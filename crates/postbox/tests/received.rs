@@ -58,6 +58,7 @@ async fn a_delivery_is_stored_once_with_its_exact_bytes() {
     assert_eq!(d.header("content-type"), Some("application/json"));
     assert_eq!(d.header("Webhook-Id"), Some("msg_1"));
     assert_eq!(d.header("missing"), None);
+    drop(conn);
     db.drop_schema().await;
 }
 
@@ -202,6 +203,7 @@ async fn purge_deletes_only_old_processed_deliveries() {
     .await
     .unwrap();
     assert_eq!(left, ["c", "d"]);
+    drop(conn);
     db.drop_schema().await;
 }
 
