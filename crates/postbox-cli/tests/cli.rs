@@ -1,3 +1,4 @@
+use postbox::statements::trusted;
 use postbox_testkit::{redis, redis_url, unique, TestDb};
 use redis::AsyncCommands;
 use std::collections::HashSet;
@@ -49,9 +50,9 @@ async fn migrate_sql_enqueue_relay_drain_and_status() {
     let mut rolled_back = HashSet::new();
     for i in 0..60 {
         let mut tx = db.pool.begin().await.unwrap();
-        let id: uuid::Uuid = sqlx::query_scalar(&db.sql(
+        let id: uuid::Uuid = sqlx::query_scalar(trusted(&db.sql(
             "SELECT {schema}.enqueue('order.created', 'order', $1, jsonb_build_object('n', $2::int))",
-        ))
+        )))
         .bind(format!("o-{i}"))
         .bind(i)
         .fetch_one(&mut *tx)
@@ -641,9 +642,9 @@ async fn enqueue_schedules_events_and_status_counts_them_apart() {
     let text = ok(postbox(&db, &["status"]));
     assert!(text.contains("scheduled   2  (the first due in"), "{text}");
     // `dlq show` (any event by id) says when a scheduled event is due.
-    let id: uuid::Uuid = sqlx::query_scalar(
+    let id: uuid::Uuid = sqlx::query_scalar(trusted(
         &db.sql("SELECT event_id FROM {schema}.outbox WHERE deliver_at IS NOT NULL LIMIT 1"),
-    )
+    ))
     .fetch_one(&db.pool)
     .await
     .unwrap();

@@ -1,6 +1,7 @@
 //! `postbox console`: the real binary — users from standard input, serving,
 //! the config file's redaction, and a graceful stop on SIGTERM.
 
+use postbox::statements::trusted;
 use postbox_testkit::TestDb;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Output, Stdio};
@@ -112,17 +113,18 @@ async fn users_come_from_standard_input_and_the_console_serves_them() {
     .output()
     .unwrap();
     assert!(!role.status.success());
-    let stored: String =
-        sqlx::query_scalar(&db.sql("SELECT password_hash FROM {schema}.console_users"))
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    let stored: String = sqlx::query_scalar(trusted(
+        &db.sql("SELECT password_hash FROM {schema}.console_users"),
+    ))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
     assert!(stored.starts_with("$argon2id$") && !stored.contains("correct horse"));
 
     // An event with a secret in its payload, masked by the config file.
-    let id: uuid::Uuid = sqlx::query_scalar(&db.sql(
+    let id: uuid::Uuid = sqlx::query_scalar(trusted(&db.sql(
         r#"SELECT {schema}.enqueue('order.placed', 'order', '1', '{"card": {"number": "4111"}}')"#,
-    ))
+    )))
     .fetch_one(&db.pool)
     .await
     .unwrap();
@@ -172,13 +174,12 @@ async fn users_come_from_standard_input_and_the_console_serves_them() {
     );
     let (head, _) = http(&addr, sign_in).await;
     assert!(head.starts_with("http/1.1 303"), "{head}");
-    let client: String =
-        sqlx::query_scalar(&db.sql(
-            "SELECT details->>'client' FROM {schema}.audit_log WHERE action = 'console.sign_in'",
-        ))
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let client: String = sqlx::query_scalar(trusted(&db.sql(
+        "SELECT details->>'client' FROM {schema}.audit_log WHERE action = 'console.sign_in'",
+    )))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
     assert_eq!(client, "203.0.113.50");
     let session = set_cookie(&head, "postbox_session=");
     let (head, body) = http(&addr, get(&format!("/events/{id}"), &session)).await;
@@ -236,8 +237,11 @@ async fn the_monitor_role_cannot_read_password_hashes_or_sessions() {
         let role = format!("SET LOCAL ROLE {schema}_monitor");
         async move {
             let mut tx = pool.begin().await.unwrap();
-            sqlx::raw_sql(&role).execute(&mut *tx).await.unwrap();
-            let read = sqlx::query(&sql).execute(&mut *tx).await;
+            sqlx::raw_sql(trusted(&role))
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            let read = sqlx::query(trusted(&sql)).execute(&mut *tx).await;
             tx.rollback().await.unwrap();
             read.err().and_then(|e| {
                 e.as_database_error()
@@ -261,7 +265,7 @@ async fn the_monitor_role_cannot_read_password_hashes_or_sessions() {
     let url = db.url.clone();
     db.drop_schema().await;
     let admin = sqlx::PgPool::connect(&url).await.unwrap();
-    sqlx::raw_sql(&format!("DROP ROLE {roles}"))
+    sqlx::raw_sql(trusted(&format!("DROP ROLE {roles}")))
         .execute(&admin)
         .await
         .unwrap();

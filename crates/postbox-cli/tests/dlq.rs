@@ -1,5 +1,6 @@
 //! `postbox dlq`: the real binary against a real PostgreSQL, one schema per test.
 
+use postbox::statements::trusted;
 use postbox::{NewEvent, Outbox};
 use postbox_relay::Store;
 use postbox_testkit::TestDb;
@@ -48,10 +49,10 @@ async fn dead_letters(db: &TestDb, event_type: &str, n: usize) -> Vec<Uuid> {
         })
         .collect();
     let ids = db.enqueue_events(&events).await;
-    sqlx::query(&db.sql(
+    sqlx::query(trusted(&db.sql(
         "UPDATE {schema}.outbox SET status = 'failed', attempts = 5, \
          last_error = 'sink rejected: 400 bad request #' || id WHERE event_id = ANY($1)",
-    ))
+    )))
     .bind(&ids)
     .execute(&db.pool)
     .await
@@ -60,10 +61,10 @@ async fn dead_letters(db: &TestDb, event_type: &str, n: usize) -> Vec<Uuid> {
 }
 
 async fn row(db: &TestDb, event_id: Uuid) -> sqlx::postgres::PgRow {
-    sqlx::query(&db.sql(
+    sqlx::query(trusted(&db.sql(
         "SELECT status::text, attempts, resolution, resolution_note, replaced_by, replay_of, \
          available_at <= now() FROM {schema}.outbox WHERE event_id = $1",
-    ))
+    )))
     .bind(event_id)
     .fetch_one(&db.pool)
     .await
@@ -71,9 +72,9 @@ async fn row(db: &TestDb, event_id: Uuid) -> sqlx::postgres::PgRow {
 }
 
 async fn audit(db: &TestDb) -> Vec<(String, String, i64, Option<String>, Value, Value)> {
-    sqlx::query(&db.sql(
+    sqlx::query(trusted(&db.sql(
         "SELECT actor, action, count, reason, selection, details FROM {schema}.audit_log ORDER BY id",
-    ))
+    )))
     .fetch_all(&db.pool)
     .await
     .unwrap()
@@ -420,9 +421,9 @@ async fn show_masks_configured_payload_paths_and_headers() {
         }
     }
     // The stored event is what the producer wrote.
-    let stored: String = sqlx::query_scalar(
+    let stored: String = sqlx::query_scalar(trusted(
         &db.sql("SELECT payload::text FROM {schema}.outbox WHERE event_id = $1"),
-    )
+    ))
     .bind(id)
     .fetch_one(&db.pool)
     .await

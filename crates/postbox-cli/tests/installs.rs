@@ -2,6 +2,7 @@
 //! own definitions, JSON log lines for log pipelines, and progress shown on a
 //! terminal but never in a pipe.
 
+use postbox::statements::trusted;
 use postbox_testkit::{unique, TestDb};
 use serde_json::Value;
 use std::process::{Command, Output, Stdio};
@@ -144,10 +145,12 @@ async fn log_format_json_makes_every_log_line_a_json_object() {
     );
 
     // The relay, from the environment variable; its deliveries stay on stdout.
-    sqlx::query(&db.sql("SELECT {schema}.enqueue('order.created', 'order', 'o-1', '{}'::jsonb)"))
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    sqlx::query(trusted(&db.sql(
+        "SELECT {schema}.enqueue('order.created', 'order', 'o-1', '{}'::jsonb)",
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
     let (out, err) = ok(on(&db)
         .args(["relay", "--drain", "--sink", "stdout"])
         .env("POSTBOX_LOG_FORMAT", "json")
@@ -205,7 +208,7 @@ async fn migrating_many_schemas_shows_progress_on_a_terminal_and_none_in_a_pipe(
         .collect();
     // --schemas migrates every existing schema its glob matches.
     for name in &names {
-        sqlx::raw_sql(&format!("CREATE SCHEMA {name}"))
+        sqlx::raw_sql(trusted(&format!("CREATE SCHEMA {name}")))
             .execute(&db.pool)
             .await
             .unwrap();
@@ -247,7 +250,7 @@ async fn migrating_many_schemas_shows_progress_on_a_terminal_and_none_in_a_pipe(
     assert_eq!(err, "");
 
     for name in &names {
-        sqlx::raw_sql(&format!("DROP SCHEMA {name} CASCADE"))
+        sqlx::raw_sql(trusted(&format!("DROP SCHEMA {name} CASCADE")))
             .execute(&db.pool)
             .await
             .unwrap();

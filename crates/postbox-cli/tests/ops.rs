@@ -1,6 +1,7 @@
 //! Operations: the metrics endpoint during a relay run, retention (`purge`),
 //! least-privilege roles and the extended `status`, through the real binary.
 
+use postbox::statements::trusted;
 use postbox_testkit::{wait_for, TestDb};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
@@ -38,9 +39,9 @@ fn ok(o: Output) -> String {
 
 async fn enqueue(db: &TestDb, n: usize) {
     for i in 0..n {
-        sqlx::query(&db.sql(
+        sqlx::query(trusted(&db.sql(
             "SELECT {schema}.enqueue('order.created', 'order', $1, jsonb_build_object('n', $2::int))",
-        ))
+        )))
         .bind(format!("o-{i}"))
         .bind(i as i32)
         .execute(&db.pool)
@@ -211,9 +212,9 @@ async fn mixed_rows(db: &TestDb) {
 }
 
 async fn by_status(db: &TestDb) -> Vec<(String, i64)> {
-    sqlx::query_as(
-        &db.sql("SELECT status::text, count(*) FROM {schema}.outbox GROUP BY 1 ORDER BY 1"),
-    )
+    sqlx::query_as(trusted(&db.sql(
+        "SELECT status::text, count(*) FROM {schema}.outbox GROUP BY 1 ORDER BY 1",
+    )))
     .fetch_all(&db.pool)
     .await
     .unwrap()
@@ -279,9 +280,9 @@ async fn purge_deletes_only_old_sent_rows_in_batches() {
 async fn purge_archive_moves_old_sent_rows() {
     let db = TestDb::new().await;
     mixed_rows(&db).await;
-    let before: Vec<(uuid::Uuid, serde_json::Value)> = sqlx::query_as(
+    let before: Vec<(uuid::Uuid, serde_json::Value)> = sqlx::query_as(trusted(
         &db.sql("SELECT event_id, payload FROM {schema}.outbox WHERE id <= 10 ORDER BY id"),
-    )
+    ))
     .fetch_all(&db.pool)
     .await
     .unwrap();
@@ -297,9 +298,9 @@ async fn purge_archive_moves_old_sent_rows() {
         ],
     ));
     assert_eq!(out.trim(), "purged: 10 sent events archived");
-    let archived: Vec<(uuid::Uuid, serde_json::Value)> = sqlx::query_as(
+    let archived: Vec<(uuid::Uuid, serde_json::Value)> = sqlx::query_as(trusted(
         &db.sql("SELECT event_id, payload FROM {schema}.outbox_archive ORDER BY id"),
-    )
+    ))
     .fetch_all(&db.pool)
     .await
     .unwrap();
@@ -322,11 +323,12 @@ async fn status_json_keeps_its_keys_and_adds_attempts_and_the_oldest_event() {
     mixed_rows(&db).await;
     db.exec("UPDATE {schema}.outbox SET attempts = 2 WHERE id IN (21, 22)")
         .await;
-    let oldest: uuid::Uuid =
-        sqlx::query_scalar(&db.sql("SELECT event_id FROM {schema}.outbox WHERE id = 21"))
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    let oldest: uuid::Uuid = sqlx::query_scalar(trusted(
+        &db.sql("SELECT event_id FROM {schema}.outbox WHERE id = 21"),
+    ))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
     let v: serde_json::Value = serde_json::from_str(&ok(run(&db, &["status", "--json"]))).unwrap();
     assert_eq!(v["pending"], 5);
     assert_eq!(v["processing"], 5);
@@ -378,13 +380,15 @@ async fn the_relay_role_drains_and_cannot_read_application_tables() {
         .await
         .unwrap();
     for i in 0..25 {
-        sqlx::query(&db.sql("SELECT {schema}.enqueue('order.created', 'order', $1, '{}')"))
-            .bind(i.to_string())
-            .execute(&producer)
-            .await
-            .unwrap();
+        sqlx::query(trusted(
+            &db.sql("SELECT {schema}.enqueue('order.created', 'order', $1, '{}')"),
+        ))
+        .bind(i.to_string())
+        .execute(&producer)
+        .await
+        .unwrap();
     }
-    let denied = sqlx::query(&db.sql("SELECT count(*) FROM {schema}.outbox"))
+    let denied = sqlx::query(trusted(&db.sql("SELECT count(*) FROM {schema}.outbox")))
         .execute(&producer)
         .await
         .unwrap_err();
@@ -413,7 +417,7 @@ async fn the_relay_role_drains_and_cannot_read_application_tables() {
     assert!(summary.contains("drained: 25 delivered"), "{summary}");
 
     let relay = sqlx::PgPool::connect(&url_for(&login)).await.unwrap();
-    let denied = sqlx::query(&format!("SELECT * FROM {app}.orders"))
+    let denied = sqlx::query(trusted(&format!("SELECT * FROM {app}.orders")))
         .execute(&relay)
         .await
         .unwrap_err();
@@ -432,7 +436,7 @@ async fn the_relay_role_drains_and_cannot_read_application_tables() {
     let admin = sqlx::PgPool::connect(&postbox_testkit::database_url())
         .await
         .unwrap();
-    sqlx::raw_sql(&format!("DROP ROLE {roles}"))
+    sqlx::raw_sql(trusted(&format!("DROP ROLE {roles}")))
         .execute(&admin)
         .await
         .unwrap();

@@ -2,6 +2,7 @@
 //! stops on SIGTERM within its shutdown bound; `status --watch` into a pipe
 //! whose reader went away exits 0 without a panic.
 
+use postbox::statements::trusted;
 use postbox_testkit::{redis, redis_url, unique, wait_for, TestDb};
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
@@ -31,9 +32,9 @@ impl Drop for Guard {
 
 async fn enqueue(db: &TestDb, from: usize, n: usize) {
     for i in from..from + n {
-        sqlx::query(&db.sql(
+        sqlx::query(trusted(&db.sql(
             "SELECT {schema}.enqueue('order.created', 'order', $1, jsonb_build_object('n', $2::int))",
-        ))
+        )))
         .bind(format!("o-{i}"))
         .bind(i as i32)
         .execute(&db.pool)

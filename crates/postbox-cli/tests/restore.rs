@@ -5,6 +5,7 @@
 //! the consumer applied after the dump — and the consumer's inbox, which lives
 //! in its own database and is not restored, applies each effect exactly once.
 
+use postbox::statements::trusted;
 use postbox::{InboxOutcome, NewEvent, Outbox};
 use postbox_testkit::{redis_url, unique, TestDb};
 use redis::streams::StreamRangeReply;
@@ -87,10 +88,10 @@ async fn consume(consumer: &TestDb, key: &str, cursor: &mut String) -> (u64, u64
             .expect("record in the inbox")
         {
             InboxOutcome::New => {
-                sqlx::query(&consumer.sql(
+                sqlx::query(trusted(&consumer.sql(
                     "INSERT INTO {schema}.effects (event_id, applied) VALUES ($1, 1) \
                      ON CONFLICT (event_id) DO UPDATE SET applied = effects.applied + 1",
-                ))
+                )))
                 .bind(event_id)
                 .execute(&mut *tx)
                 .await
@@ -106,9 +107,9 @@ async fn consume(consumer: &TestDb, key: &str, cursor: &mut String) -> (u64, u64
 }
 
 async fn statuses(pool: &sqlx::PgPool, schema: &str) -> Vec<(String, i64)> {
-    sqlx::query_as(&format!(
+    sqlx::query_as(trusted(&format!(
         "SELECT status::text, count(*) FROM {schema}.outbox GROUP BY 1 ORDER BY 1"
-    ))
+    )))
     .fetch_all(pool)
     .await
     .expect("count by status")
@@ -135,11 +136,11 @@ async fn a_restored_dump_resumes_delivery_and_the_inbox_keeps_the_consumer_corre
     // 2. Pending when the backup is taken; 30 of them leased by a relay that
     //    is publishing them right now (their lease expires in a second).
     let pending = app.enqueue_events(&events(100, "pending")).await;
-    sqlx::query(&app.sql(
+    sqlx::query(trusted(&app.sql(
         "UPDATE {schema}.outbox SET status = 'processing', lease_token = gen_random_uuid(), \
          lease_expires_at = now() + interval '1 second', attempts = attempts + 1 \
          WHERE event_id = ANY($1)",
-    ))
+    )))
     .bind(&pending[..30])
     .execute(&app.pool)
     .await
@@ -168,7 +169,7 @@ async fn a_restored_dump_resumes_delivery_and_the_inbox_keeps_the_consumer_corre
 
     // 4. The database is lost; the dump is restored into a fresh one.
     let database = unique("postbox_restore_");
-    sqlx::query(&format!("CREATE DATABASE {database}"))
+    sqlx::query(trusted(&format!("CREATE DATABASE {database}")))
         .execute(&app.pool)
         .await
         .expect("create the restore database");
@@ -210,11 +211,12 @@ async fn a_restored_dump_resumes_delivery_and_the_inbox_keeps_the_consumer_corre
 
     // 6. The consumer sees them a second time; its inbox absorbs every one.
     assert_eq!(consume(&consumer, &key, &mut cursor).await, (0, 100));
-    let effects: Vec<(Uuid, i32)> =
-        sqlx::query_as(&consumer.sql("SELECT event_id, applied FROM {schema}.effects"))
-            .fetch_all(&consumer.pool)
-            .await
-            .expect("read the effects");
+    let effects: Vec<(Uuid, i32)> = sqlx::query_as(trusted(
+        &consumer.sql("SELECT event_id, applied FROM {schema}.effects"),
+    ))
+    .fetch_all(&consumer.pool)
+    .await
+    .expect("read the effects");
     assert_eq!(effects.len(), 200);
     assert!(
         effects.iter().all(|(_, n)| *n == 1),
@@ -237,7 +239,7 @@ async fn a_restored_dump_resumes_delivery_and_the_inbox_keeps_the_consumer_corre
     assert_eq!(consume(&consumer, &key, &mut cursor).await, (10, 0));
 
     restored.close().await;
-    sqlx::query(&format!("DROP DATABASE {database} WITH (FORCE)"))
+    sqlx::query(trusted(&format!("DROP DATABASE {database} WITH (FORCE)")))
         .execute(&app.pool)
         .await
         .expect("drop the restore database");

@@ -2,6 +2,7 @@
 //! `relay --schemas --drain` serving them all from one process, `[[outboxes]]`
 //! in the config file, and `status --schemas`.
 
+use postbox::statements::trusted;
 use postbox::Schema;
 use postbox_testkit::{database_url, unique};
 use sqlx::PgPool;
@@ -34,9 +35,9 @@ fn ok(o: Output) -> String {
 
 async fn enqueue(pool: &PgPool, schema: &str, n: usize) {
     for i in 0..n {
-        sqlx::query(&format!(
+        sqlx::query(trusted(&format!(
             "SELECT {schema}.enqueue('order.created', 'order', $1, jsonb_build_object('n', $2::int))"
-        ))
+        )))
         .bind(format!("o-{i}"))
         .bind(i as i32)
         .execute(pool)
@@ -52,7 +53,7 @@ async fn one_relay_migrates_serves_and_shows_every_matching_schema() {
     let (a, b) = (format!("{prefix}_a"), format!("{prefix}_b"));
     let glob = format!("{prefix}_*");
     for s in [&a, &b] {
-        sqlx::raw_sql(&format!("CREATE SCHEMA {s}"))
+        sqlx::raw_sql(trusted(&format!("CREATE SCHEMA {s}")))
             .execute(&pool)
             .await
             .unwrap();
@@ -138,7 +139,7 @@ async fn one_relay_migrates_serves_and_shows_every_matching_schema() {
 
     for s in [&a, &b] {
         assert!(Schema::new(s).is_ok());
-        sqlx::raw_sql(&format!("DROP SCHEMA {s} CASCADE"))
+        sqlx::raw_sql(trusted(&format!("DROP SCHEMA {s} CASCADE")))
             .execute(&pool)
             .await
             .unwrap();
@@ -152,7 +153,7 @@ async fn purge_works_on_every_matching_outbox() {
     let (a, b) = (format!("{prefix}_a"), format!("{prefix}_b"));
     let glob = format!("{prefix}_*");
     for s in [&a, &b] {
-        sqlx::raw_sql(&format!("CREATE SCHEMA {s}"))
+        sqlx::raw_sql(trusted(&format!("CREATE SCHEMA {s}")))
             .execute(&pool)
             .await
             .unwrap();
@@ -161,11 +162,11 @@ async fn purge_works_on_every_matching_outbox() {
     enqueue(&pool, &a, 4).await;
     enqueue(&pool, &b, 3).await;
     // a: 3 events sent long ago, 1 pending; b: 2 sent long ago, 1 sent just now.
-    sqlx::raw_sql(&format!(
+    sqlx::raw_sql(trusted(&format!(
         "UPDATE {a}.outbox SET status = 'sent', sent_at = now() - interval '10 days' WHERE id <= 3;
          UPDATE {b}.outbox SET status = 'sent', sent_at = now() - interval '10 days' WHERE id <= 2;
          UPDATE {b}.outbox SET status = 'sent', sent_at = now() WHERE id = 3;"
-    ))
+    )))
     .execute(&pool)
     .await
     .unwrap();
@@ -188,14 +189,14 @@ async fn purge_works_on_every_matching_outbox() {
         "{out}"
     );
     for (schema, left) in [(&a, 1), (&b, 1)] {
-        let n: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {schema}.outbox"))
+        let n: i64 = sqlx::query_scalar(trusted(&format!("SELECT count(*) FROM {schema}.outbox")))
             .fetch_one(&pool)
             .await
             .unwrap();
         assert_eq!(n, left, "{schema}: only old sent events are purged");
     }
     for s in [&a, &b] {
-        sqlx::raw_sql(&format!("DROP SCHEMA {s} CASCADE"))
+        sqlx::raw_sql(trusted(&format!("DROP SCHEMA {s} CASCADE")))
             .execute(&pool)
             .await
             .unwrap();
@@ -209,7 +210,7 @@ async fn dlq_lists_and_replays_across_outboxes() {
     let (a, b) = (format!("{prefix}_a"), format!("{prefix}_b"));
     let glob = format!("{prefix}_*");
     for s in [&a, &b] {
-        sqlx::raw_sql(&format!("CREATE SCHEMA {s}"))
+        sqlx::raw_sql(trusted(&format!("CREATE SCHEMA {s}")))
             .execute(&pool)
             .await
             .unwrap();
@@ -218,10 +219,10 @@ async fn dlq_lists_and_replays_across_outboxes() {
     enqueue(&pool, &a, 2).await;
     enqueue(&pool, &b, 2).await;
     // Dead letters: both of a's events, one of b's.
-    sqlx::raw_sql(&format!(
+    sqlx::raw_sql(trusted(&format!(
         "UPDATE {a}.outbox SET status = 'failed', attempts = 5, last_error = 'rejected';
          UPDATE {b}.outbox SET status = 'failed', attempts = 5, last_error = 'rejected' WHERE id = 1;"
-    ))
+    )))
     .execute(&pool)
     .await
     .unwrap();
@@ -272,9 +273,9 @@ async fn dlq_lists_and_replays_across_outboxes() {
         "{replayed}"
     );
     for s in [&a, &b] {
-        let failed: i64 = sqlx::query_scalar(&format!(
+        let failed: i64 = sqlx::query_scalar(trusted(&format!(
             "SELECT count(*) FROM {s}.outbox WHERE status = 'failed'"
-        ))
+        )))
         .fetch_one(&pool)
         .await
         .unwrap();
@@ -285,7 +286,7 @@ async fn dlq_lists_and_replays_across_outboxes() {
         .unwrap());
     assert!(none.contains("no dead letters in 2 outbox(es)"), "{none}");
     for s in [&a, &b] {
-        sqlx::raw_sql(&format!("DROP SCHEMA {s} CASCADE"))
+        sqlx::raw_sql(trusted(&format!("DROP SCHEMA {s} CASCADE")))
             .execute(&pool)
             .await
             .unwrap();

@@ -4,6 +4,7 @@
 //! events it lost. The test build's binary carries failpoints (the
 //! dev-dependency on postbox-relay turns the feature on).
 
+use postbox::statements::trusted;
 use postbox_testkit::{database_url, redis_url};
 use std::process::Output;
 use std::time::Duration;
@@ -269,17 +270,17 @@ async fn verify_catches_a_relay_that_acknowledges_before_publishing() {
         .await
         .expect("connect");
     let uuids: Vec<uuid::Uuid> = ids.iter().map(|s| s.parse().expect("a uuid")).collect();
-    let sent: i64 = sqlx::query_scalar(&format!(
+    let sent: i64 = sqlx::query_scalar(trusted(&format!(
         "SELECT count(*) FROM {schema}.outbox WHERE event_id = ANY($1) AND status = 'sent'"
-    ))
+    )))
     .bind(&uuids)
     .fetch_one(&pool)
     .await
     .expect("read the kept schema");
     assert_eq!(sent, uuids.len() as i64, "every lost event is marked sent");
-    let applied: i64 = sqlx::query_scalar(&format!(
+    let applied: i64 = sqlx::query_scalar(trusted(&format!(
         "SELECT count(*) FROM {schema}.verify_effects WHERE event_id = ANY($1)"
-    ))
+    )))
     .bind(&uuids)
     .fetch_one(&pool)
     .await
@@ -289,7 +290,7 @@ async fn verify_catches_a_relay_that_acknowledges_before_publishing() {
     assert!(stdout.contains(&ids[0]), "the report names the lost events");
 
     // Clean up what the failing run kept.
-    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+    sqlx::query(trusted(&format!("DROP SCHEMA {schema} CASCADE")))
         .execute(&pool)
         .await
         .expect("drop the kept schema");

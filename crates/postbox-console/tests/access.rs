@@ -1,6 +1,7 @@
 //! Access control, sessions, CSRF and rate limits, over HTTP.
 
 use crate::support::{hidden, Agent, Harness, PASSWORD};
+use postbox::statements::trusted;
 use postbox_console::{RateLimit, Role};
 use postbox_testkit::wait_for;
 use reqwest::StatusCode;
@@ -93,9 +94,9 @@ async fn sign_in_checks_the_password_and_audits_every_attempt() {
         h.db.count("SELECT count(*) FROM {schema}.console_sessions")
             .await;
     assert_eq!(stored, 1);
-    let plain: i64 = sqlx::query_scalar(&h.db.sql(
+    let plain: i64 = sqlx::query_scalar(trusted(&h.db.sql(
         "SELECT count(*) FROM {schema}.console_sessions WHERE token_hash = convert_to($1, 'UTF8')",
-    ))
+    )))
     .bind(token)
     .fetch_one(&h.db.pool)
     .await
@@ -124,9 +125,9 @@ async fn sign_in_checks_the_password_and_audits_every_attempt() {
             ("console:alice", "console.sign_out"),
         ]
     );
-    let outcomes: Vec<String> = sqlx::query_scalar(&h.db.sql(
+    let outcomes: Vec<String> = sqlx::query_scalar(trusted(&h.db.sql(
         "SELECT details->>'outcome' FROM {schema}.audit_log WHERE action LIKE 'console.sign_in%' ORDER BY id",
-    ))
+    )))
     .fetch_all(&h.db.pool)
     .await
     .unwrap();
@@ -417,9 +418,9 @@ async fn an_attacker_hammering_a_name_cannot_keep_its_user_out() {
         alice_again.sign_in("alice", PASSWORD).await.status,
         StatusCode::SEE_OTHER
     );
-    let clients: Vec<String> = sqlx::query_scalar(&h.db.sql(
+    let clients: Vec<String> = sqlx::query_scalar(trusted(&h.db.sql(
         "SELECT details->>'client' FROM {schema}.audit_log WHERE action = 'console.sign_in' ORDER BY id",
-    ))
+    )))
     .fetch_all(&h.db.pool)
     .await
     .unwrap();
@@ -428,9 +429,9 @@ async fn an_attacker_hammering_a_name_cannot_keep_its_user_out() {
 }
 
 async fn sign_in_clients(h: &Harness) -> Vec<String> {
-    sqlx::query_scalar(&h.db.sql(
+    sqlx::query_scalar(trusted(&h.db.sql(
         "SELECT details->>'client' FROM {schema}.audit_log WHERE action LIKE 'console.sign_in%' ORDER BY id",
-    ))
+    )))
     .fetch_all(&h.db.pool)
     .await
     .unwrap()

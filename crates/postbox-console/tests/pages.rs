@@ -1,6 +1,7 @@
 //! The pages and the bulk actions, over HTTP.
 
 use crate::support::{hidden, job_progress, Harness};
+use postbox::statements::trusted;
 use postbox::NewEvent;
 use postbox_console::{PayloadRedactor, Role};
 use postbox_testkit::wait_for;
@@ -339,10 +340,10 @@ async fn replay_all_matching_runs_in_batches_and_is_audited() {
         .map(|(_, _, count, _)| *count)
         .collect();
     assert_eq!(replays, vec![10, 10, 5], "one audit entry per batch");
-    let selection: Value = sqlx::query_scalar(
+    let selection: Value = sqlx::query_scalar(trusted(
         &h.db
             .sql("SELECT selection FROM {schema}.audit_log WHERE action = 'dlq.replay' LIMIT 1"),
-    )
+    ))
     .fetch_one(&h.db.pool)
     .await
     .unwrap();
@@ -437,10 +438,9 @@ async fn a_bulk_action_can_be_cancelled_between_batches() {
     let ids = h.dead_letters("order.placed", 12).await;
     // Hold the fifth dead letter so the action waits there.
     let mut holder = h.db.pool.begin().await.unwrap();
-    sqlx::query(
-        &h.db
-            .sql("SELECT 1 FROM {schema}.outbox WHERE event_id = $1 FOR UPDATE"),
-    )
+    sqlx::query(trusted(&h.db.sql(
+        "SELECT 1 FROM {schema}.outbox WHERE event_id = $1 FOR UPDATE",
+    )))
     .bind(ids[4])
     .execute(&mut *holder)
     .await
@@ -559,20 +559,19 @@ async fn dead_letters_and_retries_are_grouped_by_cause_and_a_group_is_replayed_w
     let rejected = h.dead_letters("order.placed", 25).await;
     let other = h.dead_letters("order.shipped", 5).await;
     let fan_out = h.dead_letters("order.placed", 1).await;
-    sqlx::query(
-        &h.db
-            .sql("UPDATE {schema}.outbox SET last_error = $1 WHERE event_id = ANY($2)"),
-    )
+    sqlx::query(trusted(&h.db.sql(
+        "UPDATE {schema}.outbox SET last_error = $1 WHERE event_id = ANY($2)",
+    )))
     .bind(refused)
     .bind(&other)
     .execute(&h.db.pool)
     .await
     .unwrap();
     // The fan-out dead letter failed at one destination: a group of its own.
-    sqlx::query(&h.db.sql(
+    sqlx::query(trusted(&h.db.sql(
         "INSERT INTO {schema}.deliveries (outbox_id, destination, status, attempts, last_error) \
          SELECT id, 'billing', 'failed', 20, last_error FROM {schema}.outbox WHERE event_id = $1",
-    ))
+    )))
     .bind(fan_out[0])
     .execute(&h.db.pool)
     .await
@@ -583,10 +582,10 @@ async fn dead_letters_and_retries_are_grouped_by_cause_and_a_group_is_replayed_w
         })
         .collect();
     h.db.enqueue_events(&waiting).await;
-    sqlx::query(&h.db.sql(
+    sqlx::query(trusted(&h.db.sql(
         "UPDATE {schema}.outbox SET attempts = 3, available_at = now() + interval '1 hour', last_error = $1 \
          WHERE event_type = 'order.paid'",
-    ))
+    )))
     .bind(refused)
     .execute(&h.db.pool)
     .await
@@ -689,17 +688,17 @@ async fn a_retrying_event_is_called_retrying_with_its_next_attempt() {
         })
         .collect();
     let ids = h.db.enqueue_events(&events).await;
-    sqlx::query(&h.db.sql(
+    sqlx::query(trusted(&h.db.sql(
         "UPDATE {schema}.outbox SET attempts = 4, available_at = now() + interval '10 minutes', \
          last_error = 'redis: Connection refused' WHERE event_id = $1",
-    ))
+    )))
     .bind(ids[0])
     .execute(&h.db.pool)
     .await
     .unwrap();
-    let next: String = sqlx::query_scalar(&h.db.sql(
+    let next: String = sqlx::query_scalar(trusted(&h.db.sql(
         "SELECT to_char(available_at AT TIME ZONE 'UTC', 'HH24:MI:SS') FROM {schema}.outbox WHERE event_id = $1",
-    ))
+    )))
     .bind(ids[0])
     .fetch_one(&h.db.pool)
     .await

@@ -1,6 +1,7 @@
 //! Shared by the console's tests: a console on its own schema and port, users,
 //! dead letters, and an HTTP agent that keeps its cookies and CSRF token.
 
+use postbox::statements::trusted;
 use postbox::NewEvent;
 use postbox_console::{Console, ConsoleConfig, Role};
 use postbox_testkit::TestDb;
@@ -66,9 +67,9 @@ impl Harness {
     }
 
     pub async fn status(&self, id: Uuid) -> (String, i32, Option<String>) {
-        sqlx::query_as(&self.db.sql(
+        sqlx::query_as(trusted(&self.db.sql(
             "SELECT status::text, attempts, resolution FROM {schema}.outbox WHERE event_id = $1",
-        ))
+        )))
         .bind(id)
         .fetch_one(&self.db.pool)
         .await
@@ -77,11 +78,9 @@ impl Harness {
 
     /// (actor, action, count, reason) of every audit entry, oldest first.
     pub async fn audit(&self) -> Vec<(String, String, i64, Option<String>)> {
-        sqlx::query_as(
-            &self
-                .db
-                .sql("SELECT actor, action, count, reason FROM {schema}.audit_log ORDER BY id"),
-        )
+        sqlx::query_as(trusted(&self.db.sql(
+            "SELECT actor, action, count, reason FROM {schema}.audit_log ORDER BY id",
+        )))
         .fetch_all(&self.db.pool)
         .await
         .unwrap()
@@ -106,10 +105,10 @@ pub async fn dead_letters(db: &TestDb, event_type: &str, n: usize) -> Vec<Uuid> 
         })
         .collect();
     let ids = db.enqueue_events(&events).await;
-    sqlx::query(&db.sql(
+    sqlx::query(trusted(&db.sql(
         "UPDATE {schema}.outbox SET status = 'failed', attempts = 20, \
          last_error = 'sink rejected: 400 missing field customer_id' WHERE event_id = ANY($1)",
-    ))
+    )))
     .bind(&ids)
     .execute(&db.pool)
     .await

@@ -10,6 +10,7 @@ use crate::pgcluster::TempCluster;
 use crate::progress::Progress;
 use crate::{catalog, db, error_chain, lock, AnyError, Verdict};
 use async_trait::async_trait;
+use postbox::statements::trusted;
 use postbox::{InboxOutcome, NewEvent, Outbox, Schema};
 use postbox_relay::sink::{Message, Outcome, Sink, SinkError};
 use postbox_relay::{Relay, RelayConfig, RunMode, StatsSnapshot};
@@ -317,15 +318,21 @@ impl Shop {
 
     /// A fresh postbox schema and shop tables.
     async fn create(&self) -> Result<(), AnyError> {
-        sqlx::raw_sql(&self.reset).execute(&self.pool).await?;
+        sqlx::raw_sql(trusted(&self.reset))
+            .execute(&self.pool)
+            .await?;
         let mut conn = self.pool.acquire().await?;
         postbox::sqlx::migrate(&mut conn, &self.schema).await?;
-        sqlx::raw_sql(&self.create_shop).execute(&mut *conn).await?;
+        sqlx::raw_sql(trusted(&self.create_shop))
+            .execute(&mut *conn)
+            .await?;
         Ok(())
     }
 
     async fn totals(&self) -> Result<Totals, sqlx::Error> {
-        let row = sqlx::query(&self.totals).fetch_one(&self.pool).await?;
+        let row = sqlx::query(trusted(&self.totals))
+            .fetch_one(&self.pool)
+            .await?;
         Ok(Totals {
             orders: row.try_get("orders")?,
             invoices: row.try_get("invoices")?,
@@ -362,7 +369,7 @@ async fn produce(
             &serde_json::json!({"order_id": order_id, "customer": customer, "total_cents": total}),
         )?;
         let mut tx = shop.pool.begin().await?;
-        sqlx::query(&shop.place_order)
+        sqlx::query(trusted(&shop.place_order))
             .bind(order_id as i64)
             .bind(&customer)
             .bind(total)
@@ -398,7 +405,7 @@ async fn consume(
         let mut tx = shop.pool.begin().await?;
         match postbox::sqlx::record_inbox(&shop.outbox, &mut tx, CONSUMER, m.event_id).await? {
             InboxOutcome::New => {
-                sqlx::query(&shop.invoice_order)
+                sqlx::query(trusted(&shop.invoice_order))
                     .bind(order_id)
                     .bind(m.event_id)
                     .execute(&mut *tx)

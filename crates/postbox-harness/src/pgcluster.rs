@@ -14,6 +14,7 @@
 
 use crate::os::{self, Signal, User};
 use crate::process::{ChildProcess, Exit};
+use postbox::statements::trusted;
 use std::ffi::OsStr;
 use std::fs::{self, DirBuilder, File};
 use std::io::{self, Read, Seek, SeekFrom};
@@ -592,7 +593,7 @@ async fn data_directory(conn: &mut PgConnection) -> Result<String, sqlx::Error> 
         sql.finish();
         data_directory
     });
-    sqlx::query(&SQL)
+    sqlx::query(trusted(&SQL))
         .fetch_one(conn)
         .await?
         .try_get("data_directory")

@@ -3,6 +3,7 @@
 //! dead letters; a transaction held open is delivered once it commits.
 
 use crate::support::*;
+use postbox::statements::trusted;
 use postbox_relay::{
     Destination, Outcome, ReadMode, Relay, RelayConfig, RouteConfig, Router, RunMode,
 };
@@ -26,7 +27,7 @@ async fn append(db: &TestDb, n: usize, event_type: &str) -> Vec<Uuid> {
     let mut ids = Vec::new();
     for i in 0..n {
         let id = Uuid::now_v7();
-        sqlx::query(&sql)
+        sqlx::query(trusted(&sql))
             .bind(id)
             .bind(format!("a{}", i % 7))
             .bind(event_type)
@@ -197,7 +198,7 @@ async fn an_event_of_a_transaction_held_open_is_delivered_when_it_commits() {
     let sql = db.sql(APPEND);
     let held = Uuid::now_v7();
     let mut open = db.pool.begin().await.unwrap();
-    sqlx::query(&sql)
+    sqlx::query(trusted(&sql))
         .bind(held)
         .bind("x")
         .bind("order.created")
@@ -328,7 +329,7 @@ async fn append_over(db: &TestDb, n: usize, aggregates: usize) -> Vec<Uuid> {
         let mut tx = db.pool.begin().await.unwrap();
         for &i in chunk {
             let id = Uuid::now_v7();
-            sqlx::query(&sql)
+            sqlx::query(trusted(&sql))
                 .bind(id)
                 .bind(format!("a{}", i % aggregates))
                 .bind("order.created")
@@ -344,10 +345,10 @@ async fn append_over(db: &TestDb, n: usize, aggregates: usize) -> Vec<Uuid> {
 
 /// How many of the log cursor's partitions each relay holds now.
 async fn holdings(db: &TestDb) -> Vec<i64> {
-    sqlx::query_scalar(&db.sql(
+    sqlx::query_scalar(trusted(&db.sql(
         "SELECT count(*) FROM {schema}.log_cursors \
          WHERE owner IS NOT NULL AND lease_expires_at > now() GROUP BY owner ORDER BY 1",
-    ))
+    )))
     .fetch_all(&db.pool)
     .await
     .unwrap()

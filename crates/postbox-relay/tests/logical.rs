@@ -7,6 +7,7 @@
 
 use crate::support::*;
 use async_trait::async_trait;
+use postbox::statements::trusted;
 use postbox::{NewEvent, Outbox};
 use postbox_relay::{
     Message, Outcome, ReadMode, Relay, RelayConfig, Router, RunMode, Sink, SinkError,
@@ -48,7 +49,7 @@ where
     let drop = db.sql("SELECT {schema}.logical_drop_slot($1)");
     let mut dropped = false;
     for _ in 0..100 {
-        if sqlx::query(&drop)
+        if sqlx::query(trusted(&drop))
             .bind(&slot)
             .execute(&db.pool)
             .await
@@ -206,10 +207,12 @@ async fn emitted_events_are_delivered_in_commit_order_and_rolled_back_ones_never
         let first = sink.seen.lock().unwrap().messages[0].clone();
         assert_eq!(first.sequence, None);
         assert_eq!(first.payload.get(), r#"{"i": 1}"#);
-        let rows: i64 = sqlx::query_scalar(&schema.render("SELECT count(*) FROM {schema}.outbox"))
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+        let rows: i64 = sqlx::query_scalar(trusted(
+            &schema.render("SELECT count(*) FROM {schema}.outbox"),
+        ))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
         assert_eq!(rows, 0, "delivered events leave no row");
     })
     .await;
@@ -248,9 +251,9 @@ async fn a_poison_event_goes_to_the_outbox_and_does_not_hold_the_slot() {
             },
         )
         .await;
-        let rows: Vec<(Uuid, String)> = sqlx::query_as(
+        let rows: Vec<(Uuid, String)> = sqlx::query_as(trusted(
             &schema.render("SELECT event_id, status::text FROM {schema}.outbox ORDER BY id"),
-        )
+        ))
         .fetch_all(&pool)
         .await
         .unwrap();
@@ -412,10 +415,10 @@ async fn a_transaction_of_100000_events_passes_through_in_batches() {
         let sink = Arc::new(Counting::default());
         let stop = CancellationToken::new();
         let relay = started(&pool, &schema, &slot, sink.clone(), stop.clone()).await;
-        sqlx::query(&schema.render(
+        sqlx::query(trusted(&schema.render(
             "SELECT {schema}.emit_one({schema}.uuid_v7(), 'bulk.loaded', 'bulk', (i % 97)::text, 1, \
              jsonb_build_object('i', i), '{}') FROM generate_series(1, 100000) AS i",
-        ))
+        )))
         .execute(&pool)
         .await
         .unwrap();
@@ -474,10 +477,10 @@ async fn a_scheduled_emit_waits_for_its_time_and_the_slot_does_not() {
         )
         .await
         .unwrap();
-        let sql: Uuid = sqlx::query_scalar(&schema.render(
+        let sql: Uuid = sqlx::query_scalar(trusted(&schema.render(
             "SELECT {schema}.emit('order.created', 'order', 'a1', '{}', \
              deliver_at => now() + interval '2 seconds')",
-        ))
+        )))
         .fetch_one(&mut *tx)
         .await
         .unwrap();
@@ -498,10 +501,10 @@ async fn a_scheduled_emit_waits_for_its_time_and_the_slot_does_not() {
                 i32,
                 Option<String>,
                 chrono::DateTime<chrono::Utc>,
-            ) = sqlx::query_as(&schema.render(
+            ) = sqlx::query_as(trusted(&schema.render(
                 "SELECT status::text, attempts, last_error, deliver_at \
                      FROM {schema}.outbox WHERE event_id = $1",
-            ))
+            )))
             .bind(id)
             .fetch_one(&pool)
             .await
@@ -514,9 +517,9 @@ async fn a_scheduled_emit_waits_for_its_time_and_the_slot_does_not() {
             let plain_at = seen(plain).unwrap();
             assert!(plain_at < due, "the slot waited: {plain_at} vs {due}");
         }
-        let refused = sqlx::query(
+        let refused = sqlx::query(trusted(
             &schema.render("SELECT {schema}.emit('t', 'a', '1', '{}', deliver_at => 'infinity')"),
-        )
+        ))
         .execute(&pool)
         .await
         .unwrap_err();

@@ -6,6 +6,7 @@ use crate::conformance::{self, Fixture, Reader, Received, Spec};
 use crate::receiver::{Receiver, Reply, Request};
 use crate::support::*;
 use async_trait::async_trait;
+use postbox::statements::trusted;
 use postbox::verify::qstash::Verifier;
 use postbox::NewEvent;
 use postbox_relay::sinks::qstash::{FlowControl, QstashCredentials, QstashOptions, QstashSink};
@@ -248,9 +249,9 @@ async fn qstash_rejects_a_refused_token_naming_qstash_token() {
     let id = enqueue(&db, 1).await[0];
     let stats = drain(&db, sink.clone(), fast_config()).await;
     assert_eq!((stats.delivered, stats.dead_lettered), (0, 1));
-    let (status, error): (String, String) = sqlx::query_as(
+    let (status, error): (String, String) = sqlx::query_as(trusted(
         &db.sql("SELECT status::text, last_error FROM {schema}.outbox WHERE event_id = $1"),
-    )
+    ))
     .bind(id)
     .fetch_one(&db.pool)
     .await

@@ -8,6 +8,7 @@
 
 use crate::support::*;
 use postbox::idempotency::{self, Begin, Fingerprint, IdempotencyKey, StoredResponse};
+use postbox::statements::trusted;
 use postbox::{NewEvent, Outbox};
 use postbox_relay::retention::{self, Table};
 use postbox_relay::{
@@ -50,7 +51,7 @@ impl RoleDb {
             .after_connect(move |conn, _| {
                 let set_role = set_role.clone();
                 Box::pin(async move {
-                    sqlx::query(&set_role).execute(conn).await?;
+                    sqlx::query(trusted(&set_role)).execute(conn).await?;
                     Ok(())
                 })
             })
@@ -86,7 +87,7 @@ impl RoleDb {
     async fn finish(self) {
         self.db.exec("DROP SCHEMA {schema} CASCADE").await;
         for role in [&self.roles.producer, &self.roles.relay, &self.roles.monitor] {
-            sqlx::raw_sql(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
+            sqlx::raw_sql(trusted(&format!("DROP OWNED BY {role}; DROP ROLE {role}")))
                 .execute(&self.db.pool)
                 .await
                 .unwrap_or_else(|e| panic!("drop role {role}: {e}"));
@@ -172,9 +173,9 @@ async fn the_producer_enqueues_through_every_api() {
     let outbox = r.outbox();
 
     // The SQL function, as producers in other languages call it.
-    let from_sql: Uuid = sqlx::query_scalar(&r.db.sql(
+    let from_sql: Uuid = sqlx::query_scalar(trusted(&r.db.sql(
         "SELECT {schema}.enqueue('order.created', 'order', 'a', '{\"n\": 1}', '{\"h\": \"v\"}')",
-    ))
+    )))
     .fetch_one(&producer)
     .await
     .expect("the producer calls <schema>.enqueue(...)");
@@ -197,9 +198,9 @@ async fn the_producer_enqueues_through_every_api() {
     tx.commit().await.unwrap();
 
     // Numbered 1..=5 within aggregate a, in enqueue order.
-    let sequences: Vec<(Uuid, i64)> = sqlx::query_as(&r.db.sql(
+    let sequences: Vec<(Uuid, i64)> = sqlx::query_as(trusted(&r.db.sql(
         "SELECT event_id, sequence FROM {schema}.outbox WHERE aggregate_id = 'a' ORDER BY sequence",
-    ))
+    )))
     .fetch_all(&r.db.pool)
     .await
     .unwrap();
@@ -251,7 +252,7 @@ async fn the_producer_enqueues_through_every_api() {
     // It cannot read events.
     assert_denied(
         "the producer reads the outbox",
-        sqlx::query(&r.db.sql("SELECT payload FROM {schema}.outbox"))
+        sqlx::query(trusted(&r.db.sql("SELECT payload FROM {schema}.outbox")))
             .fetch_all(&producer)
             .await,
     );
@@ -296,10 +297,10 @@ async fn the_relay_delivers_retries_and_dead_letters() {
         .unwrap();
     drain_with(relay).await;
 
-    let statuses: Vec<(String, i64)> = sqlx::query_as(
+    let statuses: Vec<(String, i64)> = sqlx::query_as(trusted(
         &r.db
             .sql("SELECT status::text, count(*) FROM {schema}.outbox GROUP BY 1 ORDER BY 1"),
-    )
+    ))
     .fetch_all(&r.db.pool)
     .await
     .unwrap();
@@ -307,10 +308,10 @@ async fn the_relay_delivers_retries_and_dead_letters() {
         statuses,
         [("failed".to_owned(), 2), ("sent".to_owned(), 28)]
     );
-    let errors: Vec<String> = sqlx::query_scalar(
+    let errors: Vec<String> = sqlx::query_scalar(trusted(
         &r.db
             .sql("SELECT last_error FROM {schema}.outbox WHERE status = 'failed' ORDER BY id"),
-    )
+    ))
     .fetch_all(&r.db.pool)
     .await
     .unwrap();
@@ -607,9 +608,11 @@ async fn the_monitor_reads_status_gauges_and_health() {
     );
     assert_denied(
         "the monitor reads console password hashes",
-        sqlx::query(&r.db.sql("SELECT password_hash FROM {schema}.console_users"))
-            .fetch_all(monitor.pool())
-            .await,
+        sqlx::query(trusted(
+            &r.db.sql("SELECT password_hash FROM {schema}.console_users"),
+        ))
+        .fetch_all(monitor.pool())
+        .await,
     );
 
     producer.close().await;
@@ -644,7 +647,7 @@ async fn a_missing_grant_fails_the_operation_that_needs_it() {
 
 /// Run `sql` (rendered for the test's schema) on `pool`.
 async fn try_exec(r: &RoleDb, pool: &PgPool, sql: &str) -> Result<u64, sqlx::Error> {
-    sqlx::raw_sql(&r.db.sql(sql))
+    sqlx::raw_sql(trusted(&r.db.sql(sql)))
         .execute(pool)
         .await
         .map(|done| done.rows_affected())
@@ -722,10 +725,10 @@ async fn the_producer_cannot_forge_state() {
     .execute(&mut *conn)
     .await
     .unwrap();
-    let id: Uuid = sqlx::query_scalar(
+    let id: Uuid = sqlx::query_scalar(trusted(
         &r.db
             .sql("SELECT {schema}.enqueue('order.created', 'order', 'o-0', '{}')"),
-    )
+    ))
     .fetch_one(&mut *conn)
     .await
     .unwrap();
@@ -739,11 +742,11 @@ async fn the_producer_cannot_forge_state() {
         .unwrap();
     drop(conn);
 
-    let rows: Vec<EventState> = sqlx::query_as(&r.db.sql(
+    let rows: Vec<EventState> = sqlx::query_as(trusted(&r.db.sql(
         "SELECT event_id, status::text, attempts, available_at <= now(), last_error, \
                     lease_token IS NULL AND resolved_at IS NULL AND sent_at IS NULL, sequence \
              FROM {schema}.outbox ORDER BY id",
-    ))
+    )))
     .fetch_all(&r.db.pool)
     .await
     .unwrap();
@@ -850,7 +853,7 @@ async fn the_relay_runs_log_mode() {
         .unwrap();
     let producer = r.producer().await;
     let ids = produce(&producer, &r.outbox(), 40).await;
-    let in_log: i64 = sqlx::query_scalar(&r.db.sql("SELECT count(*) FROM {schema}.log"))
+    let in_log: i64 = sqlx::query_scalar(trusted(&r.db.sql("SELECT count(*) FROM {schema}.log")))
         .fetch_one(&r.db.pool)
         .await
         .unwrap();
@@ -881,12 +884,13 @@ async fn the_relay_runs_log_mode() {
         "the handed-off event was retried from the outbox"
     );
 
-    let handed: Vec<(Uuid, String, String, serde_json::Value)> = sqlx::query_as(&r.db.sql(
-        "SELECT event_id, status::text, event_type, payload FROM {schema}.outbox ORDER BY id",
-    ))
-    .fetch_all(&r.db.pool)
-    .await
-    .unwrap();
+    let handed: Vec<(Uuid, String, String, serde_json::Value)> =
+        sqlx::query_as(trusted(&r.db.sql(
+            "SELECT event_id, status::text, event_type, payload FROM {schema}.outbox ORDER BY id",
+        )))
+        .fetch_all(&r.db.pool)
+        .await
+        .unwrap();
     assert_eq!(handed.len(), 2, "the two events the sink did not take");
     let by_id: std::collections::HashMap<Uuid, (String, String, serde_json::Value)> = handed
         .into_iter()
@@ -907,11 +911,12 @@ async fn the_relay_runs_log_mode() {
         .await
         .expect("truncate");
     assert_eq!(removed, 40, "the relay role truncates the segment it read");
-    let archived: i64 =
-        sqlx::query_scalar(&r.db.sql("SELECT count(*) FROM {schema}.outbox_archive"))
-            .fetch_one(&r.db.pool)
-            .await
-            .unwrap();
+    let archived: i64 = sqlx::query_scalar(trusted(
+        &r.db.sql("SELECT count(*) FROM {schema}.outbox_archive"),
+    ))
+    .fetch_one(&r.db.pool)
+    .await
+    .unwrap();
     assert_eq!(archived, 38, "archived, except the two the outbox holds");
 
     let pool = relay_store.pool().clone();

@@ -6,6 +6,7 @@
 
 use crate::support::*;
 use chrono::{DateTime, Utc};
+use postbox::statements::trusted;
 use postbox::NewEvent;
 use postbox_relay::{Outcome, PoisonPolicy, ReadMode, Relay, RelayConfig, Router, RunMode, Sink};
 use postbox_testkit::{wait_for, TestDb};
@@ -48,9 +49,9 @@ fn event(aggregate: &str, n: i64) -> NewEvent {
 
 /// The delivery time stored for `id` in `table` (outbox or log).
 async fn deliver_at(db: &TestDb, table: &str, id: Uuid) -> DateTime<Utc> {
-    sqlx::query_scalar(&db.sql(&format!(
+    sqlx::query_scalar(trusted(&db.sql(&format!(
         "SELECT deliver_at FROM {{schema}}.{table} WHERE event_id = $1"
-    )))
+    ))))
     .bind(id)
     .fetch_one(&db.pool)
     .await
@@ -123,9 +124,9 @@ async fn a_scheduled_event_waits_for_its_time_in_log_mode_and_the_cursor_does_no
     assert!(now_at < due, "the cursor waited: {now_at} vs {due}");
     // The scheduled event went through the outbox, untried and with no error
     // until its one delivery.
-    let row: (String, i32, Option<String>, DateTime<Utc>) = sqlx::query_as(&db.sql(
+    let row: (String, i32, Option<String>, DateTime<Utc>) = sqlx::query_as(trusted(&db.sql(
         "SELECT status::text, attempts, last_error, deliver_at FROM {schema}.outbox WHERE event_id = $1",
-    ))
+    )))
     .bind(later)
     .fetch_one(&db.pool)
     .await
@@ -237,9 +238,9 @@ async fn a_drain_in_log_mode_hands_far_scheduled_events_to_the_outbox_and_ends()
     let db = TestDb::new().await;
     into_log_mode(&db).await;
     let (far, _) = drain_skips_the_far_future(&db, log_config()).await;
-    let (status, attempts): (String, i32) = sqlx::query_as(
+    let (status, attempts): (String, i32) = sqlx::query_as(trusted(
         &db.sql("SELECT status::text, attempts FROM {schema}.outbox WHERE event_id = $1"),
-    )
+    ))
     .bind(far)
     .fetch_one(&db.pool)
     .await

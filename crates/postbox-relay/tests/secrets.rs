@@ -8,6 +8,7 @@
 use crate::receiver::{Receiver, Reply, Request};
 use crate::support::*;
 use metrics_util::debugging::DebuggingRecorder;
+use postbox::statements::trusted;
 use postbox_relay::sinks::SinkOptions;
 use postbox_relay::Sink;
 use postbox_testkit::TestDb;
@@ -38,10 +39,12 @@ fn captured(test: impl std::future::Future<Output = ()>) -> (String, String) {
 }
 
 async fn last_errors(db: &TestDb) -> Vec<String> {
-    sqlx::query_scalar(&db.sql("SELECT coalesce(last_error, '') FROM {schema}.outbox ORDER BY id"))
-        .fetch_all(&db.pool)
-        .await
-        .unwrap()
+    sqlx::query_scalar(trusted(
+        &db.sql("SELECT coalesce(last_error, '') FROM {schema}.outbox ORDER BY id"),
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
 }
 
 fn assert_clean(what: &str, text: &str, leaks: &[&str]) {

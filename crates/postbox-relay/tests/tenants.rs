@@ -4,6 +4,7 @@
 //! drops them at the end.
 
 use crate::support::{fast_config, Logs, ScriptedSink};
+use postbox::statements::trusted;
 use postbox::{NewEvent, Schema};
 use postbox_relay::router::Pattern;
 use postbox_relay::{OutboxSource, Outcome, Router, RunMode, Sink, Tenants, TenantsConfig};
@@ -48,7 +49,7 @@ async fn migrated(pool: &PgPool, name: &str) -> Schema {
 }
 
 async fn drop_schema(pool: &PgPool, schema: &str) {
-    sqlx::raw_sql(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+    sqlx::raw_sql(trusted(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")))
         .execute(pool)
         .await
         .unwrap();
@@ -101,7 +102,7 @@ async fn serves_every_schema_matching_the_pattern() {
     let b = migrated(&pool, &format!("{prefix}_b")).await;
     let other = migrated(&pool, &unique("tn_other_")).await;
     // Matching but never migrated: not an outbox.
-    sqlx::raw_sql(&format!("CREATE SCHEMA {prefix}_bare"))
+    sqlx::raw_sql(trusted(&format!("CREATE SCHEMA {prefix}_bare")))
         .execute(&pool)
         .await
         .unwrap();
@@ -450,7 +451,7 @@ async fn serves_the_matching_schemas_of_every_matching_database() {
     let databases = [format!("{prefix}_x"), format!("{prefix}_y")];
     let mut schemas = Vec::new();
     for db in &databases {
-        sqlx::raw_sql(&format!("CREATE DATABASE {db}"))
+        sqlx::raw_sql(trusted(&format!("CREATE DATABASE {db}")))
             .execute(&admin)
             .await
             .unwrap();
@@ -489,7 +490,7 @@ async fn serves_the_matching_schemas_of_every_matching_database() {
     task.await.unwrap();
     drop(tenants);
     for db in &databases {
-        sqlx::raw_sql(&format!("DROP DATABASE {db} WITH (FORCE)"))
+        sqlx::raw_sql(trusted(&format!("DROP DATABASE {db} WITH (FORCE)")))
             .execute(&admin)
             .await
             .unwrap();
@@ -567,10 +568,10 @@ fn every_outbox_has_its_own_labelled_backlog_gauges() {
             let b = migrated(&pool, &format!("{prefix}_b")).await;
             enqueue(&pool, &a, "order.created", 2).await;
             // Two dead letters in a, none in b: nothing for the relay to claim.
-            sqlx::raw_sql(&format!(
+            sqlx::raw_sql(trusted(&format!(
                 "UPDATE {}.outbox SET status = 'failed', attempts = 5",
                 a.name()
-            ))
+            )))
             .execute(&pool)
             .await
             .unwrap();

@@ -10,6 +10,7 @@ use crate::catalog;
 use crate::dead_letters::{AuditEntry, AuditQueries};
 use crate::events::{DeliveryRecord, EventQuery, EventRecord, EventRow, Events};
 use chrono::{DateTime, Utc};
+use postbox::statements::trusted;
 use postbox::Schema;
 use serde_json::Value;
 use sqlx::PgPool;
@@ -162,13 +163,13 @@ impl ConsoleStore {
         password_hash: &str,
     ) -> Result<bool, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
-        let created: bool = sqlx::query_scalar(&self.sql.user_upsert)
+        let created: bool = sqlx::query_scalar(trusted(&self.sql.user_upsert))
             .bind(name)
             .bind(role)
             .bind(password_hash)
             .fetch_one(&mut *tx)
             .await?;
-        sqlx::query(&self.sql.sessions_end_user)
+        sqlx::query(trusted(&self.sql.sessions_end_user))
             .bind(name)
             .execute(&mut *tx)
             .await?;
@@ -178,7 +179,7 @@ impl ConsoleStore {
 
     /// Remove a user and their sessions; false when there was no such user.
     pub async fn delete_user(&self, name: &str) -> Result<bool, sqlx::Error> {
-        let gone: Option<String> = sqlx::query_scalar(&self.sql.user_delete)
+        let gone: Option<String> = sqlx::query_scalar(trusted(&self.sql.user_delete))
             .bind(name)
             .fetch_optional(&self.pool)
             .await?;
@@ -186,7 +187,7 @@ impl ConsoleStore {
     }
 
     pub async fn user(&self, name: &str) -> Result<Option<StoredUser>, sqlx::Error> {
-        sqlx::query_as(&self.sql.user_get)
+        sqlx::query_as(trusted(&self.sql.user_get))
             .bind(name)
             .fetch_optional(&self.pool)
             .await
@@ -200,7 +201,7 @@ impl ConsoleStore {
         csrf_token: &str,
         lifetime_seconds: f64,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(&self.sql.session_insert)
+        sqlx::query(trusted(&self.sql.session_insert))
             .bind(token_hash)
             .bind(user)
             .bind(csrf_token)
@@ -211,14 +212,14 @@ impl ConsoleStore {
     }
 
     pub async fn session(&self, token_hash: &[u8]) -> Result<Option<StoredSession>, sqlx::Error> {
-        sqlx::query_as(&self.sql.session_get)
+        sqlx::query_as(trusted(&self.sql.session_get))
             .bind(token_hash)
             .fetch_optional(&self.pool)
             .await
     }
 
     pub async fn delete_session(&self, token_hash: &[u8]) -> Result<(), sqlx::Error> {
-        sqlx::query(&self.sql.session_delete)
+        sqlx::query(trusted(&self.sql.session_delete))
             .bind(token_hash)
             .execute(&self.pool)
             .await?;
@@ -235,7 +236,7 @@ impl ConsoleStore {
         reason: Option<&str>,
         details: &Value,
     ) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar(&self.sql.audit.insert)
+        sqlx::query_scalar(trusted(&self.sql.audit.insert))
             .bind(actor)
             .bind(action)
             .bind(selection.to_string())
@@ -253,7 +254,7 @@ impl ConsoleStore {
         minutes: i32,
         window: i64,
     ) -> Result<Vec<(DateTime<Utc>, i64)>, sqlx::Error> {
-        let points: Vec<RatePoint> = sqlx::query_as(&self.sql.delivery_rate)
+        let points: Vec<RatePoint> = sqlx::query_as(trusted(&self.sql.delivery_rate))
             .bind(minutes)
             .bind(window)
             .fetch_all(&self.pool)
@@ -264,7 +265,7 @@ impl ConsoleStore {
     /// The backlog now: pending, retrying, processing, dead letters, the
     /// oldest pending event's age (reads partial indexes only).
     pub async fn backlog(&self) -> Result<Backlog, sqlx::Error> {
-        sqlx::query_as(&self.sql.backlog)
+        sqlx::query_as(trusted(&self.sql.backlog))
             .fetch_one(&self.pool)
             .await
     }
@@ -280,7 +281,7 @@ impl ConsoleStore {
             GroupOf::DeadLetters => "dead",
             GroupOf::Retrying => "retrying",
         };
-        sqlx::query_as(&self.sql.error_groups)
+        sqlx::query_as(trusted(&self.sql.error_groups))
             .bind(of)
             .bind(limit.max(0))
             .fetch_all(&self.pool)
@@ -294,7 +295,7 @@ impl ConsoleStore {
         key: &str,
         limit: i64,
     ) -> Result<Vec<(Uuid, Option<String>)>, sqlx::Error> {
-        sqlx::query_as(&self.sql.error_group_ids)
+        sqlx::query_as(trusted(&self.sql.error_group_ids))
             .bind(key)
             .bind(limit.max(0))
             .fetch_all(&self.pool)
@@ -303,7 +304,7 @@ impl ConsoleStore {
 
     /// Relays connected to this database now (sessions named `postbox-relay`).
     pub async fn relays(&self) -> Result<Vec<RelaySeen>, sqlx::Error> {
-        sqlx::query_as(&self.sql.relays)
+        sqlx::query_as(trusted(&self.sql.relays))
             .bind(RELAY_APPLICATION_NAME)
             .fetch_all(&self.pool)
             .await
@@ -335,7 +336,7 @@ impl ConsoleStore {
         actor_hidden: Option<&str>,
         limit: i64,
     ) -> Result<Vec<AuditEntry>, sqlx::Error> {
-        sqlx::query_as(&self.sql.audit.page)
+        sqlx::query_as(trusted(&self.sql.audit.page))
             .bind(before)
             .bind(action)
             .bind(actor)

@@ -15,6 +15,7 @@
 use crate::catalog;
 use crate::events::{EventRecord, Events};
 use chrono::{DateTime, Utc};
+use postbox::statements::trusted;
 use postbox::Schema;
 use serde::Serialize;
 use serde_json::Value;
@@ -245,7 +246,7 @@ impl DeadLetters {
 
     /// Unresolved dead letters matching `filter`, oldest first, at most `limit`.
     pub async fn list(&self, filter: &Filter, limit: i64) -> Result<Vec<DeadLetter>, DlqError> {
-        Ok(sqlx::query_as(&self.sql.list)
+        Ok(sqlx::query_as(trusted(&self.sql.list))
             .bind(filter.event_type.as_deref())
             .bind(filter.since)
             .bind(None::<Vec<Uuid>>)
@@ -257,7 +258,7 @@ impl DeadLetters {
 
     /// How many unresolved dead letters match `filter`.
     pub async fn count(&self, filter: &Filter) -> Result<u64, DlqError> {
-        let n: i64 = sqlx::query_scalar(&self.sql.count)
+        let n: i64 = sqlx::query_scalar(trusted(&self.sql.count))
             .bind(filter.event_type.as_deref())
             .bind(filter.since)
             .bind(None::<Vec<Uuid>>)
@@ -278,7 +279,7 @@ impl DeadLetters {
         limit: i64,
         event_id: Option<Uuid>,
     ) -> Result<Vec<AuditEntry>, DlqError> {
-        Ok(sqlx::query_as(&self.sql.audit.list)
+        Ok(sqlx::query_as(trusted(&self.sql.audit.list))
             .bind(limit.max(0))
             .bind(event_id)
             .fetch_all(&self.pool)
@@ -327,7 +328,7 @@ impl DeadLetters {
                 let mut unique = ids.clone();
                 unique.sort();
                 unique.dedup();
-                let n: i64 = sqlx::query_scalar(&self.sql.count)
+                let n: i64 = sqlx::query_scalar(trusted(&self.sql.count))
                     .bind(None::<&str>)
                     .bind(None::<DateTime<Utc>>)
                     .bind(&unique)
@@ -344,7 +345,7 @@ impl DeadLetters {
                 break;
             }
             let mut tx = self.pool.begin().await?;
-            let rows = sqlx::query(&self.sql.pick)
+            let rows = sqlx::query(trusted(&self.sql.pick))
                 .bind(filter.event_type.as_deref())
                 .bind(filter.since)
                 .bind(selection.ids())
@@ -369,14 +370,14 @@ impl DeadLetters {
             let mut copies = HashMap::new();
             let (count, reason) = match action {
                 Action::Replay => {
-                    let changed: Vec<Uuid> = sqlx::query_scalar(&self.sql.replay)
+                    let changed: Vec<Uuid> = sqlx::query_scalar(trusted(&self.sql.replay))
                         .bind(&ids)
                         .fetch_all(&mut *tx)
                         .await?;
                     (changed.len(), None)
                 }
                 Action::ReplayAsNew => {
-                    let pairs = sqlx::query(&self.sql.replay_new_id)
+                    let pairs = sqlx::query(trusted(&self.sql.replay_new_id))
                         .bind(&ids)
                         .fetch_all(&mut *tx)
                         .await?;
@@ -389,7 +390,7 @@ impl DeadLetters {
                     (pairs.len(), None)
                 }
                 Action::Discard { reason } => {
-                    let changed: Vec<Uuid> = sqlx::query_scalar(&self.sql.discard)
+                    let changed: Vec<Uuid> = sqlx::query_scalar(trusted(&self.sql.discard))
                         .bind(&ids)
                         .bind(reason)
                         .fetch_all(&mut *tx)
@@ -409,7 +410,7 @@ impl DeadLetters {
                 })
                 .collect();
             let count_i64 = i64::try_from(count).unwrap_or(i64::MAX);
-            sqlx::query(&self.sql.audit.insert)
+            sqlx::query(trusted(&self.sql.audit.insert))
                 .bind(actor)
                 .bind(action.name())
                 .bind(&selection_json)
@@ -419,7 +420,9 @@ impl DeadLetters {
                 .execute(&mut *tx)
                 .await?;
             if matches!(action, Action::Replay) {
-                sqlx::query(&self.sql.notify).execute(&mut *tx).await?;
+                sqlx::query(trusted(&self.sql.notify))
+                    .execute(&mut *tx)
+                    .await?;
             }
             tx.commit().await?;
             applied.count += count as u64;

@@ -3,6 +3,7 @@
 //! Matching names against a pattern is the caller's business.
 
 use crate::catalog;
+use postbox::statements::trusted;
 use sqlx::PgPool;
 use std::sync::OnceLock;
 
@@ -28,21 +29,21 @@ fn queries() -> &'static Queries {
 
 /// The schemas of the pool's database holding a migrated postbox outbox.
 pub async fn outbox_schemas(pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar(&queries().outbox_schemas)
+    sqlx::query_scalar(trusted(&queries().outbox_schemas))
         .fetch_all(pool)
         .await
 }
 
 /// Every schema of the pool's database but the system's.
 pub async fn all_schemas(pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar(&queries().all_schemas)
+    sqlx::query_scalar(trusted(&queries().all_schemas))
         .fetch_all(pool)
         .await
 }
 
 /// The databases of the pool's server that accept connections (no templates).
 pub async fn databases(pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar(&queries().databases)
+    sqlx::query_scalar(trusted(&queries().databases))
         .fetch_all(pool)
         .await
 }

@@ -4,6 +4,7 @@
 
 use crate::catalog;
 use chrono::{DateTime, Utc};
+use postbox::statements::trusted;
 use postbox::Schema;
 use serde::Serialize;
 use serde_json::Value;
@@ -244,7 +245,7 @@ impl Events {
 
     /// One event by id, whatever its status; `None` when there is no such event.
     pub async fn show(&self, event_id: Uuid) -> Result<Option<EventRecord>, sqlx::Error> {
-        sqlx::query_as(&self.sql.show)
+        sqlx::query_as(trusted(&self.sql.show))
             .bind(event_id)
             .fetch_optional(&self.pool)
             .await
@@ -252,7 +253,7 @@ impl Events {
 
     /// Search events, newest first.
     pub async fn search(&self, q: &EventQuery) -> Result<Vec<EventRow>, sqlx::Error> {
-        sqlx::query_as(&self.sql.search)
+        sqlx::query_as(trusted(&self.sql.search))
             .bind(q.event_id)
             .bind(q.aggregate_type.as_deref())
             .bind(q.aggregate_id.as_deref())
@@ -268,7 +269,7 @@ impl Events {
 
     /// The per-destination rows of a fan-out event (empty for most events).
     pub async fn deliveries(&self, row: i64) -> Result<Vec<DeliveryRecord>, sqlx::Error> {
-        sqlx::query_as(&self.sql.deliveries)
+        sqlx::query_as(trusted(&self.sql.deliveries))
             .bind(row)
             .fetch_all(&self.pool)
             .await

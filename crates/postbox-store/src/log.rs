@@ -8,6 +8,7 @@
 
 use crate::catalog;
 use crate::relay::{ClaimedEvent, ClaimedRow};
+use postbox::statements::trusted;
 use postbox::Schema;
 use sqlx::PgPool;
 use std::sync::Arc;
@@ -184,7 +185,7 @@ impl Log {
     /// Make sure each destination has a cursor (in one partition when it
     /// has none yet).
     pub async fn ensure_cursors(&self, destinations: &[String]) -> Result<(), sqlx::Error> {
-        sqlx::query(&self.sql.cursors_ensure)
+        sqlx::query(trusted(&self.sql.cursors_ensure))
             .bind(destinations)
             .bind(1_i32)
             .execute(&self.pool)
@@ -204,12 +205,12 @@ impl Log {
         destinations: &[String],
         parts: i32,
     ) -> Result<Vec<(String, i32)>, sqlx::Error> {
-        sqlx::query(&self.sql.cursors_ensure)
+        sqlx::query(trusted(&self.sql.cursors_ensure))
             .bind(destinations)
             .bind(parts)
             .execute(&self.pool)
             .await?;
-        let mut split: Vec<(String, i32)> = sqlx::query_as(&self.sql.cursors_split)
+        let mut split: Vec<(String, i32)> = sqlx::query_as(trusted(&self.sql.cursors_split))
             .bind(destinations)
             .fetch_all(&self.pool)
             .await?;
@@ -226,7 +227,7 @@ impl Log {
     async fn resplit(&self, destination: &str, parts: i32) -> Result<bool, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let (held, start, delivered): (i64, Option<String>, Option<i64>) =
-            sqlx::query_as(&self.sql.cursors_lock)
+            sqlx::query_as(trusted(&self.sql.cursors_lock))
                 .bind(destination)
                 .fetch_one(&mut *tx)
                 .await?;
@@ -234,11 +235,11 @@ impl Log {
             tx.rollback().await?;
             return Ok(false);
         };
-        sqlx::query(&self.sql.cursors_drop)
+        sqlx::query(trusted(&self.sql.cursors_drop))
             .bind(destination)
             .execute(&mut *tx)
             .await?;
-        sqlx::query(&self.sql.cursors_split_at)
+        sqlx::query(trusted(&self.sql.cursors_split_at))
             .bind(destination)
             .bind(parts)
             .bind(start)
@@ -262,7 +263,7 @@ impl Log {
         part: i32,
         lease: Duration,
     ) -> Result<bool, sqlx::Error> {
-        sqlx::query_scalar(&self.sql.cursors_acquire)
+        sqlx::query_scalar(trusted(&self.sql.cursors_acquire))
             .bind(owner)
             .bind(destination)
             .bind(part)
@@ -280,7 +281,7 @@ impl Log {
         destination: &str,
         part: i32,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(&self.sql.cursors_release)
+        sqlx::query(trusted(&self.sql.cursors_release))
             .bind(owner)
             .bind(destination)
             .bind(part)
@@ -297,7 +298,7 @@ impl Log {
         part: i32,
         owner: Uuid,
     ) -> Result<Option<LogWindow>, sqlx::Error> {
-        sqlx::query_as(&self.sql.window)
+        sqlx::query_as(trusted(&self.sql.window))
             .bind(destination)
             .bind(owner)
             .bind(part)
@@ -312,7 +313,7 @@ impl Log {
         if window.after_id != 0 {
             return Ok(Some(window));
         }
-        let floor: Option<i64> = sqlx::query_scalar(&self.sql.window_floor)
+        let floor: Option<i64> = sqlx::query_scalar(trusted(&self.sql.window_floor))
             .bind(&window.lo)
             .bind(&window.hi)
             .fetch_one(&self.pool)
@@ -325,7 +326,7 @@ impl Log {
 
     /// Up to `limit` events of `window` after its position, in id order.
     pub async fn page(&self, window: &LogWindow, limit: i64) -> Result<Vec<LogEvent>, sqlx::Error> {
-        let rows: Vec<PageRow> = sqlx::query_as(&self.sql.page)
+        let rows: Vec<PageRow> = sqlx::query_as(trusted(&self.sql.page))
             .bind(&window.lo)
             .bind(&window.hi)
             .bind(window.after_id)
@@ -360,7 +361,7 @@ impl Log {
             return Ok(Vec::new());
         }
         let (types, ids): (Vec<&str>, Vec<&str>) = aggregates.iter().copied().unzip();
-        sqlx::query_as(&self.sql.held)
+        sqlx::query_as(trusted(&self.sql.held))
             .bind(destination)
             .bind(&types)
             .bind(&ids)
@@ -393,7 +394,7 @@ impl Log {
         count: i64,
         done: bool,
     ) -> sqlx::query::QueryScalar<'q, sqlx::Postgres, bool, sqlx::postgres::PgArguments> {
-        sqlx::query_scalar(&self.sql.advance)
+        sqlx::query_scalar(trusted(&self.sql.advance))
             .bind(&window.destination)
             .bind(owner)
             .bind(last_id)
@@ -435,7 +436,7 @@ impl Log {
             }
         }
         let each = |f: fn(&Handoff<'_>) -> i64| handoffs.iter().map(f).collect::<Vec<_>>();
-        let found: i32 = sqlx::query_scalar(&self.sql.handoff)
+        let found: i32 = sqlx::query_scalar(trusted(&self.sql.handoff))
             .bind(&window.destination)
             .bind(each(|h| h.event.id))
             .bind(
@@ -493,14 +494,14 @@ impl Log {
     ) -> Result<(bool, u64), sqlx::Error> {
         let mut removed = 0;
         for segment in 0..4_i32 {
-            let n: Option<i64> = sqlx::query_scalar(&self.sql.truncate)
+            let n: Option<i64> = sqlx::query_scalar(trusted(&self.sql.truncate))
                 .bind(segment)
                 .bind(archive)
                 .fetch_one(&self.pool)
                 .await?;
             removed += n.unwrap_or(0).max(0) as u64;
         }
-        let rotated: bool = sqlx::query_scalar(&self.sql.rotate)
+        let rotated: bool = sqlx::query_scalar(trusted(&self.sql.rotate))
             .bind(segment_age.as_secs_f64())
             .fetch_one(&self.pool)
             .await?;
@@ -509,7 +510,7 @@ impl Log {
 
     /// Every cursor's lag.
     pub async fn cursor_lag(&self) -> Result<Vec<CursorLag>, sqlx::Error> {
-        sqlx::query_as(&self.sql.cursor_lag)
+        sqlx::query_as(trusted(&self.sql.cursor_lag))
             .fetch_all(&self.pool)
             .await
     }
@@ -517,14 +518,14 @@ impl Log {
     /// Events in the log some cursor has not read (all of them when no
     /// cursor exists yet).
     pub async fn unread(&self) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar(&self.sql.unread)
+        sqlx::query_scalar(trusted(&self.sql.unread))
             .fetch_one(&self.pool)
             .await
     }
 
     /// Which table producers write to.
     pub async fn producer_target(&self) -> Result<ProducerTarget, sqlx::Error> {
-        let target: String = sqlx::query_scalar(&self.sql.producer_target)
+        let target: String = sqlx::query_scalar(trusted(&self.sql.producer_target))
             .fetch_one(&self.pool)
             .await?;
         Ok(if target == "log" {
@@ -536,7 +537,7 @@ impl Log {
 
     /// Send producers to `target`.
     pub async fn set_producer_target(&self, target: ProducerTarget) -> Result<(), sqlx::Error> {
-        sqlx::query(&self.sql.set_producer_target)
+        sqlx::query(trusted(&self.sql.set_producer_target))
             .bind(target.as_str())
             .execute(&self.pool)
             .await?;

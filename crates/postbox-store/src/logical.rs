@@ -16,6 +16,7 @@ use crate::catalog;
 use crate::relay::{decode_error, header_map, ClaimedEvent};
 use chrono::{DateTime, Utc};
 use futures::stream::{BoxStream, StreamExt};
+use postbox::statements::trusted;
 use postbox::Schema;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -280,7 +281,7 @@ impl Logical {
 
     /// Try to become `slot`'s one reader for `conn`'s lifetime.
     pub async fn lock(&self, conn: &mut PgConnection, slot: &str) -> Result<bool, sqlx::Error> {
-        sqlx::query_scalar(&self.sql.lock)
+        sqlx::query_scalar(trusted(&self.sql.lock))
             .bind(slot)
             .fetch_one(conn)
             .await
@@ -296,11 +297,11 @@ impl Logical {
         // The publication first: pgoutput looks it up in the catalog as of
         // each change it decodes, so a slot older than its publication
         // fails on the first table change written in between.
-        sqlx::query(&self.sql.ensure_publication)
+        sqlx::query(trusted(&self.sql.ensure_publication))
             .bind(slot)
             .execute(&mut *conn)
             .await?;
-        sqlx::query_scalar(&self.sql.ensure_slot)
+        sqlx::query_scalar(trusted(&self.sql.ensure_slot))
             .bind(slot)
             .fetch_one(conn)
             .await
@@ -308,7 +309,7 @@ impl Logical {
 
     /// The WAL position decoding may read up to now.
     pub async fn flush_lsn(&self, conn: &mut PgConnection) -> Result<Lsn, sqlx::Error> {
-        let text: String = sqlx::query_scalar(&self.sql.flush_lsn)
+        let text: String = sqlx::query_scalar(trusted(&self.sql.flush_lsn))
             .fetch_one(conn)
             .await?;
         text.parse().map_err(sqlx::Error::Protocol)
@@ -326,7 +327,7 @@ impl Logical {
         limit: i32,
     ) -> BoxStream<'c, Result<Change, sqlx::Error>> {
         let prefix = &self.sql.prefix;
-        sqlx::query(&self.sql.peek)
+        sqlx::query(trusted(&self.sql.peek))
             .bind(slot)
             .bind(upto.to_string())
             .bind(limit)
@@ -348,7 +349,7 @@ impl Logical {
         conn: &mut PgConnection,
         slot: &str,
     ) -> Result<Option<Lsn>, sqlx::Error> {
-        let text: Option<Option<String>> = sqlx::query_scalar(&self.sql.confirmed)
+        let text: Option<Option<String>> = sqlx::query_scalar(trusted(&self.sql.confirmed))
             .bind(slot)
             .fetch_optional(conn)
             .await?;
@@ -364,7 +365,7 @@ impl Logical {
         slot: &str,
         lsn: Lsn,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(&self.sql.advance)
+        sqlx::query(trusted(&self.sql.advance))
             .bind(slot)
             .bind(lsn.to_string())
             .execute(conn)
@@ -374,7 +375,7 @@ impl Logical {
 
     /// Note that the caller (the slot's reader) read `slot` now.
     pub async fn read_now(&self, conn: &mut PgConnection, slot: &str) -> Result<(), sqlx::Error> {
-        sqlx::query(&self.sql.read_now)
+        sqlx::query(trusted(&self.sql.read_now))
             .bind(slot)
             .execute(conn)
             .await?;
@@ -383,7 +384,7 @@ impl Logical {
 
     /// The database's logical slots, or only `slot`.
     pub async fn status(&self, slot: Option<&str>) -> Result<Vec<SlotStatus>, sqlx::Error> {
-        sqlx::query_as(&self.sql.status)
+        sqlx::query_as(trusted(&self.sql.status))
             .bind(slot)
             .fetch_all(&self.pool)
             .await
@@ -391,7 +392,7 @@ impl Logical {
 
     /// Drop `slot` and its publication; true when the slot existed.
     pub async fn drop_slot(&self, slot: &str) -> Result<bool, sqlx::Error> {
-        sqlx::query_scalar(&self.sql.drop_slot)
+        sqlx::query_scalar(trusted(&self.sql.drop_slot))
             .bind(slot)
             .fetch_one(&self.pool)
             .await
@@ -413,7 +414,7 @@ impl Logical {
                 other_names.push(name.as_str());
             }
         }
-        let found: i32 = sqlx::query_scalar(&self.sql.handoff)
+        let found: i32 = sqlx::query_scalar(trusted(&self.sql.handoff))
             .bind(destination)
             .bind(
                 handoffs

@@ -9,6 +9,7 @@ use crate::events::{Events, Status};
 use crate::log::Log;
 use crate::roles::{CreateRolesError, Roles};
 use chrono::{DateTime, Utc};
+use postbox::statements::trusted;
 use postbox::Schema;
 use serde_json::value::RawValue;
 use sqlx::PgPool;
@@ -311,8 +312,8 @@ impl Store {
     ) -> Result<Claim, sqlx::Error> {
         let token = Uuid::new_v4();
         let query = match order {
-            None => sqlx::query_as(&self.sql.claim),
-            Some(_) => sqlx::query_as(&self.sql.claim_ordered),
+            None => sqlx::query_as(trusted(&self.sql.claim)),
+            Some(_) => sqlx::query_as(trusted(&self.sql.claim_ordered)),
         };
         let query = query.bind(token).bind(lease.as_secs_f64()).bind(limit);
         let query = match order {
@@ -334,7 +335,7 @@ impl Store {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        sqlx::query_scalar(&self.sql.ack_delivered)
+        sqlx::query_scalar(trusted(&self.sql.ack_delivered))
             .bind(ids)
             .bind(token)
             .fetch_all(&self.pool)
@@ -356,7 +357,7 @@ impl Store {
         let rejects: Vec<bool> = failures.iter().map(|f| f.reject).collect();
         let delays: Vec<f64> = failures.iter().map(|f| f.delay.as_secs_f64()).collect();
         let errors: Vec<&str> = failures.iter().map(|f| f.error.as_str()).collect();
-        let rows: Vec<SettledRow> = sqlx::query_as(&self.sql.settle_failed)
+        let rows: Vec<SettledRow> = sqlx::query_as(trusted(&self.sql.settle_failed))
             .bind(&ids)
             .bind(token)
             .bind(&budgets)
@@ -377,7 +378,7 @@ impl Store {
         if ids.is_empty() {
             return Ok(0);
         }
-        let done = sqlx::query(&self.sql.release)
+        let done = sqlx::query(trusted(&self.sql.release))
             .bind(ids)
             .bind(token)
             .execute(&self.pool)
@@ -391,7 +392,7 @@ impl Store {
         max_attempts: i32,
         limit: i64,
     ) -> Result<Rescued, sqlx::Error> {
-        let rows: Vec<RescuedRow> = sqlx::query_as(&self.sql.rescue_expired)
+        let rows: Vec<RescuedRow> = sqlx::query_as(trusted(&self.sql.rescue_expired))
             .bind(max_attempts)
             .bind(limit)
             .fetch_all(&self.pool)
@@ -409,7 +410,7 @@ impl Store {
 
     /// When the next pending event is due, and whether anything is in flight.
     pub async fn next_due(&self) -> Result<NextDue, sqlx::Error> {
-        let row: NextDueRow = sqlx::query_as(&self.sql.next_due)
+        let row: NextDueRow = sqlx::query_as(trusted(&self.sql.next_due))
             .fetch_one(&self.pool)
             .await?;
         Ok(NextDue {
@@ -423,7 +424,7 @@ impl Store {
     /// Pending events due more than `horizon` from now: how many, and when
     /// the first of them is due.
     pub async fn scheduled_later(&self, horizon: Duration) -> Result<ScheduledLater, sqlx::Error> {
-        sqlx::query_as(&self.sql.scheduled_later)
+        sqlx::query_as(trusted(&self.sql.scheduled_later))
             .bind(horizon.as_secs_f64())
             .fetch_one(&self.pool)
             .await
@@ -431,7 +432,7 @@ impl Store {
 
     /// Counts by status and the oldest pending age.
     pub async fn status_counts(&self) -> Result<StatusCounts, sqlx::Error> {
-        sqlx::query_as(&self.sql.status_counts)
+        sqlx::query_as(trusted(&self.sql.status_counts))
             .fetch_one(&self.pool)
             .await
     }
@@ -441,19 +442,23 @@ impl Store {
     /// The backlog gauges: counts of pending, processing and failed events
     /// (each from its partial index) and the oldest pending event.
     pub async fn gauges(&self) -> Result<Gauges, sqlx::Error> {
-        sqlx::query_as(&self.sql.gauges).fetch_one(&self.pool).await
+        sqlx::query_as(trusted(&self.sql.gauges))
+            .fetch_one(&self.pool)
+            .await
     }
 
     /// Pending events grouped by how often they were attempted.
     pub async fn pending_attempts(&self) -> Result<Vec<AttemptsCount>, sqlx::Error> {
-        sqlx::query_as(&self.sql.pending_attempts)
+        sqlx::query_as(trusted(&self.sql.pending_attempts))
             .fetch_all(&self.pool)
             .await
     }
 
     /// Succeeds when the database answers and the outbox table is readable.
     pub async fn ping(&self) -> Result<(), sqlx::Error> {
-        sqlx::query(&self.sql.ping).execute(&self.pool).await?;
+        sqlx::query(trusted(&self.sql.ping))
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 
@@ -470,7 +475,7 @@ impl Store {
         } else {
             &self.sql.purge_sent
         };
-        let done: i64 = sqlx::query_scalar(sql)
+        let done: i64 = sqlx::query_scalar(trusted(sql))
             .bind(older_than.as_secs_f64())
             .bind(limit)
             .fetch_one(&self.pool)
@@ -480,7 +485,7 @@ impl Store {
 
     /// Delete up to `limit` inbox records processed before `older_than` ago.
     pub async fn purge_inbox(&self, older_than: Duration, limit: i64) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(&self.sql.purge_inbox)
+        let done = sqlx::query(trusted(&self.sql.purge_inbox))
             .bind(older_than.as_secs_f64())
             .bind(limit)
             .execute(&self.pool)
@@ -492,7 +497,7 @@ impl Store {
     /// create roles and to grant on postbox's schema.
     pub async fn create_roles(&self) -> Result<Roles, CreateRolesError> {
         let roles = Roles::for_schema(&self.schema)?;
-        sqlx::raw_sql(&roles.sql(&self.schema))
+        sqlx::raw_sql(trusted(&roles.sql(&self.schema)))
             .execute(&self.pool)
             .await?;
         Ok(roles)
@@ -557,7 +562,7 @@ impl Store {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let rows: Vec<DeliveryStateRow> = sqlx::query_as(&self.sql.delivery_states)
+        let rows: Vec<DeliveryStateRow> = sqlx::query_as(trusted(&self.sql.delivery_states))
             .bind(ids)
             .fetch_all(&self.pool)
             .await?;
@@ -585,7 +590,7 @@ impl Store {
         let attempts: Vec<i32> = updates.iter().map(|u| u.attempts).collect();
         let delays: Vec<f64> = updates.iter().map(|u| u.delay.as_secs_f64()).collect();
         let errors: Vec<Option<&str>> = updates.iter().map(|u| u.error.as_deref()).collect();
-        let done = sqlx::query(&self.sql.record_deliveries)
+        let done = sqlx::query(trusted(&self.sql.record_deliveries))
             .bind(&ids)
             .bind(&names)
             .bind(&delivered)
@@ -600,7 +605,7 @@ impl Store {
 
     /// Retries and dead letters per destination (fan-out events only).
     pub async fn destination_counts(&self) -> Result<Vec<DestinationCounts>, sqlx::Error> {
-        sqlx::query_as(&self.sql.destination_counts)
+        sqlx::query_as(trusted(&self.sql.destination_counts))
             .fetch_all(&self.pool)
             .await
     }
@@ -636,7 +641,7 @@ impl DbHealth {
 impl Store {
     /// Read [`DbHealth`].
     pub async fn db_health(&self) -> Result<DbHealth, sqlx::Error> {
-        sqlx::query_as(&self.sql.db_health)
+        sqlx::query_as(trusted(&self.sql.db_health))
             .bind(self.schema.name())
             .fetch_one(&self.pool)
             .await
@@ -644,7 +649,7 @@ impl Store {
 
     /// `VACUUM (ANALYZE)` the outbox table (needs its owner).
     pub async fn vacuum_outbox(&self) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(&self.sql.vacuum_outbox)
+        sqlx::raw_sql(trusted(&self.sql.vacuum_outbox))
             .execute(&self.pool)
             .await?;
         Ok(())
@@ -652,7 +657,7 @@ impl Store {
 
     /// Send a notification with `payload` on the relays' channel.
     pub async fn notify_probe(&self, payload: &str) -> Result<(), sqlx::Error> {
-        sqlx::query(&self.sql.notify_probe)
+        sqlx::query(trusted(&self.sql.notify_probe))
             .bind(self.schema.notify_channel())
             .bind(payload)
             .execute(&self.pool)

@@ -2,6 +2,7 @@
 //! none from a rolled-back transaction, whatever the commit order, and each
 //! aggregate's events in sequence order.
 
+use postbox::statements::trusted;
 use postbox_store::{Log, LogWindow, Store};
 use postbox_testkit::TestDb;
 use rand::Rng;
@@ -100,21 +101,21 @@ async fn a_transaction_held_open_is_read_when_it_commits_and_a_rollback_never() 
 
     let (held, late, lost) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
     let mut open = db.pool.begin().await.unwrap();
-    sqlx::query(&append)
+    sqlx::query(trusted(&append))
         .bind(held)
         .bind("a")
         .execute(&mut *open)
         .await
         .unwrap();
     let mut rolled_back = db.pool.begin().await.unwrap();
-    sqlx::query(&append)
+    sqlx::query(trusted(&append))
         .bind(lost)
         .bind("c")
         .execute(&mut *rolled_back)
         .await
         .unwrap();
     // A later transaction (a higher id, a higher txid) commits first.
-    sqlx::query(&append)
+    sqlx::query(trusted(&append))
         .bind(late)
         .bind("b")
         .execute(&db.pool)
@@ -162,7 +163,7 @@ async fn randomized_producers_are_read_exactly_once_in_aggregate_order() {
                 let mut ids = Vec::new();
                 for _ in 0..events {
                     let id = Uuid::now_v7();
-                    sqlx::query(&append)
+                    sqlx::query(trusted(&append))
                         .bind(id)
                         .bind(&aggregate)
                         .execute(&mut *tx)
@@ -261,7 +262,7 @@ async fn a_cursor_lags_by_the_committed_events_it_has_not_read() {
     let append = db.sql(APPEND);
     let reader = Reader::new(&db).await;
     for i in 0..5 {
-        sqlx::query(&append)
+        sqlx::query(trusted(&append))
             .bind(Uuid::now_v7())
             .bind(format!("a{i}"))
             .execute(&db.pool)
@@ -290,7 +291,7 @@ async fn a_handoff_of_an_event_not_in_the_log_moves_nothing() {
     let reader = Reader::new(&db).await;
     let append = db.sql(APPEND);
     for i in 0..2 {
-        sqlx::query(&append)
+        sqlx::query(trusted(&append))
             .bind(Uuid::now_v7())
             .bind(format!("a{i}"))
             .execute(&db.pool)

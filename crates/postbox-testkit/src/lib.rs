@@ -11,6 +11,7 @@
 pub mod proxy;
 pub mod qstash;
 
+use postbox::statements::trusted;
 use postbox::Schema;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
@@ -80,7 +81,7 @@ impl TestDb {
 
     /// Run statements (no parameters) in this test's schema.
     pub async fn exec(&self, sql: &str) {
-        sqlx::raw_sql(&self.sql(sql))
+        sqlx::raw_sql(trusted(&self.sql(sql)))
             .execute(&self.pool)
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
@@ -88,7 +89,7 @@ impl TestDb {
 
     /// A single i64 from a query (e.g. a count).
     pub async fn count(&self, sql: &str) -> i64 {
-        sqlx::query_scalar(&self.sql(sql))
+        sqlx::query_scalar(trusted(&self.sql(sql)))
             .fetch_one(&self.pool)
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
@@ -112,13 +113,33 @@ impl TestDb {
     }
 
     /// Drop the schema (call at the end of a passing test; a failing one leaves it to inspect).
+    ///
+    /// Then close the pool. sqlx's `Pool::close` waits until every checked-out
+    /// connection is back, so drop any `PoolConnection`, `Transaction` or
+    /// `PgListener` taken from `db.pool` before calling this. A test that
+    /// still holds one fails here (after [`CLOSE_PATIENCE`]) instead of hanging.
     pub async fn drop_schema(self) {
-        let _ = sqlx::raw_sql(&self.sql("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        let _ = sqlx::raw_sql(trusted(&self.sql("DROP SCHEMA IF EXISTS {schema} CASCADE")))
             .execute(&self.pool)
             .await;
-        self.pool.close().await;
+        if tokio::time::timeout(CLOSE_PATIENCE, self.pool.close())
+            .await
+            .is_err()
+        {
+            panic!(
+                "drop_schema: the pool did not close within {CLOSE_PATIENCE:?}: {} of its \
+                 connections are still checked out; drop every connection, transaction and \
+                 listener taken from db.pool before calling drop_schema",
+                (self.pool.size() as usize).saturating_sub(self.pool.num_idle())
+            );
+        }
     }
 }
+
+/// How long [`TestDb::drop_schema`] waits for the pool to close: returning and
+/// closing connections takes milliseconds, so running out of it means a
+/// connection is still held.
+pub const CLOSE_PATIENCE: Duration = Duration::from_secs(30);
 
 async fn pool(url: &str, size: u32) -> PgPool {
     let options =

@@ -30,6 +30,7 @@
 //! With the `axum` feature, [`axum::Idempotent`] applies all this to the
 //! `Idempotency-Key` request header.
 
+use crate::statements::trusted;
 use crate::{Error, Outbox};
 use ::sqlx::{PgConnection, Row};
 use serde::Serialize;
@@ -212,7 +213,7 @@ pub async fn begin(
     ttl: Duration,
 ) -> Result<Begin, IdempotencyError> {
     let sql = &outbox.sql.idempotency;
-    let locked: bool = ::sqlx::query_scalar(&sql.lock)
+    let locked: bool = ::sqlx::query_scalar(trusted(&sql.lock))
         .bind(key.lock_name(outbox))
         .fetch_one(&mut *conn)
         .await?;
@@ -223,7 +224,7 @@ pub async fn begin(
     // Twice at most: an expired row that `purge_expired` deletes between the
     // insert and the select is gone, and the second insert creates the key.
     for _ in 0..2 {
-        let inserted: Option<bool> = ::sqlx::query_scalar(&sql.insert)
+        let inserted: Option<bool> = ::sqlx::query_scalar(trusted(&sql.insert))
             .bind(&key.scope)
             .bind(&key.key)
             .bind(fingerprint.as_str())
@@ -233,7 +234,7 @@ pub async fn begin(
         if inserted.is_some() {
             return Ok(Begin::Execute(Pending { key: key.clone() }));
         }
-        existing = ::sqlx::query(&sql.select)
+        existing = ::sqlx::query(trusted(&sql.select))
             .bind(&key.scope)
             .bind(&key.key)
             .fetch_optional(&mut *conn)
@@ -248,7 +249,7 @@ pub async fn begin(
     };
     let expired: bool = row.try_get("expired")?;
     if expired {
-        ::sqlx::query(&sql.restart)
+        ::sqlx::query(trusted(&sql.restart))
             .bind(&key.scope)
             .bind(&key.key)
             .bind(fingerprint.as_str())
@@ -283,7 +284,7 @@ pub async fn complete(
     pending: Pending,
     response: &StoredResponse,
 ) -> Result<(), IdempotencyError> {
-    let done = ::sqlx::query(&outbox.sql.idempotency.complete)
+    let done = ::sqlx::query(trusted(&outbox.sql.idempotency.complete))
         .bind(&pending.key.scope)
         .bind(&pending.key.key)
         .bind(i32::from(response.status))
@@ -303,7 +304,7 @@ pub async fn purge_expired(
     conn: &mut PgConnection,
     limit: i64,
 ) -> Result<u64, Error> {
-    let done = ::sqlx::query(&outbox.sql.idempotency.purge)
+    let done = ::sqlx::query(trusted(&outbox.sql.idempotency.purge))
         .bind(limit)
         .execute(conn)
         .await?;

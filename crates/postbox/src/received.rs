@@ -175,6 +175,7 @@ pub use self::with_sqlx::{mark_processed, purge, store, take};
 #[cfg(feature = "sqlx")]
 mod with_sqlx {
     use super::{check_consumer, NewDelivery, ReceivedDelivery};
+    use crate::statements::trusted;
     use crate::{Error, InboxOutcome, Outbox};
     use ::sqlx::{PgConnection, Row};
 
@@ -190,7 +191,7 @@ mod with_sqlx {
         delivery: &NewDelivery,
     ) -> Result<InboxOutcome, Error> {
         let headers = serde_json::Value::Object(delivery.headers.clone()).to_string();
-        let done = ::sqlx::query(&outbox.sql.received.store)
+        let done = ::sqlx::query(trusted(&outbox.sql.received.store))
             .bind(&delivery.consumer)
             .bind(&delivery.event_id)
             .bind(headers)
@@ -212,7 +213,7 @@ mod with_sqlx {
         limit: u32,
     ) -> Result<Vec<ReceivedDelivery>, Error> {
         check_consumer(consumer)?;
-        let rows = ::sqlx::query(&outbox.sql.received.take)
+        let rows = ::sqlx::query(trusted(&outbox.sql.received.take))
             .bind(consumer)
             .bind(i64::from(limit))
             .fetch_all(conn)
@@ -244,7 +245,7 @@ mod with_sqlx {
         if ids.is_empty() {
             return Ok(0);
         }
-        let done = ::sqlx::query(&outbox.sql.received.mark_processed)
+        let done = ::sqlx::query(trusted(&outbox.sql.received.mark_processed))
             .bind(consumer)
             .bind(ids)
             .execute(conn)
@@ -261,7 +262,7 @@ mod with_sqlx {
         older_than: std::time::Duration,
         limit: i64,
     ) -> Result<u64, Error> {
-        let done = ::sqlx::query(&outbox.sql.received.purge)
+        let done = ::sqlx::query(trusted(&outbox.sql.received.purge))
             .bind(older_than.as_secs_f64())
             .bind(limit)
             .execute(conn)

@@ -6,6 +6,7 @@ use crate::inbox::{check_aggregate, check_consumer};
 use crate::migrations::{self, Migration};
 use crate::otel;
 use crate::sql::{Columns, MigrateQueries};
+use crate::statements::trusted;
 use crate::{Error, InboxOutcome, NewEvent, Outbox, Schema, SequenceCheck};
 use ::sqlx::{Connection, PgConnection, Row};
 use tracing::Instrument;
@@ -23,7 +24,7 @@ pub async fn enqueue(
     outbox.check(event)?;
     let span = otel::create_span("enqueue", &outbox.schema, Some(event.event_id), 1);
     let headers = otel::headers_with_context(&event.headers, &span);
-    ::sqlx::query(&outbox.sql.insert_one)
+    ::sqlx::query(trusted(&outbox.sql.insert_one))
         .bind(event.event_id)
         .bind(&event.event_type)
         .bind(&event.aggregate_type)
@@ -58,7 +59,7 @@ pub async fn emit(
     outbox.check(event)?;
     let span = otel::create_span("emit", &outbox.schema, Some(event.event_id), 1);
     let headers = otel::headers_with_context(&event.headers, &span);
-    ::sqlx::query(&outbox.sql.emit_one)
+    ::sqlx::query(trusted(&outbox.sql.emit_one))
         .bind(event.event_id)
         .bind(&event.event_type)
         .bind(&event.aggregate_type)
@@ -90,7 +91,7 @@ pub async fn enqueue_batch(
     let span = otel::create_span("enqueue_batch", &outbox.schema, None, events.len());
     let mut c = Columns::new(events);
     otel::fill_headers(&mut c.headers, &span);
-    ::sqlx::query(&outbox.sql.insert_many)
+    ::sqlx::query(trusted(&outbox.sql.insert_many))
         .bind(&c.event_ids)
         .bind(&c.event_types)
         .bind(&c.aggregate_types)
@@ -118,7 +119,7 @@ pub async fn record_inbox(
 ) -> Result<InboxOutcome, Error> {
     check_consumer(consumer)?;
     let span = otel::record_inbox_span(consumer, event_id);
-    let done = ::sqlx::query(&outbox.sql.inbox_record)
+    let done = ::sqlx::query(trusted(&outbox.sql.inbox_record))
         .bind(consumer)
         .bind(event_id)
         .execute(conn)
@@ -186,7 +187,7 @@ async fn sequence_call(
     accept_gap: bool,
 ) -> Result<SequenceCheck, Error> {
     check_aggregate(consumer, aggregate_type, aggregate_id, sequence)?;
-    let last: i64 = ::sqlx::query_scalar(&outbox.sql.inbox_sequence)
+    let last: i64 = ::sqlx::query_scalar(trusted(&outbox.sql.inbox_sequence))
         .bind(consumer)
         .bind(aggregate_type)
         .bind(aggregate_id)
@@ -205,7 +206,7 @@ pub async fn purge_inbox(
     older_than: std::time::Duration,
     limit: i64,
 ) -> Result<u64, Error> {
-    let done = ::sqlx::query(&outbox.sql.inbox_purge)
+    let done = ::sqlx::query(trusted(&outbox.sql.inbox_purge))
         .bind(older_than.as_secs_f64())
         .bind(limit)
         .execute(conn)
@@ -221,14 +222,14 @@ pub async fn applied_version(
     schema: &Schema,
 ) -> Result<Option<i32>, Error> {
     let sql = MigrateQueries::new(schema);
-    let exists: bool = ::sqlx::query_scalar(&sql.history_exists)
+    let exists: bool = ::sqlx::query_scalar(trusted(&sql.history_exists))
         .bind(schema.name().to_owned())
         .fetch_one(&mut *conn)
         .await?;
     if !exists {
         return Ok(None);
     }
-    Ok(::sqlx::query_scalar(&sql.select_latest)
+    Ok(::sqlx::query_scalar(trusted(&sql.select_latest))
         .fetch_one(&mut *conn)
         .await?)
 }
@@ -240,12 +241,12 @@ pub async fn applied_version(
 /// schema serializes them, and each migration commits with its history row.
 pub async fn migrate(conn: &mut PgConnection, schema: &Schema) -> Result<Vec<i32>, Error> {
     let sql = MigrateQueries::new(schema);
-    ::sqlx::query(&sql.lock)
+    ::sqlx::query(trusted(&sql.lock))
         .bind(schema.name().to_owned())
         .execute(&mut *conn)
         .await?;
     let result = migrate_locked(conn, schema, &sql).await;
-    let unlocked = ::sqlx::query(&sql.unlock)
+    let unlocked = ::sqlx::query(trusted(&sql.unlock))
         .bind(schema.name().to_owned())
         .execute(&mut *conn)
         .await;
@@ -259,13 +260,13 @@ async fn migrate_locked(
     schema: &Schema,
     sql: &MigrateQueries,
 ) -> Result<Vec<i32>, Error> {
-    ::sqlx::query(&sql.create_schema)
+    ::sqlx::query(trusted(&sql.create_schema))
         .execute(&mut *conn)
         .await?;
-    ::sqlx::query(&sql.create_history)
+    ::sqlx::query(trusted(&sql.create_history))
         .execute(&mut *conn)
         .await?;
-    let rows = ::sqlx::query(&sql.select_applied)
+    let rows = ::sqlx::query(trusted(&sql.select_applied))
         .fetch_all(&mut *conn)
         .await?;
     let applied: Vec<(i32, String)> = rows
@@ -299,8 +300,8 @@ async fn apply(
 ) -> Result<(), Error> {
     let body = schema.render(m.sql);
     let mut tx = conn.begin().await?;
-    ::sqlx::Executor::execute(&mut *tx, body.as_str()).await?;
-    ::sqlx::query(&sql.insert_applied)
+    ::sqlx::Executor::execute(&mut *tx, trusted(&body)).await?;
+    ::sqlx::query(trusted(&sql.insert_applied))
         .bind(m.version)
         .bind(m.name.to_owned())
         .bind(m.checksum())

@@ -2,6 +2,7 @@
 //! slot of the test's own (dropped at the end, even when the test fails: a
 //! leftover slot retains WAL on the shared server).
 
+use postbox::statements::trusted;
 use postbox::{NewEvent, Outbox};
 use postbox_testkit::TestDb;
 use serde_json::json;
@@ -15,18 +16,20 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let slot = postbox_testkit::unique("pbx_emit_");
-    sqlx::query(&db.sql("SELECT {schema}.logical_ensure_publication($1)"))
-        .bind(&slot)
-        .execute(&db.pool)
-        .await
-        .unwrap();
-    sqlx::query(&db.sql("SELECT {schema}.logical_ensure_slot($1)"))
+    sqlx::query(trusted(
+        &db.sql("SELECT {schema}.logical_ensure_publication($1)"),
+    ))
+    .bind(&slot)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query(trusted(&db.sql("SELECT {schema}.logical_ensure_slot($1)")))
         .bind(&slot)
         .execute(&db.pool)
         .await
         .unwrap();
     let outcome = tokio::spawn(body(db.pool.clone(), db.schema.clone(), slot.clone())).await;
-    sqlx::query(&db.sql("SELECT {schema}.logical_drop_slot($1)"))
+    sqlx::query(trusted(&db.sql("SELECT {schema}.logical_drop_slot($1)")))
         .bind(&slot)
         .execute(&db.pool)
         .await
@@ -87,9 +90,9 @@ async fn emitted_events_reach_the_wal_only_when_committed_and_write_no_row() {
             .unwrap();
         tx.rollback().await.unwrap();
         // The SQL function, from any language.
-        let third: uuid::Uuid = sqlx::query_scalar(
+        let third: uuid::Uuid = sqlx::query_scalar(trusted(
             &schema.render("SELECT {schema}.emit('order.paid', 'order', '1', '{\"n\": 4}')"),
-        )
+        ))
         .fetch_one(&pool)
         .await
         .unwrap();
@@ -111,10 +114,12 @@ async fn emitted_events_reach_the_wal_only_when_committed_and_write_no_row() {
         assert!(got[0]["created_at_us"].as_i64().unwrap() > 0);
         assert_eq!(got[2]["event_type"], "order.paid");
         assert_eq!(got[2]["headers"], json!({}));
-        let rows: i64 = sqlx::query_scalar(&schema.render("SELECT count(*) FROM {schema}.outbox"))
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+        let rows: i64 = sqlx::query_scalar(trusted(
+            &schema.render("SELECT count(*) FROM {schema}.outbox"),
+        ))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
         assert_eq!(rows, 0, "emit writes no table row");
     })
     .await;
@@ -131,7 +136,7 @@ async fn emit_checks_its_arguments_like_enqueue() {
         ("'t', 'a', '1', NULL", "payload"),
         ("'t', 'a', '1', '{}', '[]'", "headers"),
     ] {
-        let err = sqlx::query(&db.sql(&format!("SELECT {{schema}}.emit({args})")))
+        let err = sqlx::query(trusted(&db.sql(&format!("SELECT {{schema}}.emit({args})"))))
             .execute(&db.pool)
             .await
             .unwrap_err();

@@ -1,3 +1,4 @@
+use postbox::statements::trusted;
 use postbox::{NewEvent, Outbox};
 use postbox_testkit::TestDb;
 use serde_json::json;
@@ -27,7 +28,7 @@ async fn a_commit_leaves_both_rows_and_a_rollback_neither() {
     let insert = db.sql("INSERT INTO {schema}.orders (id) VALUES ($1)");
 
     let mut tx = db.pool.begin().await.unwrap();
-    sqlx::query(&insert)
+    sqlx::query(trusted(&insert))
         .bind(1_i64)
         .execute(&mut *tx)
         .await
@@ -38,7 +39,7 @@ async fn a_commit_leaves_both_rows_and_a_rollback_neither() {
     tx.commit().await.unwrap();
 
     let mut tx = db.pool.begin().await.unwrap();
-    sqlx::query(&insert)
+    sqlx::query(trusted(&insert))
         .bind(2_i64)
         .execute(&mut *tx)
         .await
@@ -49,13 +50,12 @@ async fn a_commit_leaves_both_rows_and_a_rollback_neither() {
     tx.rollback().await.unwrap();
 
     assert_eq!(db.count("SELECT count(*) FROM {schema}.orders").await, 1);
-    let row =
-        sqlx::query(&db.sql(
-            "SELECT event_id, status::text, payload->>'order_id', attempts FROM {schema}.outbox",
-        ))
-        .fetch_all(&db.pool)
-        .await
-        .unwrap();
+    let row = sqlx::query(trusted(&db.sql(
+        "SELECT event_id, status::text, payload->>'order_id', attempts FROM {schema}.outbox",
+    )))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
     assert_eq!(row.len(), 1, "exactly the committed event");
     assert_eq!(row[0].get::<uuid::Uuid, _>(0), kept);
     assert_ne!(kept, dropped);
@@ -75,7 +75,7 @@ async fn a_failed_statement_in_the_transaction_takes_the_event_with_it() {
         .await
         .unwrap();
     let dup = db.sql("INSERT INTO {schema}.orders (id) VALUES (1), (1)");
-    assert!(sqlx::query(&dup).execute(&mut *tx).await.is_err());
+    assert!(sqlx::query(trusted(&dup)).execute(&mut *tx).await.is_err());
     // Postgres answers COMMIT of a failed transaction with ROLLBACK.
     let _ = tx.commit().await;
     assert_eq!(db.count("SELECT count(*) FROM {schema}.outbox").await, 0);
@@ -96,11 +96,12 @@ async fn batch_enqueue_keeps_input_order_and_ids() {
         ids,
         events.iter().map(NewEvent::event_id).collect::<Vec<_>>()
     );
-    let stored: Vec<uuid::Uuid> =
-        sqlx::query_scalar(&db.sql("SELECT event_id FROM {schema}.outbox ORDER BY id"))
-            .fetch_all(&db.pool)
-            .await
-            .unwrap();
+    let stored: Vec<uuid::Uuid> = sqlx::query_scalar(trusted(
+        &db.sql("SELECT event_id FROM {schema}.outbox ORDER BY id"),
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
     assert_eq!(stored, ids, "rows are inserted in input order");
     let empty = postbox::sqlx::enqueue_batch(&outbox, &mut db.pool.acquire().await.unwrap(), &[])
         .await
@@ -134,11 +135,12 @@ async fn tokio_postgres_enqueue_commits_and_rolls_back_with_the_caller() {
         .unwrap();
     tx.rollback().await.unwrap();
 
-    let stored: Vec<uuid::Uuid> =
-        sqlx::query_scalar(&db.sql("SELECT event_id FROM {schema}.outbox ORDER BY id"))
-            .fetch_all(&db.pool)
-            .await
-            .unwrap();
+    let stored: Vec<uuid::Uuid> = sqlx::query_scalar(trusted(
+        &db.sql("SELECT event_id FROM {schema}.outbox ORDER BY id"),
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
     assert_eq!(stored, vec![kept, batch[0], batch[1]]);
     db.drop_schema().await;
 }
@@ -147,24 +149,24 @@ async fn tokio_postgres_enqueue_commits_and_rolls_back_with_the_caller() {
 async fn the_sql_function_enqueues_from_any_language() {
     let db = TestDb::new().await;
     let mut tx = db.pool.begin().await.unwrap();
-    let id: uuid::Uuid = sqlx::query_scalar(&db.sql(
+    let id: uuid::Uuid = sqlx::query_scalar(trusted(&db.sql(
         "SELECT {schema}.enqueue('order.created', 'order', '7', '{\"a\": 1}', '{\"traceparent\": \"00-x\"}')",
-    ))
+    )))
     .fetch_one(&mut *tx)
     .await
     .unwrap();
-    let defaulted: uuid::Uuid = sqlx::query_scalar(
+    let defaulted: uuid::Uuid = sqlx::query_scalar(trusted(
         &db.sql("SELECT {schema}.enqueue('order.paid', 'order', '7', '[1, 2]')"),
-    )
+    ))
     .fetch_one(&mut *tx)
     .await
     .unwrap();
     tx.commit().await.unwrap();
     assert_eq!(id.get_version_num(), 7, "event ids are UUIDv7");
     assert!(defaulted > id, "UUIDv7 ids grow with time");
-    let headers: String = sqlx::query_scalar(
+    let headers: String = sqlx::query_scalar(trusted(
         &db.sql("SELECT headers::text FROM {schema}.outbox WHERE event_id = $1"),
-    )
+    ))
     .bind(id)
     .fetch_one(&db.pool)
     .await
@@ -204,7 +206,7 @@ async fn the_sql_function_rejects_bad_input_clearly() {
         ),
     ];
     for (sql, want) in cases {
-        let err = sqlx::query(&db.sql(&sql))
+        let err = sqlx::query(trusted(&db.sql(&sql)))
             .execute(&db.pool)
             .await
             .unwrap_err();
@@ -218,15 +220,16 @@ async fn the_sql_function_rejects_bad_input_clearly() {
     }
     // SQL metacharacters and unusual Unicode round-trip as data.
     let nasty = "o'; DROP TABLE x; -- \u{202e}é🦀";
-    let id: uuid::Uuid =
-        sqlx::query_scalar(&db.sql("SELECT {schema}.enqueue($1, $1, $1, to_jsonb($1::text))"))
-            .bind(nasty)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-    let back: (String, String) = sqlx::query_as(
+    let id: uuid::Uuid = sqlx::query_scalar(trusted(
+        &db.sql("SELECT {schema}.enqueue($1, $1, $1, to_jsonb($1::text))"),
+    ))
+    .bind(nasty)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let back: (String, String) = sqlx::query_as(trusted(
         &db.sql("SELECT aggregate_id, payload #>> '{}' FROM {schema}.outbox WHERE event_id = $1"),
-    )
+    ))
     .bind(id)
     .fetch_one(&db.pool)
     .await

@@ -8,6 +8,7 @@
 //! files are written. `PROPTEST_CASES` runs more cases, `PROPTEST_RNG_SEED`
 //! fixes the seed.
 
+use postbox::statements::trusted;
 use postbox::verify::{qstash, webhooks};
 use postbox::{Error, NewEvent, Outbox, MAX_NAME_BYTES};
 use postbox_testkit::TestDb;
@@ -792,11 +793,11 @@ async fn assert_stored(
     input: &Input,
     headers: &BTreeMap<String, String>,
 ) -> Result<(), TestCaseError> {
-    let row = sqlx::query(&db.sql(
+    let row = sqlx::query(trusted(&db.sql(
         "SELECT event_type, aggregate_type, aggregate_id, payload::text, headers::text, \
                 payload = $2::text::jsonb \
          FROM {schema}.outbox WHERE event_id = $1",
-    ))
+    )))
     .bind(event_id)
     .bind(input.payload.to_string())
     .fetch_one(&db.pool)
@@ -887,7 +888,7 @@ fn sql_function_round_trips_or_refuses_hostile_arguments() {
         let headers = serde_json::to_string(&header_map).expect("serializes");
         let sql = db.sql("SELECT {schema}.enqueue($1, $2, $3, $4::text::jsonb, $5::text::jsonb)");
         let mut tx = db.pool.begin().await.expect("begin");
-        let result: Result<uuid::Uuid, sqlx::Error> = sqlx::query_scalar(&sql)
+        let result: Result<uuid::Uuid, sqlx::Error> = sqlx::query_scalar(trusted(&sql))
             .bind(&input.event_type)
             .bind(&input.aggregate_type)
             .bind(&input.aggregate_id)
@@ -1018,9 +1019,9 @@ async fn a_payload_of_exactly_the_default_limit_round_trips() {
         .unwrap_err();
     assert!(err.to_string().contains("over the limit"), "{err}");
     tx.commit().await.unwrap();
-    let stored: String = sqlx::query_scalar(
+    let stored: String = sqlx::query_scalar(trusted(
         &db.sql("SELECT payload #>> '{}' FROM {schema}.outbox WHERE event_id = $1"),
-    )
+    ))
     .bind(id)
     .fetch_one(&db.pool)
     .await
@@ -1066,9 +1067,9 @@ async fn library_enqueue_stores_deep_json_faithfully_or_refuses_it_cleanly() {
                 .unwrap_or_else(|e| panic!("depth {depth} {kind}: {e}"));
             tx.commit().await.unwrap();
             expected += 1;
-            let payload: String = sqlx::query_scalar(
+            let payload: String = sqlx::query_scalar(trusted(
                 &db.sql("SELECT payload::text FROM {schema}.outbox WHERE event_id = $1"),
-            )
+            ))
             .bind(id)
             .fetch_one(&db.pool)
             .await
@@ -1120,16 +1121,16 @@ async fn sql_function_stores_deep_json_faithfully_or_refuses_it_cleanly() {
         ] {
             // As payload and as a header value (headers must be an object).
             let headers = format!("{{\"h\": {text}}}");
-            let id: uuid::Uuid = sqlx::query_scalar(&sql)
+            let id: uuid::Uuid = sqlx::query_scalar(trusted(&sql))
                 .bind(format!("{kind}-{depth}"))
                 .bind(&text)
                 .bind(&headers)
                 .fetch_one(&db.pool)
                 .await
                 .unwrap_or_else(|e| panic!("depth {depth} {kind}: {e}"));
-            let (payload, stored_headers): (String, String) = sqlx::query_as(&db.sql(
+            let (payload, stored_headers): (String, String) = sqlx::query_as(trusted(&db.sql(
                 "SELECT payload::text, headers::text FROM {schema}.outbox WHERE event_id = $1",
-            ))
+            )))
             .bind(id)
             .fetch_one(&db.pool)
             .await
@@ -1148,7 +1149,7 @@ async fn sql_function_stores_deep_json_faithfully_or_refuses_it_cleanly() {
     let depth = 200_000;
     let text = nested_arrays(depth);
     let mut tx = db.pool.begin().await.unwrap();
-    let result: Result<uuid::Uuid, sqlx::Error> = sqlx::query_scalar(&sql)
+    let result: Result<uuid::Uuid, sqlx::Error> = sqlx::query_scalar(trusted(&sql))
         .bind("very-deep")
         .bind(&text)
         .bind("{}")
@@ -1171,9 +1172,9 @@ async fn sql_function_stores_deep_json_faithfully_or_refuses_it_cleanly() {
         }
         Ok(id) => {
             tx.commit().await.unwrap();
-            let payload: String = sqlx::query_scalar(
+            let payload: String = sqlx::query_scalar(trusted(
                 &db.sql("SELECT payload::text FROM {schema}.outbox WHERE event_id = $1"),
-            )
+            ))
             .bind(id)
             .fetch_one(&db.pool)
             .await

@@ -8,6 +8,7 @@ use postbox::idempotency::axum::{Idempotency, Idempotent, REPLAYED_HEADER};
 use postbox::idempotency::{
     self, Begin, Fingerprint, IdempotencyError, IdempotencyKey, StoredResponse,
 };
+use postbox::statements::trusted;
 use postbox::{NewEvent, Outbox};
 use postbox_testkit::TestDb;
 use serde_json::{json, Value};
@@ -38,11 +39,12 @@ async fn place_order(
         Begin::Replay(stored) => return Ok((stored, false)),
         Begin::Execute(p) => p,
     };
-    let id: i64 =
-        sqlx::query_scalar(&db.sql("INSERT INTO {schema}.orders (item) VALUES ($1) RETURNING id"))
-            .bind(item)
-            .fetch_one(&mut *tx)
-            .await?;
+    let id: i64 = sqlx::query_scalar(trusted(
+        &db.sql("INSERT INTO {schema}.orders (item) VALUES ($1) RETURNING id"),
+    ))
+    .bind(item)
+    .fetch_one(&mut *tx)
+    .await?;
     let event = NewEvent::new(
         "order.placed",
         "order",
@@ -142,6 +144,7 @@ async fn the_same_key_for_another_request_is_refused_and_expired_keys_are_new() 
             .await,
         1
     );
+    drop(conn);
     db.drop_schema().await;
 }
 
@@ -205,12 +208,13 @@ async fn concurrent_requests_with_one_key_never_both_execute() {
 async fn http_order(State(db): axum::extract::State<Arc<TestDb>>, mut req: Idempotent) -> Response {
     let body: Value = serde_json::from_slice(req.body()).unwrap_or(Value::Null);
     let item = body["item"].as_str().unwrap_or("?").to_owned();
-    let id: i64 =
-        sqlx::query_scalar(&db.sql("INSERT INTO {schema}.orders (item) VALUES ($1) RETURNING id"))
-            .bind(item)
-            .fetch_one(req.tx())
-            .await
-            .unwrap();
+    let id: i64 = sqlx::query_scalar(trusted(
+        &db.sql("INSERT INTO {schema}.orders (item) VALUES ($1) RETURNING id"),
+    ))
+    .bind(item)
+    .fetch_one(req.tx())
+    .await
+    .unwrap();
     req.commit_json(StatusCode::CREATED, &json!({ "order_id": id }))
         .await
         .unwrap()
@@ -332,12 +336,13 @@ async fn typed_order(
     mut req: Idempotent<axum::Json<NewOrder>>,
 ) -> Response {
     let item = req.body().item.clone();
-    let id: i64 =
-        sqlx::query_scalar(&db.sql("INSERT INTO {schema}.orders (item) VALUES ($1) RETURNING id"))
-            .bind(item)
-            .fetch_one(req.tx())
-            .await
-            .unwrap();
+    let id: i64 = sqlx::query_scalar(trusted(
+        &db.sql("INSERT INTO {schema}.orders (item) VALUES ($1) RETURNING id"),
+    ))
+    .bind(item)
+    .fetch_one(req.tx())
+    .await
+    .unwrap();
     req.commit_json(StatusCode::CREATED, &json!({ "order_id": id }))
         .await
         .unwrap()

@@ -43,6 +43,7 @@ async fn sqlx_first_record_is_new_and_the_second_a_duplicate() {
         .unwrap();
     assert_eq!(other, InboxOutcome::New);
     assert_eq!(db.count("SELECT count(*) FROM {schema}.inbox").await, 2);
+    drop(conn);
     db.drop_schema().await;
 }
 
@@ -112,6 +113,7 @@ async fn sqlx_invalid_consumer_names_are_refused() {
         assert!(matches!(err, Error::InvalidConsumer { .. }), "{err}");
     }
     assert_eq!(db.count("SELECT count(*) FROM {schema}.inbox").await, 0);
+    drop(conn);
     db.drop_schema().await;
 }
 
@@ -141,6 +143,7 @@ async fn sqlx_purge_removes_only_old_rows_in_bounded_batches() {
         .unwrap();
     assert_eq!(third, 0);
     assert_eq!(db.count("SELECT count(*) FROM {schema}.inbox").await, 2);
+    drop(conn);
     db.drop_schema().await;
 }
 

@@ -4,6 +4,7 @@
 //! it cannot. Plus the cost of going through the functions (ignored: run it
 //! by hand, `cargo test -p postbox --test main enqueue_cost -- --ignored --nocapture`).
 
+use postbox::statements::trusted;
 use postbox::{NewEvent, Outbox};
 use postbox_testkit::TestDb;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -45,7 +46,7 @@ async fn a_role_with_only_execute_enqueues_through_both_drivers() {
         .after_connect(move |conn, _| {
             let set_role = set_role.clone();
             Box::pin(async move {
-                sqlx::query(&set_role).execute(conn).await?;
+                sqlx::query(trusted(&set_role)).execute(conn).await?;
                 Ok(())
             })
         })
@@ -98,9 +99,9 @@ async fn a_role_with_only_execute_enqueues_through_both_drivers() {
     assert!(text.contains("permission denied"), "{text}");
     drop(client);
 
-    let rows: Vec<(Uuid, String, i64, String)> = sqlx::query_as(&db.sql(
+    let rows: Vec<(Uuid, String, i64, String)> = sqlx::query_as(trusted(&db.sql(
         "SELECT event_id, aggregate_id, sequence, status::text FROM {schema}.outbox ORDER BY id",
-    ))
+    )))
     .fetch_all(&db.pool)
     .await
     .unwrap();
@@ -181,7 +182,7 @@ async fn time_batches(db: &TestDb, batches: usize, size: usize, direct: bool) ->
             let versions: Vec<i32> = vec![1; size];
             let payloads: Vec<&str> = events.iter().map(NewEvent::payload_json).collect();
             let headers: Vec<&str> = vec!["{}"; size];
-            sqlx::query(&sql)
+            sqlx::query(trusted(&sql))
                 .bind(&ids)
                 .bind(&types)
                 .bind(&agg_types)
@@ -216,7 +217,7 @@ async fn time_singles(db: &TestDb, n: usize, direct: bool, round: usize) -> Dura
     let started = Instant::now();
     for (i, e) in events.iter().enumerate() {
         if direct {
-            sqlx::query(&sql)
+            sqlx::query(trusted(&sql))
                 .bind(e.event_id())
                 .bind(e.event_type())
                 .bind("order")
@@ -301,7 +302,7 @@ async fn enqueue_cost() {
     for _ in 0..7 {
         for (sql, out) in [(&direct_loop, &mut sd), (&function_loop, &mut sf)] {
             let started = Instant::now();
-            sqlx::raw_sql(sql).execute(&db.pool).await.unwrap();
+            sqlx::raw_sql(trusted(sql)).execute(&db.pool).await.unwrap();
             out.push(started.elapsed());
         }
     }

@@ -2,6 +2,7 @@
 //! caller's transaction, mark processed in that transaction, purge by age.
 
 use postbox::received::{self, NewDelivery};
+use postbox::statements::trusted;
 use postbox::{Error, InboxOutcome, Outbox};
 use postbox_testkit::TestDb;
 use std::time::Duration;
@@ -57,6 +58,7 @@ async fn a_delivery_is_stored_once_with_its_exact_bytes() {
     assert_eq!(d.header("content-type"), Some("application/json"));
     assert_eq!(d.header("Webhook-Id"), Some("msg_1"));
     assert_eq!(d.header("missing"), None);
+    drop(conn);
     db.drop_schema().await;
 }
 
@@ -107,7 +109,7 @@ async fn marking_processed_commits_with_the_effect_or_not_at_all() {
         .await
         .unwrap();
     for d in &batch {
-        sqlx::query(&effect)
+        sqlx::query(trusted(&effect))
             .bind(&d.event_id)
             .execute(&mut *tx)
             .await
@@ -128,7 +130,7 @@ async fn marking_processed_commits_with_the_effect_or_not_at_all() {
         .unwrap();
     assert_eq!(again.iter().map(|d| d.id).collect::<Vec<_>>(), ids);
     for d in &again {
-        sqlx::query(&effect)
+        sqlx::query(trusted(&effect))
             .bind(&d.event_id)
             .execute(&mut *tx)
             .await
@@ -194,12 +196,14 @@ async fn purge_deletes_only_old_processed_deliveries() {
         received::purge(&outbox, &mut conn, day, 10).await.unwrap(),
         0
     );
-    let left: Vec<String> =
-        sqlx::query_scalar(&db.sql("SELECT event_id FROM {schema}.received ORDER BY event_id"))
-            .fetch_all(&db.pool)
-            .await
-            .unwrap();
+    let left: Vec<String> = sqlx::query_scalar(trusted(
+        &db.sql("SELECT event_id FROM {schema}.received ORDER BY event_id"),
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
     assert_eq!(left, ["c", "d"]);
+    drop(conn);
     db.drop_schema().await;
 }
 

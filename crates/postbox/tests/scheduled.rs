@@ -3,6 +3,7 @@
 //! outbox (claim mode) and in the log (log mode).
 
 use chrono::{Duration as TimeDelta, Utc};
+use postbox::statements::trusted;
 use postbox::{Error, NewEvent, Outbox};
 use postbox_testkit::TestDb;
 use serde_json::json;
@@ -22,11 +23,11 @@ async fn due_in(db: &TestDb, table: &str, id: Uuid) -> (f64, Option<f64>) {
     } else {
         ("deliver_at", "deliver_at")
     };
-    let row = sqlx::query(&db.sql(&format!(
+    let row = sqlx::query(trusted(&db.sql(&format!(
         "SELECT extract(epoch FROM COALESCE({available}, now()) - now())::float8 AS due, \
                 extract(epoch FROM {deliver} - now())::float8 AS scheduled \
          FROM {{schema}}.{table} WHERE event_id = $1"
-    )))
+    ))))
     .bind(id)
     .fetch_one(&db.pool)
     .await
@@ -106,9 +107,9 @@ async fn the_library_stores_the_delivery_time_in_the_outbox() {
     let (due, _) = due_in(&db, "outbox", batch[2]).await;
     assert!(near(due, 86400.0), "{due}");
     // Scheduling changes nothing else: numbered in order, pending, untried.
-    let sequences: Vec<i64> = sqlx::query_scalar(&db.sql(
+    let sequences: Vec<i64> = sqlx::query_scalar(trusted(&db.sql(
         "SELECT sequence FROM {schema}.outbox WHERE status = 'pending' AND attempts = 0 ORDER BY id",
-    ))
+    )))
     .fetch_all(&db.pool)
     .await
     .unwrap();
@@ -171,7 +172,7 @@ async fn the_sql_function_takes_deliver_at_by_name_and_keeps_its_old_calls() {
         "'{}', '{}'",
         "'{}', deliver_at => NULL",
     ] {
-        let id: Uuid = sqlx::query_scalar(&call(args))
+        let id: Uuid = sqlx::query_scalar(trusted(&call(args)))
             .fetch_one(&db.pool)
             .await
             .unwrap_or_else(|e| panic!("enqueue(..., {args}): {e}"));
@@ -190,7 +191,7 @@ async fn the_sql_function_takes_deliver_at_by_name_and_keeps_its_old_calls() {
         )
         .await;
     assert_eq!(count, 1);
-    let err = sqlx::query_scalar::<_, Uuid>(&call("'{}', deliver_at => 'infinity'"))
+    let err = sqlx::query_scalar::<_, Uuid>(trusted(&call("'{}', deliver_at => 'infinity'")))
         .fetch_one(&db.pool)
         .await
         .unwrap_err();
@@ -227,10 +228,10 @@ async fn in_log_mode_the_log_keeps_the_delivery_time() {
     )
     .await
     .unwrap();
-    let sql: Uuid = sqlx::query_scalar(&db.sql(
+    let sql: Uuid = sqlx::query_scalar(trusted(&db.sql(
         "SELECT {schema}.enqueue('order.created', 'order', 'b', '{}', \
                                  deliver_at => now() + interval '30 minutes')",
-    ))
+    )))
     .fetch_one(&mut *tx)
     .await
     .unwrap();
@@ -291,13 +292,13 @@ async fn the_upgrade_carries_the_producers_grants_over() {
     .await;
     for m in postbox::MIGRATIONS.iter().filter(|m| m.version <= 10) {
         let mut tx = db.pool.begin().await.unwrap();
-        sqlx::raw_sql(&db.schema.render(m.sql))
+        sqlx::raw_sql(trusted(&db.schema.render(m.sql)))
             .execute(&mut *tx)
             .await
             .unwrap();
-        sqlx::query(&db.sql(
+        sqlx::query(trusted(&db.sql(
             "INSERT INTO {schema}.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
-        ))
+        )))
         .bind(m.version)
         .bind(m.name)
         .bind(m.checksum())
@@ -323,7 +324,7 @@ async fn the_upgrade_carries_the_producers_grants_over() {
 
     let outbox = Outbox::new(db.schema.clone());
     let mut tx = db.pool.begin().await.unwrap();
-    sqlx::query(&format!("SET LOCAL ROLE {role}"))
+    sqlx::query(trusted(&format!("SET LOCAL ROLE {role}")))
         .execute(&mut *tx)
         .await
         .unwrap();
@@ -337,10 +338,10 @@ async fn the_upgrade_carries_the_producers_grants_over() {
     postbox::sqlx::enqueue_batch(&outbox, &mut tx, &[event(2), event(3)])
         .await
         .expect("the old grant covers enqueue_many");
-    sqlx::query(&db.sql(
+    sqlx::query(trusted(&db.sql(
         "SELECT {schema}.enqueue('order.created', 'order', 'c', '{}', \
                                  deliver_at => now() + interval '1 minute')",
-    ))
+    )))
     .execute(&mut *tx)
     .await
     .expect("the old grant covers enqueue");

@@ -52,10 +52,12 @@ async fn an_order_is_applied_once_even_when_redis_delivers_it_twice() {
     );
 
     // On the wire: the outbox row's event id, in the entry and in the CloudEvents body.
-    let outbox_id: Uuid = sqlx::query_scalar(&shop.db.sql("SELECT event_id FROM {schema}.outbox"))
-        .fetch_one(&shop.db.pool)
-        .await
-        .unwrap();
+    let outbox_id: Uuid = sqlx::query_scalar(sqlx::AssertSqlSafe(
+        shop.db.sql("SELECT event_id FROM {schema}.outbox"),
+    ))
+    .fetch_one(&shop.db.pool)
+    .await
+    .unwrap();
     let sent = entries(&shop.stream).await;
     assert_eq!(sent.len(), 1);
     assert_eq!(field(&sent[0], "id"), outbox_id.to_string());

@@ -85,7 +85,7 @@ impl TestShop {
     pub async fn customer_orders(&self, customer: &str) -> i64 {
         let sql =
             "SELECT coalesce(max(orders), 0) FROM {schema}.customer_stats WHERE customer = $1";
-        sqlx::query_scalar(&self.db.sql(sql))
+        sqlx::query_scalar(sqlx::AssertSqlSafe(self.db.sql(sql)))
             .bind(customer)
             .fetch_one(&self.db.pool)
             .await

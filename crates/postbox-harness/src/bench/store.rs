@@ -3,6 +3,7 @@
 //! row-at-a-time relay it is compared to, and the outbox's size.
 
 use crate::catalog;
+use postbox::statements::trusted;
 use postbox::Schema;
 use sqlx::{PgPool, Row};
 
@@ -71,7 +72,7 @@ impl BenchStore {
 
     /// The server's version, as `SHOW server_version` has it.
     pub async fn server_version(&self) -> Result<String, sqlx::Error> {
-        sqlx::query(&self.server_version)
+        sqlx::query(trusted(&self.server_version))
             .fetch_one(&self.pool)
             .await?
             .try_get("server_version")
@@ -87,18 +88,20 @@ impl BenchStore {
 
     /// Drop the benchmark's schema.
     pub async fn drop_schema(&self) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(&self.drop_schema).execute(&self.pool).await?;
+        sqlx::raw_sql(trusted(&self.drop_schema))
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 
     /// Insert `n` committed events, then VACUUM ANALYZE the table.
     pub async fn seed(&self, n: i64, aggregates: i64) -> Result<(), sqlx::Error> {
-        sqlx::query(&self.seed)
+        sqlx::query(trusted(&self.seed))
             .bind(n)
             .bind(aggregates)
             .execute(&self.pool)
             .await?;
-        sqlx::raw_sql(&self.vacuum_analyze)
+        sqlx::raw_sql(trusted(&self.vacuum_analyze))
             .execute(&self.pool)
             .await?;
         Ok(())
@@ -106,12 +109,14 @@ impl BenchStore {
 
     /// Append `n` committed events to the log (log mode), then ANALYZE it.
     pub async fn seed_log(&self, n: i64, aggregates: i64) -> Result<(), sqlx::Error> {
-        sqlx::query(&self.seed_log)
+        sqlx::query(trusted(&self.seed_log))
             .bind(n)
             .bind(aggregates)
             .execute(&self.pool)
             .await?;
-        sqlx::raw_sql(&self.log_analyze).execute(&self.pool).await?;
+        sqlx::raw_sql(trusted(&self.log_analyze))
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 
@@ -122,13 +127,13 @@ impl BenchStore {
             .seed_emit
             .replace("{events}", &n.to_string())
             .replace("{per_tx}", &per_tx.max(1).to_string());
-        sqlx::raw_sql(&sql).execute(&self.pool).await?;
+        sqlx::raw_sql(trusted(&sql)).execute(&self.pool).await?;
         Ok(())
     }
 
     /// Rows in the outbox and the log together.
     pub async fn table_rows(&self) -> Result<i64, sqlx::Error> {
-        sqlx::query(&self.table_rows)
+        sqlx::query(trusted(&self.table_rows))
             .fetch_one(&self.pool)
             .await?
             .try_get("table_rows")
@@ -136,7 +141,7 @@ impl BenchStore {
 
     /// Autovacuum off on the log's segments and the outbox.
     pub async fn autovacuum_off(&self) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(&self.autovacuum_off)
+        sqlx::raw_sql(trusted(&self.autovacuum_off))
             .execute(&self.pool)
             .await?;
         Ok(())
@@ -144,14 +149,14 @@ impl BenchStore {
 
     /// The current WAL position.
     pub async fn wal_lsn(&self) -> Result<String, sqlx::Error> {
-        sqlx::query_scalar(&self.wal_lsn)
+        sqlx::query_scalar(trusted(&self.wal_lsn))
             .fetch_one(&self.pool)
             .await
     }
 
     /// WAL bytes written since `lsn`.
     pub async fn wal_since(&self, lsn: &str) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar(&self.wal_since)
+        sqlx::query_scalar(trusted(&self.wal_since))
             .bind(lsn)
             .fetch_one(&self.pool)
             .await
@@ -159,7 +164,9 @@ impl BenchStore {
 
     /// Sizes of the log's partitions.
     pub async fn log_size(&self) -> Result<TableSize, sqlx::Error> {
-        let r = sqlx::query(&self.log_size).fetch_one(&self.pool).await?;
+        let r = sqlx::query(trusted(&self.log_size))
+            .fetch_one(&self.pool)
+            .await?;
         Ok(TableSize {
             table_bytes: r.try_get("table_bytes")?,
             index_bytes: r.try_get("index_bytes")?,
@@ -170,24 +177,24 @@ impl BenchStore {
     /// Drain everything pending with the SQL-only claim/ack loop.
     pub async fn ceiling(&self, batch: u32) -> Result<(), sqlx::Error> {
         let sql = self.ceiling.replace("{batch}", &batch.to_string());
-        sqlx::raw_sql(&sql).execute(&self.pool).await?;
+        sqlx::raw_sql(trusted(&sql)).execute(&self.pool).await?;
         Ok(())
     }
 
     /// Read everything in the log with log mode's page query, moving a
     /// cursor row per page, in SQL alone.
     pub async fn log_ceiling(&self, batch: u32) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(&self.log_ceiling_cursor)
+        sqlx::raw_sql(trusted(&self.log_ceiling_cursor))
             .execute(&self.pool)
             .await?;
         let sql = self.log_ceiling.replace("{batch}", &batch.to_string());
-        sqlx::raw_sql(&sql).execute(&self.pool).await?;
+        sqlx::raw_sql(trusted(&sql)).execute(&self.pool).await?;
         Ok(())
     }
 
     /// Up to 100 pending rows, oldest first: (id, payload).
     pub async fn naive_select(&self) -> Result<Vec<(i64, String)>, sqlx::Error> {
-        let rows = sqlx::query(&self.naive_select)
+        let rows = sqlx::query(trusted(&self.naive_select))
             .fetch_all(&self.pool)
             .await?;
         rows.iter()
@@ -198,7 +205,7 @@ impl BenchStore {
     /// Mark one row sent in its own transaction.
     pub async fn naive_mark(&self, id: i64) -> Result<(), sqlx::Error> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query(&self.naive_mark)
+        sqlx::query(trusted(&self.naive_mark))
             .bind(id)
             .execute(&mut *tx)
             .await?;
@@ -207,14 +214,16 @@ impl BenchStore {
 
     /// Events not yet delivered (pending or in flight).
     pub async fn pending(&self) -> Result<i64, sqlx::Error> {
-        sqlx::query(&self.pending)
+        sqlx::query(trusted(&self.pending))
             .fetch_one(&self.pool)
             .await?
             .try_get("pending")
     }
 
     pub async fn table_size(&self) -> Result<TableSize, sqlx::Error> {
-        let r = sqlx::query(&self.table_size).fetch_one(&self.pool).await?;
+        let r = sqlx::query(trusted(&self.table_size))
+            .fetch_one(&self.pool)
+            .await?;
         Ok(TableSize {
             table_bytes: r.try_get("table_bytes")?,
             index_bytes: r.try_get("index_bytes")?,

@@ -22,6 +22,7 @@ use super::{redis_target, Bench, RELAY_GRACE};
 use crate::supervisor::run_together;
 use crate::{catalog, db, AnyError};
 use futures::StreamExt;
+use postbox::statements::trusted;
 use postbox::{NewEvent, Outbox, Schema};
 use serde::Serialize;
 use sqlx::PgPool;
@@ -109,7 +110,7 @@ impl Bench<'_> {
         names.extend((1..=databases).map(|i| format!("{PREFIX}_{i:02}")));
         crate::errln!("tenants: {schemas} schemas in one database and {databases} more databases…");
         for name in &names {
-            sqlx::raw_sql(&sql.create_database.replace("{database}", name))
+            sqlx::raw_sql(trusted(&sql.create_database.replace("{database}", name)))
                 .execute(&self.pool)
                 .await?;
         }
@@ -134,12 +135,12 @@ impl Bench<'_> {
     }
 
     async fn drop_tenant_databases(&self, sql: &Sql) -> Result<(), AnyError> {
-        let left: Vec<String> = sqlx::query_scalar(&sql.databases)
+        let left: Vec<String> = sqlx::query_scalar(trusted(&sql.databases))
             .bind(format!("{PREFIX}\\_%"))
             .fetch_all(&self.pool)
             .await?;
         for name in left {
-            sqlx::raw_sql(&sql.drop_database.replace("{database}", &name))
+            sqlx::raw_sql(trusted(&sql.drop_database.replace("{database}", &name)))
                 .execute(&self.pool)
                 .await?;
         }
@@ -226,7 +227,7 @@ impl Bench<'_> {
             let idle_cpu_percent =
                 (cpu_after - cpu_before) as f64 / ticks_per_second() / IDLE_WINDOW.as_secs_f64() * 100.0;
             let idle_rss_mb = rss_mb(pid, "VmRSS:")?;
-            let idle_connections: i64 = sqlx::query_scalar(&sql.connections)
+            let idle_connections: i64 = sqlx::query_scalar(trusted(&sql.connections))
                 .bind(format!("{PREFIX}\\_%"))
                 .bind(postbox_store::RELAY_APPLICATION_NAME)
                 .fetch_one(&self.pool)

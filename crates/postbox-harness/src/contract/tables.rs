@@ -3,6 +3,7 @@
 //! consumer applied each event.
 
 use crate::catalog;
+use postbox::statements::trusted;
 use postbox::Schema;
 use sqlx::{PgConnection, PgPool, Row};
 use std::collections::HashSet;
@@ -38,7 +39,9 @@ impl Tables {
 
     /// Create the tables (in a schema postbox's migrations created).
     pub async fn create(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(&self.create_tables).execute(conn).await?;
+        sqlx::raw_sql(trusted(&self.create_tables))
+            .execute(conn)
+            .await?;
         Ok(())
     }
 
@@ -48,7 +51,7 @@ impl Tables {
         tx: &mut PgConnection,
         ids: &[Uuid],
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(&self.record_produced)
+        sqlx::query(trusted(&self.record_produced))
             .bind(ids)
             .execute(tx)
             .await?;
@@ -61,7 +64,7 @@ impl Tables {
         tx: &mut PgConnection,
         event_id: Uuid,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(&self.apply_effect)
+        sqlx::query(trusted(&self.apply_effect))
             .bind(event_id)
             .execute(tx)
             .await?;
@@ -71,13 +74,15 @@ impl Tables {
     /// Let the transaction `tx` commit without waiting for its WAL to be
     /// written (the planted bug `consumer-async-commit`).
     pub async fn commit_without_flush(&self, tx: &mut PgConnection) -> Result<(), sqlx::Error> {
-        sqlx::query(&self.commit_without_flush).execute(tx).await?;
+        sqlx::query(trusted(&self.commit_without_flush))
+            .execute(tx)
+            .await?;
         Ok(())
     }
 
     /// How many events were committed.
     pub async fn produced_count(&self, pool: &PgPool) -> Result<i64, sqlx::Error> {
-        sqlx::query(&self.produced_count)
+        sqlx::query(trusted(&self.produced_count))
             .fetch_one(pool)
             .await?
             .try_get("produced")
@@ -85,7 +90,7 @@ impl Tables {
 
     /// The events that were committed.
     pub async fn produced(&self, pool: &PgPool) -> Result<HashSet<Uuid>, sqlx::Error> {
-        sqlx::query(&self.produced)
+        sqlx::query(trusted(&self.produced))
             .fetch_all(pool)
             .await?
             .iter()
@@ -95,7 +100,7 @@ impl Tables {
 
     /// Each applied event and how often it was applied.
     pub async fn effects(&self, pool: &PgPool) -> Result<Vec<(Uuid, i32)>, sqlx::Error> {
-        sqlx::query(&self.effects)
+        sqlx::query(trusted(&self.effects))
             .fetch_all(pool)
             .await?
             .iter()
@@ -105,7 +110,9 @@ impl Tables {
 
     /// Drop the run's schema, postbox's tables with it.
     pub async fn drop_schema(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
-        sqlx::query(&self.drop_schema).execute(pool).await?;
+        sqlx::query(trusted(&self.drop_schema))
+            .execute(pool)
+            .await?;
         Ok(())
     }
 }
