@@ -129,11 +129,16 @@ async fn held(pool: &sqlx::PgPool, slot: &str) -> bool {
     .unwrap()
 }
 
+/// Wait until a relay holds the slot's reader lock (and, since the reader
+/// takes its lock before it creates the slot, the slot exists), or until
+/// none holds it.
 async fn wait_held(pool: &sqlx::PgPool, slot: &str, want: bool) {
     wait_for(
         "the slot's reader lock",
         Duration::from_secs(60),
-        || async { held(pool, slot).await == want },
+        || async {
+            held(pool, slot).await == want && (!want || wal_status(pool, slot).await.is_some())
+        },
     )
     .await;
 }

@@ -40,23 +40,16 @@ SELECT {schema}.uuid_v7(), 'order.created', 'order',
 FROM generate_series(1, $1) g;
 
 -- name: seed_emit
--- The same seed emitted into the WAL (logical mode, no table row): {events}
--- events in transactions of {per_tx}, one aggregate per event. Run alone
--- (each transaction commits inside the block).
-DO $seed$
-BEGIN
-  FOR t IN 0 .. ({events} - 1) / {per_tx} LOOP
-    PERFORM {schema}.emit_one({schema}.uuid_v7(), 'order.created', 'order', g::text, 1,
-              jsonb_build_object('order_id', g, 'account_id', g % 97, 'customer', 'customer-' || (g % 1000),
-                                 'currency', 'EUR', 'total_cents', (g * 7919) % 100000,
-                                 'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-' || (g % 500), 'qty', 1 + g % 3)),
-                                 'note', repeat('x', 48)),
-              '{}'::jsonb)
-    FROM generate_series(t * {per_tx} + 1, least((t + 1) * {per_tx}, {events})) g;
-    COMMIT;
-  END LOOP;
-END
-$seed$;
+-- The same seed emitted into the WAL (logical mode, no table row): events
+-- $1 to $2, one aggregate per event, in the statement's own transaction
+-- (the caller runs one statement per transaction it wants).
+SELECT count({schema}.emit_one({schema}.uuid_v7(), 'order.created', 'order', g::text, 1,
+         jsonb_build_object('order_id', g, 'account_id', g % 97, 'customer', 'customer-' || (g % 1000),
+                            'currency', 'EUR', 'total_cents', (g * 7919) % 100000,
+                            'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-' || (g % 500), 'qty', 1 + g % 3)),
+                            'note', repeat('x', 48)),
+         '{}'::jsonb))
+FROM generate_series($1::bigint, $2::bigint) g;
 
 -- name: table_rows
 -- Rows in the outbox and the log (what a producer wrote into tables).

@@ -123,11 +123,17 @@ impl BenchStore {
     /// Emit `n` events into the WAL (logical mode), `per_tx` per
     /// transaction; no table row is written.
     pub async fn seed_emit(&self, n: i64, per_tx: i64) -> Result<(), sqlx::Error> {
-        let sql = self
-            .seed_emit
-            .replace("{events}", &n.to_string())
-            .replace("{per_tx}", &per_tx.max(1).to_string());
-        sqlx::raw_sql(trusted(&sql)).execute(&self.pool).await?;
+        let per_tx = per_tx.max(1);
+        let mut first = 1;
+        while first <= n {
+            let last = (first + per_tx - 1).min(n);
+            sqlx::query(trusted(&self.seed_emit))
+                .bind(first)
+                .bind(last)
+                .execute(&self.pool)
+                .await?;
+            first = last + 1;
+        }
         Ok(())
     }
 
