@@ -251,7 +251,7 @@ mod tests {
         let store = BenchStore::new(pool, &Schema::new("x_bench").unwrap());
         assert!(store.ceiling.contains("{batch}"));
         assert!(store.log_ceiling.contains("{batch}"));
-        assert!(store.seed_emit.contains("{per_tx}") && store.seed_emit.contains("{events}"));
+        assert!(store.seed_emit.contains("\"x_bench\".emit_one"));
         assert!(store.seed.contains("\"x_bench\".outbox"));
     }
 }
