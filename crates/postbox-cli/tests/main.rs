@@ -7,7 +7,6 @@ mod guidance;
 mod installs;
 mod logical;
 mod ops;
-mod otel;
 mod pipes;
 mod receive;
 mod restore;

@@ -1,6 +1,13 @@
 //! OpenTelemetry: one trace from a producer's request, through `postbox
 //! relay` (exporting over OTLP/HTTP to a receiver this test runs), to a
 //! consumer's `record_inbox`; and no export unless the environment asks.
+//!
+//! A test binary of its own: the producer's and consumer's spans are
+//! recorded by a subscriber installed as the process's global default before
+//! any span is made, so every callsite of the library registers with it. (A
+//! thread-scoped subscriber in the shared test binary missed the library's
+//! `enqueue` span now and then: another test's thread could register the
+//! callsite first, with no subscriber to be interested in it.)
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -17,7 +24,7 @@ use postbox::{NewEvent, Outbox};
 use postbox_testkit::{redis, redis_url, serve_http, unique, wait_for, TestDb};
 use prost::Message as _;
 use redis::AsyncCommands;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tracing::Instrument;
 use tracing_subscriber::layer::SubscriberExt;
@@ -157,13 +164,21 @@ async fn relay_drain(db: &TestDb, key: &str, env: &[(&str, &str)]) -> String {
     stderr
 }
 
-/// The test process's own spans (producer and consumer), kept in memory.
-fn tracing_in_memory() -> (InMemorySpanExporter, SdkTracerProvider) {
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(exporter.clone())
-        .build();
-    (exporter, provider)
+/// The test process's own spans (producer and consumer), kept in memory by
+/// the global subscriber, installed once for the whole binary.
+fn tracing_in_memory() -> &'static (InMemorySpanExporter, SdkTracerProvider) {
+    static KEPT: OnceLock<(InMemorySpanExporter, SdkTracerProvider)> = OnceLock::new();
+    KEPT.get_or_init(|| {
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(exporter.clone())
+            .build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        tracing::subscriber::set_global_default(subscriber)
+            .expect("the only global subscriber of this test binary");
+        (exporter, provider)
+    })
 }
 
 fn from_sdk(span: &opentelemetry_sdk::trace::SpanData) -> Seen {
@@ -193,26 +208,12 @@ fn one<'a>(spans: &'a [Seen], what: &str, matches: impl Fn(&Seen) -> bool) -> &'
     found[0]
 }
 
-// Current-thread runtime: the test's subscriber (a thread default) sees
-// every span the test's own tasks make.
-// Flaky: in about one run in three the library's `enqueue` span is missing
-// from this thread's in-memory exporter (a callsite-interest race between
-// scoped subscribers and the binary's other tests); run it explicitly with
-// `cargo test --workspace --test main -- --ignored otel::` until mended.
-#[ignore = "flaky: the enqueue span is sometimes missing locally (callsite interest race)"]
-#[tokio::test(flavor = "current_thread")]
+#[tokio::test]
 async fn one_trace_runs_from_the_producers_request_through_the_relay_to_the_consumer() {
     let receiver = Receiver::start().await;
     let db = TestDb::new().await;
     let outbox = Outbox::new(db.schema.clone());
     let (memory, provider) = tracing_in_memory();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
-    let _default = tracing::subscriber::set_default(subscriber);
-    // Other tests of this binary hit the library's span callsites on other
-    // threads with no subscriber; recompute every callsite's interest now
-    // that this thread has one, so none stays cached as disabled.
-    tracing::callsite::rebuild_interest_cache();
 
     // The producer: an event enqueued while handling a request.
     let request = tracing::info_span!("handle_order");
@@ -343,6 +344,9 @@ async fn one_trace_runs_from_the_producers_request_through_the_relay_to_the_cons
 
 #[tokio::test]
 async fn nothing_is_exported_unless_the_environment_asks() {
+    // Whichever test starts first installs the global subscriber before any
+    // span is made.
+    tracing_in_memory();
     let receiver = Receiver::start().await;
     let db = TestDb::new().await;
     let key = unique("otel:");
