@@ -273,6 +273,11 @@ async fn errors_name_the_flag_the_user_typed() {
             "--batch-size: must be between 1 and 10000",
             "relay.batch_size",
         ),
+        (
+            vec!["relay", "--sink", "stdout", "--log-partitions", "0"],
+            "--log-partitions: must be between 1 and 1024",
+            "relay.log_partitions",
+        ),
     ] {
         let out = run(&db, &args);
         assert!(!out.status.success(), "{args:?}");

@@ -34,6 +34,11 @@ pub struct RelayArgs {
     /// [default: relay.logical_slot in the config file, or postbox_<schema>]
     #[arg(long, value_name = "NAME")]
     pub slot: Option<String>,
+    /// Log mode: into how many partitions each destination's cursor is
+    /// split (1–1024, by a hash of the aggregate), so several relays share
+    /// one destination [default: relay.log_partitions in the config file, or 1]
+    #[arg(long, value_name = "N")]
+    pub log_partitions: Option<u16>,
     /// Events per claim [default: 500, or relay.batch_size in the config file]
     #[arg(long, env = "POSTBOX_BATCH_SIZE")]
     pub batch_size: Option<u32>,
@@ -97,6 +102,9 @@ pub fn resolve_relay(
     if let Some(slot) = &args.slot {
         config.logical_slot = Some(slot.clone());
     }
+    if let Some(n) = args.log_partitions {
+        config.log_partitions = n;
+    }
     config.validate().map_err(|e| {
         name_the_flag(
             e,
@@ -107,6 +115,11 @@ pub fn resolve_relay(
                     args.batch_size.is_some(),
                 ),
                 ("relay.logical_slot", "--slot", args.slot.is_some()),
+                (
+                    "relay.log_partitions",
+                    "--log-partitions",
+                    args.log_partitions.is_some(),
+                ),
             ],
         )
     })?;
