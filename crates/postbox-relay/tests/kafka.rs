@@ -3,8 +3,9 @@
 //! development machines or in CI. With the feature, the suite runs against
 //! librdkafka's mock cluster (real Kafka protocol over TCP, in-process, with
 //! brokers that can be taken down); against a real cluster only when
-//! `KAFKA_BROKERS` names one (`HOST:PORT[,HOST:PORT]`, topics auto-created),
-//! otherwise that test prints why it was skipped and passes.
+//! `KAFKA_BROKERS` names one (`HOST:PORT[,HOST:PORT]`; the test creates its
+//! topics), otherwise that test prints why it was skipped and passes. `.ci/run`
+//! starts tansu, an Apache-Kafka-compatible broker, and sets it.
 
 #[cfg(not(feature = "kafka"))]
 #[test]
@@ -19,6 +20,8 @@ mod with_feature {
     use postbox_relay::sinks::kafka::KafkaSink;
     use postbox_relay::sinks::SinkOptions;
     use postbox_relay::Sink;
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::message::{Headers, Message as _};
     use rdkafka::ClientConfig;
@@ -32,6 +35,25 @@ mod with_feature {
                 println!("skipped: KAFKA_BROKERS is not set (no Kafka broker runs here); set it to HOST:PORT to run");
                 None
             }
+        }
+    }
+
+    /// Create `topic` (one partition) on a real cluster: brokers need not
+    /// create topics on first use (tansu does not).
+    async fn create_topic(brokers: &str, topic: &str) {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .create()
+            .expect("a Kafka admin client");
+        let created = admin
+            .create_topics(
+                &[NewTopic::new(topic, 1, TopicReplication::Fixed(1))],
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+            )
+            .await
+            .expect("the CreateTopics request");
+        for result in created {
+            result.unwrap_or_else(|(name, code)| panic!("create topic {name}: {code}"));
         }
     }
 
@@ -105,7 +127,9 @@ mod with_feature {
             hang_deadline: None,
         };
         // Every suite message has this event type; the poisoned one renders an invalid topic.
-        let reader = TopicReader::new(&brokers, &format!("{topic}.conformance.item.created"));
+        let name = format!("{topic}.conformance.item.created");
+        create_topic(&brokers, &name).await;
+        let reader = TopicReader::new(&brokers, &name);
         conformance::run(spec, |_proxy| async move {
             let url = format!("kafka://{brokers}?topic={topic}.{{event_type}}&timeout=10s");
             let sink = postbox_relay::sinks::from_url(&url, &SinkOptions::default())
@@ -232,6 +256,7 @@ mod with_feature {
     async fn kafka_throughput() {
         let Some(brokers) = brokers() else { return };
         let topic = postbox_testkit::unique("throughput-");
+        create_topic(&brokers, &topic).await;
         let sink = KafkaSink::from_url(
             &format!("kafka://{brokers}?topic={topic}"),
             SinkOptions::default(),
