@@ -6,7 +6,11 @@ mod dlq;
 mod guidance;
 mod installs;
 mod logical;
+// The OTLP receiver shared with the `otel` test binary (not every part used here).
 mod ops;
+#[allow(dead_code)]
+#[path = "common/otlp.rs"]
+mod otlp;
 mod pipes;
 mod receive;
 mod restore;

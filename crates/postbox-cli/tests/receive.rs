@@ -435,6 +435,46 @@ async fn a_verified_delivery_is_stored_once_and_a_repeat_is_a_duplicate() {
 }
 
 #[tokio::test]
+async fn a_delivery_is_received_under_a_span_continuing_its_traceparent() {
+    let db = TestDb::new().await;
+    let otlp = crate::otlp::Receiver::start().await;
+    let receiver = Setup::webhooks(&db)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp.endpoint)
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .start()
+        .await;
+    let id = "0193d4a6-7c1e-7000-8000-00000000002a";
+    let body = cloudevent(id);
+    let mut headers = webhooks_headers(SECRET, id, now(), &body);
+    let (trace, parent) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+    headers.push(("traceparent".to_owned(), format!("00-{trace}-{parent}-01")));
+    let reply = receiver.post("/hooks", &as_refs(&headers), &body).await;
+    assert_eq!((reply.status, reply.body.as_str()), (200, "stored"));
+
+    let span =
+        |spans: &[crate::otlp::Seen]| spans.iter().find(|s| s.name == "receive billing").cloned();
+    wait_for(
+        "the receive span to be exported",
+        Duration::from_secs(30),
+        || {
+            let found = span(&otlp.spans()).is_some();
+            async move { found }
+        },
+    )
+    .await;
+    let received = span(&otlp.spans()).unwrap();
+    assert_eq!(received.trace_id, trace, "{received:#?}");
+    assert_eq!(received.parent_span_id, parent, "{received:#?}");
+    assert_eq!(received.attribute("messaging.message.id"), Some(id));
+    assert_eq!(
+        received.attribute("messaging.operation.type"),
+        Some("receive")
+    );
+    drop(receiver);
+    db.drop_schema().await;
+}
+
+#[tokio::test]
 async fn fifty_concurrent_copies_of_one_delivery_make_exactly_one_row() {
     let db = TestDb::new().await;
     let receiver = std::sync::Arc::new(Setup::webhooks(&db).start().await);

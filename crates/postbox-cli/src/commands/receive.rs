@@ -36,6 +36,7 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// Default for `--max-body-bytes`: 1 MiB.
 const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -385,7 +386,22 @@ impl Deliveries {
                 return answer(StatusCode::BAD_REQUEST, "malformed delivery");
             }
         };
-        match self.store(&delivery).await {
+        // The consumer's `receive` span, a child of the context the delivery
+        // carries (exported when OpenTelemetry export is on).
+        let stored = match uuid::Uuid::parse_str(delivery.event_id()) {
+            Ok(id) => {
+                let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+                let span = postbox::otel::receive_span(
+                    &self.consumer,
+                    id,
+                    text("traceparent"),
+                    text("tracestate"),
+                );
+                self.store(&delivery).instrument(span).await
+            }
+            Err(_) => self.store(&delivery).await,
+        };
+        match stored {
             Ok(InboxOutcome::New) => {
                 tracing::debug!(event_id = delivery.event_id(), "stored a delivery");
                 answer(StatusCode::OK, "stored")

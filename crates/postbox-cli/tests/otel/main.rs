@@ -9,136 +9,19 @@
 //! `enqueue` span now and then: another test's thread could register the
 //! callsite first, with no subscriber to be interested in it.)
 
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::header::CONTENT_TYPE;
-use axum::response::IntoResponse;
-use axum::routing::post;
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
-use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
 use postbox::{NewEvent, Outbox};
-use postbox_testkit::{redis, redis_url, serve_http, unique, wait_for, TestDb};
-use prost::Message as _;
+use postbox_testkit::{redis, redis_url, unique, wait_for, TestDb};
 use redis::AsyncCommands;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 use tracing::Instrument;
 use tracing_subscriber::layer::SubscriberExt;
 
-/// A span as this test compares them: ids in lowercase hex.
-#[derive(Clone, Debug)]
-struct Seen {
-    name: String,
-    trace_id: String,
-    span_id: String,
-    parent_span_id: String,
-    attributes: Vec<(String, String)>,
-    links: Vec<String>,
-    service: String,
-}
-
-impl Seen {
-    fn attribute(&self, key: &str) -> Option<&str> {
-        self.attributes
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// An OTLP/HTTP receiver: decodes `ExportTraceServiceRequest` protobuf on
-/// `/v1/traces` and keeps every span, and counts the requests.
-struct Receiver {
-    spans: Arc<Mutex<Vec<Seen>>>,
-    requests: Arc<Mutex<usize>>,
-    endpoint: String,
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
-type Kept = (Arc<Mutex<Vec<Seen>>>, Arc<Mutex<usize>>);
-
-async fn export(State((spans, requests)): State<Kept>, body: Bytes) -> impl IntoResponse {
-    *requests.lock().unwrap() += 1;
-    let Ok(request) = ExportTraceServiceRequest::decode(body) else {
-        return (axum::http::StatusCode::BAD_REQUEST, Vec::new()).into_response();
-    };
-    let mut kept = spans.lock().unwrap();
-    for resource_spans in request.resource_spans {
-        let service = resource_spans
-            .resource
-            .iter()
-            .flat_map(|r| &r.attributes)
-            .find(|a| a.key == "service.name")
-            .and_then(|a| a.value.as_ref()?.value.as_ref())
-            .map(|v| match v {
-                Value::StringValue(s) => s.clone(),
-                other => format!("{other:?}"),
-            })
-            .unwrap_or_default();
-        for scope in resource_spans.scope_spans {
-            for span in scope.spans {
-                let attributes = span
-                    .attributes
-                    .iter()
-                    .map(|a| {
-                        let value = match a.value.as_ref().and_then(|v| v.value.as_ref()) {
-                            Some(Value::StringValue(s)) => s.clone(),
-                            Some(Value::IntValue(i)) => i.to_string(),
-                            Some(other) => format!("{other:?}"),
-                            None => String::new(),
-                        };
-                        (a.key.clone(), value)
-                    })
-                    .collect();
-                kept.push(Seen {
-                    name: span.name,
-                    trace_id: hex(&span.trace_id),
-                    span_id: hex(&span.span_id),
-                    parent_span_id: hex(&span.parent_span_id),
-                    attributes,
-                    links: span.links.iter().map(|l| hex(&l.span_id)).collect(),
-                    service: service.clone(),
-                });
-            }
-        }
-    }
-    let answer = ExportTraceServiceResponse::default().encode_to_vec();
-    ([(CONTENT_TYPE, "application/x-protobuf")], answer).into_response()
-}
-
-impl Receiver {
-    async fn start() -> Self {
-        let spans = Arc::new(Mutex::new(Vec::new()));
-        let requests = Arc::new(Mutex::new(0));
-        let app = axum::Router::new()
-            .route("/v1/traces", post(export))
-            .with_state((spans.clone(), requests.clone()));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let endpoint = format!("http://{}", listener.local_addr().unwrap());
-        Receiver {
-            spans,
-            requests,
-            endpoint,
-            _stop: serve_http(listener, app),
-        }
-    }
-
-    fn spans(&self) -> Vec<Seen> {
-        self.spans.lock().unwrap().clone()
-    }
-
-    fn requests(&self) -> usize {
-        *self.requests.lock().unwrap()
-    }
-}
+#[path = "../common/otlp.rs"]
+mod otlp;
+use otlp::{Receiver, Seen};
 
 /// `postbox relay --drain` to a Redis list, with `env` added to a
 /// environment free of `OTEL_*`; returns its stderr.
