@@ -20,6 +20,7 @@
 //! so the slot never waits for it.
 
 use crate::backoff;
+use crate::config::LogicalTransport;
 use crate::metrics as m;
 use crate::redact::sanitize_error;
 use crate::relay::{publish_to, RunMode, Shared};
@@ -37,14 +38,14 @@ const DB_RETRY_MAX: Duration = Duration::from_secs(10);
 /// How often a standby tries to take the slot over.
 const STANDBY_RETRY: Duration = Duration::from_millis(500);
 /// How often the slot's lag gauges are refreshed while reading.
-const SLOT_CHECK: Duration = Duration::from_secs(1);
+pub(crate) const SLOT_CHECK: Duration = Duration::from_secs(1);
 /// The longest wait between two reads of an idle slot.
 const IDLE_POLL_MAX: Duration = Duration::from_millis(250);
 /// Warn when less than this share of `max_slot_wal_keep_size` is left.
 const SAFE_WAL_WARN_SHARE: f64 = 0.2;
 /// How often the reader notes in the schema that it reads the slot (what
 /// `status` and the health watch measure a slot's time unread by).
-const READ_NOTE: Duration = Duration::from_secs(5);
+pub(crate) const READ_NOTE: Duration = Duration::from_secs(5);
 /// A round reads at most this many batches' worth of changes before it
 /// confirms them. Every read (and every confirmation) decodes the WAL again
 /// from the slot's restart position, which moves only every ~15 s: rounds
@@ -53,7 +54,7 @@ const READ_NOTE: Duration = Duration::from_secs(5);
 const ROUND_BATCHES: usize = 20;
 
 /// Why a reading session ended.
-enum Ended {
+pub(crate) enum Ended {
     Shutdown,
     Drained,
     Standby,
@@ -66,7 +67,13 @@ pub(crate) async fn read_loop(shared: Arc<Shared>, mode: RunMode) {
     let mut failures = 0;
     let mut standby_said = false;
     while !shared.shutdown.is_cancelled() {
-        match session(&shared, &logical, &slot, mode, &mut failures).await {
+        let read = match shared.config.logical_transport {
+            LogicalTransport::Stream => {
+                crate::logical_stream::session(&shared, &logical, &slot, mode, &mut failures).await
+            }
+            LogicalTransport::Sql => session(&shared, &logical, &slot, mode, &mut failures).await,
+        };
+        match read {
             Ok(Ended::Shutdown | Ended::Drained) => break,
             Ok(Ended::Standby) => {
                 if !standby_said {
@@ -89,6 +96,8 @@ pub(crate) async fn read_loop(shared: Arc<Shared>, mode: RunMode) {
                 if let ReadError::Lost { .. } = e {
                     metrics::gauge!(m::SLOT_INVALIDATED, "slot" => slot.clone()).set(1.0);
                     tracing::error!(%slot, %error, retry_in = ?delay, "the replication slot is invalidated: the relay does not read on until it is dropped and re-created");
+                } else if let ReadError::Refused { .. } = e {
+                    tracing::error!(%slot, %error, retry_in = ?delay, "logical mode cannot open a replication connection: the server refused it");
                 } else if error.contains("wal_level") {
                     tracing::error!(%slot, %error, retry_in = ?delay, "logical mode cannot read: the server is not configured for it");
                 } else {
@@ -104,9 +113,16 @@ pub(crate) async fn read_loop(shared: Arc<Shared>, mode: RunMode) {
 }
 
 #[derive(Debug, thiserror::Error)]
-enum ReadError {
+pub(crate) enum ReadError {
     #[error(transparent)]
     Db(#[from] sqlx::Error),
+    /// The replication stream failed (connection lost, server error).
+    #[error("the replication stream failed: {0}")]
+    Stream(String),
+    /// The server refused the replication connection; `what` says what to
+    /// set.
+    #[error("the server refused the replication connection ({error}): {what}")]
+    Refused { error: String, what: String },
     #[error(
         "replication slot {slot} was invalidated (wal_status = lost): the server removed WAL it \
          still needed (max_slot_wal_keep_size), so {range}; see the README's operations section \
@@ -182,10 +198,10 @@ async fn session(
 }
 
 /// The slot's gauges and warnings.
-struct SlotWatch {
-    last: Instant,
+pub(crate) struct SlotWatch {
+    pub(crate) last: Instant,
     /// When a read last reached the WAL's flush position.
-    caught_up: Instant,
+    pub(crate) caught_up: Instant,
     warned: Option<Instant>,
 }
 
@@ -200,7 +216,7 @@ impl Default for SlotWatch {
 }
 
 impl SlotWatch {
-    async fn check(&mut self, logical: &Logical, slot: &str) -> Result<(), ReadError> {
+    pub(crate) async fn check(&mut self, logical: &Logical, slot: &str) -> Result<(), ReadError> {
         self.last = Instant::now();
         let Some(status) = logical.status(Some(slot)).await?.into_iter().next() else {
             return Ok(());
@@ -309,7 +325,7 @@ async fn round(
 
 /// Publish `events` to every destination they route to, at once; hand what
 /// a destination did not take to the outbox.
-async fn publish_batch(
+pub(crate) async fn publish_batch(
     shared: &Shared,
     logical: &Logical,
     events: &[LogicalEvent],
