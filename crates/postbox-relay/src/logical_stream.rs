@@ -25,7 +25,7 @@ use percent_encoding::percent_decode_str;
 use pgwire_replication::{
     PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent, SslMode, TlsConfig,
 };
-use postbox_store::{decode_event, LogicalEvent, Logical, Lsn};
+use postbox_store::{decode_event, Logical, LogicalEvent, Lsn};
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 use sqlx::ConnectOptions;
 use std::time::{Duration, Instant};
@@ -75,7 +75,11 @@ pub(crate) async fn session(
         return Ok(Ended::Drained);
     }
     logical.read_now(&mut conn, slot).await?;
-    let config = replication_config(shared.store.pool().connect_options().as_ref(), slot, batch_buffer(shared))?;
+    let config = replication_config(
+        shared.store.pool().connect_options().as_ref(),
+        slot,
+        batch_buffer(shared),
+    )?;
     let mut client = ReplicationClient::connect(config)
         .await
         .map_err(refused_or_stream)?;
@@ -407,7 +411,9 @@ mod tests {
         let hba = refused_or_stream(PgWireError::Server(
             "no pg_hba.conf entry for replication connection from host \"10.0.0.1\", user \"relay\", no encryption (SQLSTATE 28000)".into(),
         ));
-        assert!(matches!(&hba, ReadError::Refused { what, .. } if what.contains("host replication")));
+        assert!(
+            matches!(&hba, ReadError::Refused { what, .. } if what.contains("host replication"))
+        );
         let role = refused_or_stream(PgWireError::Server(
             "must be superuser or replication role to start walsender (SQLSTATE 42501)".into(),
         ));

@@ -576,7 +576,12 @@ async fn an_event_committed_while_the_reader_idles_is_pushed_to_it_and_confirmed
                     == 1
             }
         };
-        wait_for("a walsender streaming the slot", Duration::from_secs(30), walsender).await;
+        wait_for(
+            "a walsender streaming the slot",
+            Duration::from_secs(30),
+            walsender,
+        )
+        .await;
         let ids = emit(&pool, &schema, 1, "order.created").await;
         let after: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
             .fetch_one(&pool)
@@ -626,9 +631,11 @@ async fn the_sql_transport_still_reads_and_confirms_the_slot() {
             async move { sink.count() >= 60 }
         })
         .await;
-        wait_for("the slot confirmed past them", Duration::from_secs(30), || {
-            confirmed_past(&pool, &slot, &after)
-        })
+        wait_for(
+            "the slot confirmed past them",
+            Duration::from_secs(30),
+            || confirmed_past(&pool, &slot, &after),
+        )
         .await;
         stop.cancel();
         relay.await.unwrap();
