@@ -286,7 +286,7 @@ fn refused_or_stream(e: PgWireError) -> ReadError {
         || lower.contains("replication attribute")
     {
         Some(
-            "give the relay's role the REPLICATION attribute (`ALTER ROLE <role> REPLICATION`), \
+            "give the relay's login role the REPLICATION role attribute (a superuser grants it), \
              or set relay.logical_transport = \"sql\"",
         )
     } else if lower.contains("max_wal_senders") {
