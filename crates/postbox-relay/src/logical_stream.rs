@@ -217,6 +217,11 @@ impl Reader<'_> {
             if self.shared.shutdown.is_cancelled() {
                 return Ok(Ended::Shutdown);
             }
+            // Draining a database that keeps committing: stop once past
+            // the flush position seen at the start, even if more is ready.
+            if upto.is_some_and(|upto| self.pending.is_empty() && self.confirmed >= upto) {
+                return Ok(Ended::Drained);
+            }
         }
     }
 

@@ -643,3 +643,48 @@ async fn the_sql_transport_still_reads_and_confirms_the_slot() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn draining_stops_once_it_has_read_what_was_committed_before_it_started() {
+    let db = TestDb::new().await;
+    let (pool, schema) = (db.pool.clone(), db.schema.clone());
+    with_slot(db, |slot| async move {
+        // A first relay creates the slot; then events wait in it.
+        let stop = CancellationToken::new();
+        let first = started(
+            &pool,
+            &schema,
+            &slot,
+            ScriptedSink::delivering(),
+            stop.clone(),
+        )
+        .await;
+        stop.cancel();
+        first.await.unwrap();
+        let ids = emit(&pool, &schema, 30, "order.created").await;
+        let after: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        let sink = ScriptedSink::delivering();
+        let relay = Relay::new(
+            postbox_relay::Store::new(pool.clone(), schema.clone()),
+            sink.clone(),
+            config(&slot),
+        )
+        .unwrap();
+        let stats = tokio::time::timeout(
+            Duration::from_secs(60),
+            relay.run(RunMode::Drain, CancellationToken::new()),
+        )
+        .await
+        .expect("the drain ends by itself");
+        assert_eq!(stats.delivered, 30);
+        assert_eq!(sink.ids(), ids);
+        assert!(
+            confirmed_past(&pool, &slot, &after).await,
+            "the drain confirmed what it delivered"
+        );
+    })
+    .await;
+}
