@@ -6,7 +6,12 @@
 //! standby, trying the lock every `standby_retry`, and takes over once the
 //! holder's session ends (its process died or stopped).
 //!
-//! Each round peeks the slot's changes up to the WAL's flush position,
+//! The slot is read over the streaming replication protocol by default
+//! (`logical_stream.rs`); with `relay.logical_transport = "sql"`, by the
+//! rounds below. Both publish through [`publish_batch`] and confirm only
+//! past what was published or handed off.
+//!
+//! Over SQL, each round peeks the slot's changes up to the WAL's flush position,
 //! decoding them row by row as they arrive: every `batch_size` events are
 //! published at once to every destination they route to, and those a
 //! destination did not take are handed to the outbox (the claim loop, running
@@ -156,7 +161,7 @@ async fn session(
     metrics::gauge!(m::SLOT_INVALIDATED, "slot" => slot.to_owned()).set(0.0);
     logical.read_now(&mut conn, slot).await?;
     let mut noted = Instant::now();
-    tracing::info!(%slot, "reading the replication slot");
+    tracing::info!(%slot, transport = "sql", "reading the replication slot");
     let mut idle: u32 = 0;
     loop {
         if shared.shutdown.is_cancelled() {
