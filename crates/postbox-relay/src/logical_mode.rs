@@ -8,7 +8,7 @@
 //!
 //! The slot is read over the streaming replication protocol by default
 //! (`logical_stream.rs`); with `relay.logical_transport = "sql"`, by the
-//! rounds below. Both publish through [`publish_batch`] and confirm only
+//! rounds below. Both publish through `publish_batch` and confirm only
 //! past what was published or handed off.
 //!
 //! Over SQL, each round peeks the slot's changes up to the WAL's flush position,
