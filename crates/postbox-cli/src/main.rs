@@ -261,13 +261,15 @@ fn log_filter(
 /// workloads (`bench`, `demo`, `verify`) migrate throwaway schemas over and
 /// over: their "applied migration" lines would bury the results. The AMQP
 /// client's own lines are off (they carry its internal debug dumps): the
-/// relay reports every broker failure itself, in plain words.
+/// relay reports every broker failure itself, in plain words. So do the
+/// replication client's (logical mode's reader logs each stream failure with
+/// what to set).
 fn default_log_filter(command: &Command) -> &'static str {
     match command {
         Command::Bench(_) | Command::Demo(_) | Command::Verify(_) => {
-            "info,sqlx=warn,lapin=off,async_nats=warn,postbox::sqlx=warn,opentelemetry=warn,opentelemetry_sdk=warn,opentelemetry_otlp=warn"
+            "info,sqlx=warn,lapin=off,pgwire_replication=off,async_nats=warn,postbox::sqlx=warn,opentelemetry=warn,opentelemetry_sdk=warn,opentelemetry_otlp=warn"
         }
-        _ => "info,sqlx=warn,lapin=off,async_nats=warn,opentelemetry=warn,opentelemetry_sdk=warn,opentelemetry_otlp=warn",
+        _ => "info,sqlx=warn,lapin=off,pgwire_replication=off,async_nats=warn,opentelemetry=warn,opentelemetry_sdk=warn,opentelemetry_otlp=warn",
     }
 }
 

@@ -430,7 +430,10 @@ impl TempCluster {
                 },
             ])
             .args(["-c", "full_page_writes=off"])
-            // Logical mode (emit, replication slots) runs on it too.
+            // Logical mode (emit, replication slots) runs on it too; its
+            // replication connections are admitted by the `replication`
+            // lines initdb writes into pg_hba.conf (trust, local and
+            // loopback) and the default max_wal_senders (10).
             .args(["-c", "wal_level=logical"])
             .stdin(Stdio::null())
             .stdout(log)

@@ -51,6 +51,24 @@ impl std::str::FromStr for ReadMode {
     }
 }
 
+/// How logical mode reads its replication slot (`relay.logical_transport`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogicalTransport {
+    /// The streaming replication protocol: the server pushes each
+    /// transaction's events as it commits, decoded once; the relay confirms
+    /// with standby status updates. Needs a replication connection (a
+    /// `replication` entry in pg_hba.conf, a role with `REPLICATION`, a free
+    /// `max_wal_senders` slot).
+    #[default]
+    Stream,
+    /// The SQL interface: the slot is peeked round after round (idle rounds
+    /// back off up to 250 ms) and advanced with `pg_replication_slot_advance`;
+    /// each peek decodes the WAL again from the slot's restart position. For
+    /// servers that admit no replication connection.
+    Sql,
+}
+
 /// How the relay claims, publishes and retries (`[relay]` in the config file).
 /// Durations are written like `500ms`, `30s`, `10m`.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
@@ -113,8 +131,12 @@ pub struct RelayConfig {
     /// Logical mode: the replication slot to read (created on first start,
     /// with a publication of the same name); default `postbox_<schema>`.
     pub logical_slot: Option<String>,
-    /// Logical mode: how often the slot is read when the last read found
-    /// nothing new (a read that finds events is followed by the next at once).
+    /// Logical mode: how the slot is read, `stream` (the streaming
+    /// replication protocol, the default) or `sql` (peeked through SQL).
+    pub logical_transport: LogicalTransport,
+    /// Logical mode over `sql`: how often the slot is read when the last read
+    /// found nothing new (a read that finds events is followed by the next at
+    /// once). The stream transport does not poll.
     #[serde(with = "humantime_serde")]
     pub logical_poll_interval: Duration,
     /// Logical mode: the health watch, `postbox status` and `postbox slot
@@ -142,6 +164,7 @@ impl Default for RelayConfig {
             shutdown_timeout: Duration::from_secs(30),
             synchronous_commit: true,
             logical_slot: None,
+            logical_transport: LogicalTransport::Stream,
             logical_poll_interval: Duration::from_millis(10),
             logical_inactive_warn: Duration::from_secs(300),
         }

@@ -22,6 +22,7 @@ pub mod failpoint;
 pub mod health;
 mod log_mode;
 pub mod logical_mode;
+mod logical_stream;
 pub mod metrics;
 mod otel;
 pub mod relay;
@@ -35,7 +36,7 @@ mod trouble;
 /// Secret masking and payload redaction (shared with the console and the CLI).
 pub use postbox::redact;
 
-pub use config::{ConfigError, ReadMode, RelayConfig};
+pub use config::{ConfigError, LogicalTransport, ReadMode, RelayConfig};
 pub use health::HealthConfig;
 pub use postbox_store::Store;
 pub use relay::{Relay, RunMode, Stats, StatsSnapshot};

@@ -6,7 +6,12 @@
 //! standby, trying the lock every `standby_retry`, and takes over once the
 //! holder's session ends (its process died or stopped).
 //!
-//! Each round peeks the slot's changes up to the WAL's flush position,
+//! The slot is read over the streaming replication protocol by default
+//! (`logical_stream.rs`); with `relay.logical_transport = "sql"`, by the
+//! rounds below. Both publish through `publish_batch` and confirm only
+//! past what was published or handed off.
+//!
+//! Over SQL, each round peeks the slot's changes up to the WAL's flush position,
 //! decoding them row by row as they arrive: every `batch_size` events are
 //! published at once to every destination they route to, and those a
 //! destination did not take are handed to the outbox (the claim loop, running
@@ -20,6 +25,7 @@
 //! so the slot never waits for it.
 
 use crate::backoff;
+use crate::config::LogicalTransport;
 use crate::metrics as m;
 use crate::redact::sanitize_error;
 use crate::relay::{publish_to, RunMode, Shared};
@@ -37,14 +43,14 @@ const DB_RETRY_MAX: Duration = Duration::from_secs(10);
 /// How often a standby tries to take the slot over.
 const STANDBY_RETRY: Duration = Duration::from_millis(500);
 /// How often the slot's lag gauges are refreshed while reading.
-const SLOT_CHECK: Duration = Duration::from_secs(1);
+pub(crate) const SLOT_CHECK: Duration = Duration::from_secs(1);
 /// The longest wait between two reads of an idle slot.
 const IDLE_POLL_MAX: Duration = Duration::from_millis(250);
 /// Warn when less than this share of `max_slot_wal_keep_size` is left.
 const SAFE_WAL_WARN_SHARE: f64 = 0.2;
 /// How often the reader notes in the schema that it reads the slot (what
 /// `status` and the health watch measure a slot's time unread by).
-const READ_NOTE: Duration = Duration::from_secs(5);
+pub(crate) const READ_NOTE: Duration = Duration::from_secs(5);
 /// A round reads at most this many batches' worth of changes before it
 /// confirms them. Every read (and every confirmation) decodes the WAL again
 /// from the slot's restart position, which moves only every ~15 s: rounds
@@ -53,7 +59,7 @@ const READ_NOTE: Duration = Duration::from_secs(5);
 const ROUND_BATCHES: usize = 20;
 
 /// Why a reading session ended.
-enum Ended {
+pub(crate) enum Ended {
     Shutdown,
     Drained,
     Standby,
@@ -66,7 +72,13 @@ pub(crate) async fn read_loop(shared: Arc<Shared>, mode: RunMode) {
     let mut failures = 0;
     let mut standby_said = false;
     while !shared.shutdown.is_cancelled() {
-        match session(&shared, &logical, &slot, mode, &mut failures).await {
+        let read = match shared.config.logical_transport {
+            LogicalTransport::Stream => {
+                crate::logical_stream::session(&shared, &logical, &slot, mode, &mut failures).await
+            }
+            LogicalTransport::Sql => session(&shared, &logical, &slot, mode, &mut failures).await,
+        };
+        match read {
             Ok(Ended::Shutdown | Ended::Drained) => break,
             Ok(Ended::Standby) => {
                 if !standby_said {
@@ -89,6 +101,8 @@ pub(crate) async fn read_loop(shared: Arc<Shared>, mode: RunMode) {
                 if let ReadError::Lost { .. } = e {
                     metrics::gauge!(m::SLOT_INVALIDATED, "slot" => slot.clone()).set(1.0);
                     tracing::error!(%slot, %error, retry_in = ?delay, "the replication slot is invalidated: the relay does not read on until it is dropped and re-created");
+                } else if let ReadError::Refused { .. } = e {
+                    tracing::error!(%slot, %error, retry_in = ?delay, "logical mode cannot open a replication connection: the server refused it");
                 } else if error.contains("wal_level") {
                     tracing::error!(%slot, %error, retry_in = ?delay, "logical mode cannot read: the server is not configured for it");
                 } else {
@@ -104,9 +118,16 @@ pub(crate) async fn read_loop(shared: Arc<Shared>, mode: RunMode) {
 }
 
 #[derive(Debug, thiserror::Error)]
-enum ReadError {
+pub(crate) enum ReadError {
     #[error(transparent)]
     Db(#[from] sqlx::Error),
+    /// The replication stream failed (connection lost, server error).
+    #[error("the replication stream failed: {0}")]
+    Stream(String),
+    /// The server refused the replication connection; `what` says what to
+    /// set.
+    #[error("the server refused the replication connection ({error}): {what}")]
+    Refused { error: String, what: String },
     #[error(
         "replication slot {slot} was invalidated (wal_status = lost): the server removed WAL it \
          still needed (max_slot_wal_keep_size), so {range}; see the README's operations section \
@@ -140,7 +161,7 @@ async fn session(
     metrics::gauge!(m::SLOT_INVALIDATED, "slot" => slot.to_owned()).set(0.0);
     logical.read_now(&mut conn, slot).await?;
     let mut noted = Instant::now();
-    tracing::info!(%slot, "reading the replication slot");
+    tracing::info!(%slot, transport = "sql", "reading the replication slot");
     let mut idle: u32 = 0;
     loop {
         if shared.shutdown.is_cancelled() {
@@ -182,10 +203,10 @@ async fn session(
 }
 
 /// The slot's gauges and warnings.
-struct SlotWatch {
-    last: Instant,
+pub(crate) struct SlotWatch {
+    pub(crate) last: Instant,
     /// When a read last reached the WAL's flush position.
-    caught_up: Instant,
+    pub(crate) caught_up: Instant,
     warned: Option<Instant>,
 }
 
@@ -200,7 +221,7 @@ impl Default for SlotWatch {
 }
 
 impl SlotWatch {
-    async fn check(&mut self, logical: &Logical, slot: &str) -> Result<(), ReadError> {
+    pub(crate) async fn check(&mut self, logical: &Logical, slot: &str) -> Result<(), ReadError> {
         self.last = Instant::now();
         let Some(status) = logical.status(Some(slot)).await?.into_iter().next() else {
             return Ok(());
@@ -309,7 +330,7 @@ async fn round(
 
 /// Publish `events` to every destination they route to, at once; hand what
 /// a destination did not take to the outbox.
-async fn publish_batch(
+pub(crate) async fn publish_batch(
     shared: &Shared,
     logical: &Logical,
     events: &[LogicalEvent],

@@ -31,6 +31,7 @@ pub fn fast_config() -> RelayConfig {
         shutdown_timeout: Duration::from_secs(10),
         synchronous_commit: true,
         logical_slot: None,
+        logical_transport: postbox_relay::LogicalTransport::Stream,
         logical_poll_interval: Duration::from_millis(10),
         logical_inactive_warn: Duration::from_secs(300),
     }

@@ -1,11 +1,14 @@
 //! Logical mode's slot (see migration 11 and `sql/logical.sql`).
 //!
 //! Producers write events into the WAL only (`emit`: a transactional logical
-//! message with the prefix `postbox.<schema>`). The relay reads them through
-//! a replication slot with the SQL interface: it *peeks* the slot's changes
-//! (nothing is confirmed by reading), publishes them, hands what a
+//! message with the prefix `postbox.<schema>`). The relay reads them from a
+//! replication slot, by default over the streaming replication protocol
+//! (the relay's `logical_stream.rs`: this module gives it the slot's lock,
+//! creation, status and hand-off, and [`decode_event`]); over the SQL
+//! interface (`relay.logical_transport = "sql"`) it *peeks* the slot's
+//! changes (nothing is confirmed by reading), publishes them, hands what a
 //! destination did not take to the outbox, and only then *advances* the
-//! slot past them. A crash before the advance redelivers what was read.
+//! slot past them. A crash before the confirmation redelivers what was read.
 //!
 //! The changes are pgoutput's binary messages (protocol version 1); this
 //! module decodes the three a message-only publication yields — Begin,

@@ -1,0 +1,437 @@
+//! Logical mode over the streaming replication protocol
+//! (`relay.logical_transport = "stream"`, the default).
+//!
+//! The reader holds the slot's advisory lock on an ordinary connection (one
+//! reader per slot, standbys wait, as with the SQL transport), creates the
+//! slot through SQL when it is missing, then opens a replication connection
+//! (`pgwire-replication`) and runs `START_REPLICATION SLOT … LOGICAL` with
+//! pgoutput (`proto_version '1'`, the slot's publication, `messages
+//! 'true'`). The server pushes each transaction as it commits, decoded once;
+//! the reader publishes events in batches (`batch_size` pending, or as soon
+//! as the stream has nothing more ready), hands what a destination did not
+//! take to the outbox, and only then raises the position it reports in its
+//! standby status updates (`confirmed_flush_lsn`) to the last commit whose
+//! events were all published or handed off. A server keepalive read while no
+//! transaction is open and nothing is pending confirms up to its WAL
+//! position, so the slot follows the WAL while only other writes happen.
+//! A crash redelivers at most what was read since the last confirmation.
+
+use crate::logical_mode::{publish_batch, Ended, ReadError, SlotWatch, READ_NOTE, SLOT_CHECK};
+use crate::metrics as m;
+use crate::redact::sanitize_error;
+use crate::relay::{RunMode, Shared};
+use futures::FutureExt;
+use percent_encoding::percent_decode_str;
+use pgwire_replication::{
+    PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent, SslMode, TlsConfig,
+};
+use postbox_store::{decode_event, Logical, LogicalEvent, Lsn};
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
+use sqlx::ConnectOptions;
+use std::time::{Duration, Instant};
+
+/// How soon a raised confirmation is sent to the server (standby status
+/// update), at most: a batch confirmed is reported within this.
+const STATUS_INTERVAL: Duration = Duration::from_millis(100);
+/// How often a status update is sent while the stream is idle.
+const IDLE_STATUS: Duration = Duration::from_secs(1);
+/// On shutdown, how long the last confirmation may take to reach the server.
+const FINAL_STATUS_WAIT: Duration = Duration::from_secs(2);
+/// Draining: stop when nothing arrived for this long (the server sends a
+/// keepalive as soon as it has caught up, so this is only a safety net).
+const DRAIN_IDLE: Duration = Duration::from_secs(5);
+/// How long an idle reader waits before its periodic chores (slot gauges,
+/// read notes).
+const CHORES: Duration = Duration::from_secs(1);
+
+/// Hold the slot, stream it until shutdown (draining: until it has read up
+/// to the WAL's flush position at the start).
+pub(crate) async fn session(
+    shared: &Shared,
+    logical: &Logical,
+    slot: &str,
+    mode: RunMode,
+    failures: &mut i32,
+) -> Result<Ended, ReadError> {
+    let mut conn = shared.store.pool().acquire().await?.detach();
+    if !logical.lock(&mut conn, slot).await? {
+        return Ok(Ended::Standby);
+    }
+    if logical.ensure_slot(&mut conn, slot).await? {
+        tracing::info!(%slot, "created the replication slot; events emitted from now on are delivered");
+    }
+    let confirmed = logical
+        .confirmed(&mut conn, slot)
+        .await?
+        .unwrap_or_default();
+    let mut watch = SlotWatch::default();
+    watch.check(logical, slot).await?;
+    metrics::gauge!(m::SLOT_INVALIDATED, "slot" => slot.to_owned()).set(0.0);
+    let upto = match mode {
+        RunMode::Drain => Some(logical.flush_lsn(&mut conn).await?),
+        _ => None,
+    };
+    if upto.is_some_and(|upto| confirmed >= upto) {
+        return Ok(Ended::Drained);
+    }
+    logical.read_now(&mut conn, slot).await?;
+    let config = replication_config(
+        shared.store.pool().connect_options().as_ref(),
+        slot,
+        batch_buffer(shared),
+    )?;
+    let mut client = ReplicationClient::connect(config)
+        .await
+        .map_err(refused_or_stream)?;
+    client.wait_started().await.map_err(refused_or_stream)?;
+    tracing::info!(%slot, transport = "stream", "reading the replication slot");
+    let mut reader = Reader {
+        shared,
+        logical,
+        prefix: logical.prefix().to_owned(),
+        client,
+        pending: Vec::with_capacity(shared.config.batch_size as usize),
+        in_txn: false,
+        last_commit: None,
+        confirmed,
+        raised: false,
+    };
+    let ended = reader
+        .run(&mut conn, slot, upto, &mut watch, failures)
+        .await;
+    reader.close().await;
+    drop(conn);
+    ended
+}
+
+/// The replication client's buffer: a few batches, so the socket is read
+/// while a batch publishes, and never a whole large transaction.
+fn batch_buffer(shared: &Shared) -> usize {
+    (shared.config.batch_size as usize)
+        .saturating_mul(4)
+        .clamp(256, 8192)
+}
+
+struct Reader<'a> {
+    shared: &'a Shared,
+    logical: &'a Logical,
+    prefix: String,
+    client: ReplicationClient,
+    /// Events read and not yet published.
+    pending: Vec<LogicalEvent>,
+    /// Inside a transaction (Begin read, its Commit not yet).
+    in_txn: bool,
+    /// The end of the last commit read.
+    last_commit: Option<Lsn>,
+    /// What the status updates report (raised only past published events).
+    confirmed: Lsn,
+    /// Whether this session raised it (then closing waits for it to be sent).
+    raised: bool,
+}
+
+impl Reader<'_> {
+    async fn run(
+        &mut self,
+        conn: &mut sqlx::PgConnection,
+        slot: &str,
+        upto: Option<Lsn>,
+        watch: &mut SlotWatch,
+        failures: &mut i32,
+    ) -> Result<Ended, ReadError> {
+        let batch = self.shared.config.batch_size as usize;
+        let mut noted = Instant::now();
+        let mut last_arrival = Instant::now();
+        loop {
+            // Take what is ready without waiting; when nothing is, settle
+            // what is pending (latency first) before waiting.
+            let next = match self.client.recv().now_or_never() {
+                Some(next) => next,
+                None => {
+                    self.settle().await?;
+                    if !self.in_txn {
+                        watch.caught_up = Instant::now();
+                    }
+                    if upto.is_some_and(|upto| self.confirmed >= upto) {
+                        return Ok(Ended::Drained);
+                    }
+                    if watch.last.elapsed() >= SLOT_CHECK {
+                        watch.check(self.logical, slot).await?;
+                    }
+                    if noted.elapsed() >= READ_NOTE {
+                        self.logical.read_now(conn, slot).await?;
+                        noted = Instant::now();
+                    }
+                    if upto.is_some() && last_arrival.elapsed() >= DRAIN_IDLE {
+                        return Ok(Ended::Drained);
+                    }
+                    tokio::select! {
+                        next = self.client.recv() => next,
+                        _ = tokio::time::sleep(CHORES) => continue,
+                        _ = self.shared.shutdown.cancelled() => return Ok(Ended::Shutdown),
+                    }
+                }
+            };
+            last_arrival = Instant::now();
+            let event = match next {
+                Ok(Some(event)) => event,
+                Ok(None) => {
+                    return Err(ReadError::Stream(
+                        "the server ended the replication stream".to_owned(),
+                    ))
+                }
+                Err(e) => return Err(refused_or_stream(e)),
+            };
+            *failures = 0;
+            match event {
+                ReplicationEvent::Begin { .. } => self.in_txn = true,
+                ReplicationEvent::Message {
+                    transactional: true,
+                    prefix,
+                    content,
+                    ..
+                } if prefix == self.prefix => {
+                    self.pending.push(decode_event(&content)?);
+                    if self.pending.len() >= batch {
+                        self.publish().await?;
+                    }
+                }
+                ReplicationEvent::Commit { end_lsn, .. } => {
+                    self.in_txn = false;
+                    self.last_commit = Some(Lsn(end_lsn.as_u64()));
+                    if self.pending.is_empty() {
+                        self.confirm(Lsn(end_lsn.as_u64()));
+                    }
+                }
+                ReplicationEvent::KeepAlive { wal_end, .. } => {
+                    // Everything the server sent before this keepalive was
+                    // read: with no transaction open and nothing pending,
+                    // nothing before its position is left to deliver.
+                    if !self.in_txn && self.pending.is_empty() {
+                        self.confirm(Lsn(wal_end.as_u64()));
+                    }
+                }
+                ReplicationEvent::StoppedAt { .. }
+                | ReplicationEvent::Message { .. }
+                | ReplicationEvent::XLogData { .. } => {}
+            }
+            if self.shared.shutdown.is_cancelled() {
+                return Ok(Ended::Shutdown);
+            }
+            // Draining a database that keeps committing: stop once past
+            // the flush position seen at the start, even if more is ready.
+            if upto.is_some_and(|upto| self.pending.is_empty() && self.confirmed >= upto) {
+                return Ok(Ended::Drained);
+            }
+        }
+    }
+
+    /// Publish what is pending and confirm up to the last commit read.
+    async fn settle(&mut self) -> Result<(), ReadError> {
+        if !self.pending.is_empty() {
+            self.publish().await?;
+        }
+        Ok(())
+    }
+
+    /// Publish the pending events (hand off what a destination did not
+    /// take); then every commit read so far is settled.
+    async fn publish(&mut self) -> Result<(), ReadError> {
+        publish_batch(self.shared, self.logical, &self.pending).await?;
+        self.pending.clear();
+        if let Some(commit) = self.last_commit {
+            self.confirm(commit);
+        }
+        Ok(())
+    }
+
+    /// Report `lsn` as flushed in the next status update.
+    fn confirm(&mut self, lsn: Lsn) {
+        if lsn > self.confirmed {
+            self.confirmed = lsn;
+            self.raised = true;
+            self.client
+                .update_applied_lsn(pgwire_replication::Lsn::from_u64(lsn.0));
+        }
+    }
+
+    /// Let the last confirmation reach the server (briefly), then end the
+    /// stream.
+    async fn close(mut self) {
+        let want = pgwire_replication::Lsn::from_u64(self.confirmed.0);
+        let metrics = self.client.metrics();
+        let deadline = Instant::now() + FINAL_STATUS_WAIT;
+        while self.raised
+            && metrics.last_applied_lsn() < want
+            && self.client.is_running()
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        if let Err(e) = self.client.shutdown().await {
+            tracing::debug!(error = %sanitize_error(&e.to_string()), "closing the replication stream");
+        }
+    }
+}
+
+/// A replication connection's error: what to set when the server refused
+/// it, otherwise the stream's error.
+fn refused_or_stream(e: PgWireError) -> ReadError {
+    let error = sanitize_error(&e.to_string());
+    let lower = error.to_lowercase();
+    let what = if lower.contains("pg_hba.conf") {
+        Some(
+            "add a `replication` entry for the relay's role and address to pg_hba.conf (`all` in the \
+             database column does not cover replication connections), e.g. `host replication \
+             <role> <address> scram-sha-256`, then reload PostgreSQL; or set \
+             relay.logical_transport = \"sql\"",
+        )
+    } else if lower.contains("replication role")
+        || lower.contains("permission denied to start walsender")
+        || lower.contains("must be superuser or replication")
+        || lower.contains("replication attribute")
+    {
+        Some(
+            "give the relay's login role the REPLICATION role attribute (a superuser grants it), \
+             or set relay.logical_transport = \"sql\"",
+        )
+    } else if lower.contains("max_wal_senders") {
+        Some(
+            "raise max_wal_senders (each streaming relay takes one; it takes a restart), or set \
+             relay.logical_transport = \"sql\"",
+        )
+    } else {
+        None
+    };
+    match what {
+        Some(what) => ReadError::Refused {
+            error,
+            what: what.to_owned(),
+        },
+        None => ReadError::Stream(error),
+    }
+}
+
+/// The replication connection's settings, from the pool's: the same server,
+/// role, password, database and TLS settings.
+fn replication_config(
+    options: &PgConnectOptions,
+    slot: &str,
+    buffer: usize,
+) -> Result<ReplicationConfig, ReadError> {
+    // The only way to the password sqlx holds (parsed from the URL or
+    // PGPASSWORD); the URL is never logged.
+    let url = options.to_url_lossy();
+    let password = url
+        .password()
+        .map(|p| percent_decode_str(p).decode_utf8_lossy().into_owned())
+        .unwrap_or_default();
+    let user = options.get_username();
+    let database = options.get_database().unwrap_or(user);
+    let config = match options.get_socket() {
+        Some(dir) => ReplicationConfig::unix(
+            dir.to_string_lossy(),
+            options.get_port(),
+            user,
+            password,
+            database,
+            slot,
+            slot,
+        ),
+        None => ReplicationConfig::new(options.get_host(), user, password, database, slot, slot)
+            .with_port(options.get_port())
+            .with_tls(tls_config(options, &url)?),
+    };
+    Ok(config
+        .with_application_name(format!("postbox relay {slot}"))
+        .with_status_interval(STATUS_INTERVAL)
+        .with_wakeup_interval(IDLE_STATUS)
+        .with_buffer_size(buffer))
+}
+
+/// sqlx's `sslmode`, `sslrootcert`, `sslcert` and `sslkey` for the
+/// replication connection (certificates as files).
+fn tls_config(options: &PgConnectOptions, url: &url::Url) -> Result<TlsConfig, ReadError> {
+    let param = |name: &str| -> Result<Option<std::path::PathBuf>, ReadError> {
+        let Some((_, value)) = url.query_pairs().find(|(k, _)| k == name) else {
+            return Ok(None);
+        };
+        match value.strip_prefix("file: ") {
+            Some(path) => Ok(Some(path.into())),
+            None => Err(ReadError::Stream(format!(
+                "the streaming replication connection takes {name} as a file path, not inline \
+                 PEM: give the database URL a file, or set relay.logical_transport = \"sql\""
+            ))),
+        }
+    };
+    let ca = param("sslrootcert")?;
+    let mut tls = match options.get_ssl_mode() {
+        PgSslMode::Disable => TlsConfig::disabled(),
+        PgSslMode::Allow | PgSslMode::Prefer => TlsConfig {
+            mode: SslMode::Prefer,
+            ..TlsConfig::disabled()
+        },
+        PgSslMode::Require => TlsConfig::require(),
+        PgSslMode::VerifyCa => TlsConfig::verify_ca(ca),
+        PgSslMode::VerifyFull => TlsConfig::verify_full(ca),
+    };
+    if let (Some(cert), Some(key)) = (param("sslcert")?, param("sslkey")?) {
+        tls = tls.with_client_cert(cert, key);
+    }
+    Ok(tls)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::str::FromStr;
+
+    #[test]
+    fn the_replication_connection_follows_the_database_url() {
+        let options = PgConnectOptions::from_str(
+            "postgres://app%40x:p%3Ass%20w@db.example:6543/shop?sslmode=verify-full&sslrootcert=/etc/ca.pem",
+        )
+        .unwrap();
+        let config = replication_config(&options, "postbox_s", 1000).unwrap();
+        assert_eq!(config.host, "db.example");
+        assert_eq!(config.port, 6543);
+        assert_eq!(config.user, "app@x");
+        assert_eq!(config.password, "p:ss w");
+        assert_eq!(config.database, "shop");
+        assert_eq!(config.slot, "postbox_s");
+        assert_eq!(config.tls.mode, SslMode::VerifyFull);
+        assert_eq!(
+            config.tls.ca_pem_path.as_deref(),
+            Some(std::path::Path::new("/etc/ca.pem"))
+        );
+        let plain =
+            PgConnectOptions::from_str("postgres://postgres@127.0.0.1/postgres?sslmode=disable")
+                .unwrap();
+        let config = replication_config(&plain, "s", 10).unwrap();
+        assert_eq!(config.tls.mode, SslMode::Disable);
+        assert_eq!(config.password, "");
+    }
+
+    #[test]
+    fn a_refused_connection_says_what_to_set() {
+        let hba = refused_or_stream(PgWireError::Server(
+            "no pg_hba.conf entry for replication connection from host \"10.0.0.1\", user \"relay\", no encryption (SQLSTATE 28000)".into(),
+        ));
+        assert!(
+            matches!(&hba, ReadError::Refused { what, .. } if what.contains("host replication"))
+        );
+        let role = refused_or_stream(PgWireError::Server(
+            "must be superuser or replication role to start walsender (SQLSTATE 42501)".into(),
+        ));
+        assert!(matches!(&role, ReadError::Refused { what, .. } if what.contains("REPLICATION")));
+        let senders = refused_or_stream(PgWireError::Server(
+            "number of requested standby connections exceeds max_wal_senders (currently 10) (SQLSTATE 53300)".into(),
+        ));
+        assert!(
+            matches!(&senders, ReadError::Refused { what, .. } if what.contains("max_wal_senders"))
+        );
+        assert!(matches!(
+            refused_or_stream(PgWireError::Protocol("x".into())),
+            ReadError::Stream(_)
+        ));
+    }
+}
