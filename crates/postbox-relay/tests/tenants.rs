@@ -7,7 +7,9 @@ use crate::support::{fast_config, Logs, ScriptedSink};
 use postbox::statements::trusted;
 use postbox::{NewEvent, Schema};
 use postbox_relay::router::Pattern;
-use postbox_relay::{OutboxSource, Outcome, Router, RunMode, Sink, Tenants, TenantsConfig};
+use postbox_relay::{
+    OutboxSource, Outcome, ReadMode, Router, RunMode, Sink, Store, Tenants, TenantsConfig,
+};
 use postbox_testkit::{database_url, unique, wait_for};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::PgPool;
@@ -45,6 +47,19 @@ async fn migrated(pool: &PgPool, name: &str) -> Schema {
     let schema = Schema::new(name).unwrap();
     let mut conn = pool.acquire().await.unwrap();
     postbox::sqlx::migrate(&mut conn, &schema).await.unwrap();
+    schema
+}
+
+/// A migrated outbox whose producers write where a relay in `mode` reads.
+async fn migrated_for(pool: &PgPool, name: &str, mode: ReadMode) -> Schema {
+    let schema = migrated(pool, name).await;
+    if mode == ReadMode::Log {
+        Store::new(pool.clone(), schema.clone())
+            .log()
+            .set_producer_target(postbox_store::ProducerTarget::Log)
+            .await
+            .unwrap();
+    }
     schema
 }
 
@@ -373,20 +388,34 @@ async fn a_huge_backlog_does_not_starve_a_quiet_outbox() {
 
 #[tokio::test]
 async fn a_quiet_outbox_is_served_while_every_busy_batch_is_stuck() {
+    quiet_outbox_served_while_busy_batches_are_stuck(ReadMode::Claim).await;
+}
+
+#[tokio::test]
+async fn a_quiet_log_mode_outbox_is_served_while_every_busy_batch_is_stuck() {
+    quiet_outbox_served_while_busy_batches_are_stuck(ReadMode::Log).await;
+}
+
+/// Two permits (one shared, one reserved for outboxes with nothing in
+/// flight); a busy outbox whose destination never answers, so its batches
+/// hold their permits for good; then a quiet outbox appears and commits an
+/// event, which is delivered all the same. In log mode the busy outbox reads
+/// four partitions at once, so without the reserve (or with its readers each
+/// asking as idle) it would hold both permits.
+async fn quiet_outbox_served_while_busy_batches_are_stuck(mode: ReadMode) {
     let pool = pool().await;
     let prefix = unique("tn");
-    let busy = migrated(&pool, &format!("{prefix}_busy")).await;
-    let quiet = migrated(&pool, &format!("{prefix}_quiet")).await;
+    let busy = migrated_for(&pool, &format!("{prefix}_busy"), mode).await;
     enqueue(&pool, &busy, "order.created", 200).await;
-    // The busy outbox's destination never answers until the end: its
-    // batches hold their permits for good.
+    let quiet_name = format!("{prefix}_quiet");
     let gate = Arc::new(tokio::sync::Notify::new());
     let stuck = ScriptedSink::held(gate.clone());
     let sink = ScriptedSink::delivering();
     let mut config = config();
-    // One shared permit and one reserved for outboxes with nothing in flight.
     config.max_in_flight_batches = 2;
     config.relay.batch_size = 10;
+    config.relay.mode = mode;
+    config.relay.log_partitions = 4;
     let tenants = Arc::new(
         Tenants::new(
             config,
@@ -396,9 +425,10 @@ async fn a_quiet_outbox_is_served_while_every_busy_batch_is_stuck() {
                     schema: busy.clone(),
                     router: Some(Arc::new(Router::single(stuck.clone() as Arc<dyn Sink>))),
                 },
+                // Not there yet: served once it is migrated.
                 OutboxSource::Outbox {
                     connect: connect(),
-                    schema: quiet.clone(),
+                    schema: Schema::new(&quiet_name).unwrap(),
                     router: None,
                 },
             ],
@@ -417,6 +447,7 @@ async fn a_quiet_outbox_is_served_while_every_busy_batch_is_stuck() {
     // Whatever the busy outbox holds or waits for, the quiet one's event
     // goes through (with first-come permits alone, the busy outbox would
     // hold both and the quiet event wait for its sink).
+    let quiet = migrated_for(&pool, &quiet_name, mode).await;
     enqueue(&pool, &quiet, "order.created", 1).await;
     wait_for("the quiet outbox's event is delivered", WAIT, || async {
         sink.count() == 1
@@ -442,6 +473,89 @@ async fn a_quiet_outbox_is_served_while_every_busy_batch_is_stuck() {
     task.await.unwrap();
     drop_schema(&pool, busy.name()).await;
     drop_schema(&pool, quiet.name()).await;
+}
+
+/// Log-mode outboxes obey the global cap too: every reader's round is a
+/// batch holding a permit until its page is settled. Publish calls are held
+/// until the test lets them go; the sink keeps the most ever in progress.
+#[tokio::test]
+async fn log_mode_outboxes_never_have_more_batches_in_flight_than_the_cap() {
+    const CAP: usize = 3;
+    const OUTBOXES: usize = 4;
+    const EVENTS: usize = 30;
+    let pool = pool().await;
+    let prefix = unique("tn");
+    let mut schemas = Vec::new();
+    for i in 0..OUTBOXES {
+        let schema = migrated_for(&pool, &format!("{prefix}_{i}"), ReadMode::Log).await;
+        enqueue(&pool, &schema, "order.created", EVENTS).await;
+        schemas.push(schema);
+    }
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let sink = ScriptedSink::held(gate.clone());
+    let mut config = config();
+    config.max_in_flight_batches = CAP;
+    // Held calls must not time out (a timed-out call is retried, and counted
+    // as in progress for good).
+    config.relay.publish_timeout = Duration::from_secs(120);
+    config.relay.lease = Duration::from_secs(300);
+    config.relay.mode = ReadMode::Log;
+    config.relay.batch_size = 5;
+    // Two readers per outbox: eight could publish at once without the cap.
+    config.relay.log_partitions = 2;
+    let tenants = Arc::new(
+        Tenants::new(
+            config,
+            vec![OutboxSource::Discover {
+                connect: connect(),
+                databases: None,
+                schemas: Pattern::parse(&format!("{prefix}_*")).unwrap(),
+            }],
+            Router::single(sink.clone() as Arc<dyn Sink>),
+        )
+        .unwrap(),
+    );
+    let stop = CancellationToken::new();
+    let task = start(tenants.clone(), &stop);
+    let total = OUTBOXES * EVENTS;
+    // Every outbox has work for both its readers: the cap's worth arrive
+    // and stay (without the cap, all eight would).
+    wait_for("the cap's worth of batches is held", WAIT, || async {
+        sink.seen.lock().unwrap().calls >= CAP
+    })
+    .await;
+    wait_for("every event is delivered", WAIT, || async {
+        gate.notify_waiters();
+        tenants.total().delivered == total as u64
+    })
+    .await;
+    let (most, delivered) = {
+        let seen = sink.seen.lock().unwrap();
+        (seen.most_calls, seen.messages.len())
+    };
+    assert_eq!(
+        delivered,
+        total,
+        "every event once: {:?}, twice: {:?}",
+        tenants.total(),
+        {
+            let mut ids = sink.ids();
+            ids.sort();
+            ids.windows(2)
+                .filter(|w| w[0] == w[1])
+                .map(|w| w[0])
+                .collect::<Vec<_>>()
+        }
+    );
+    assert_eq!(
+        most, CAP,
+        "batches in flight at once, across every log-mode outbox"
+    );
+    stop.cancel();
+    task.await.unwrap();
+    for s in &schemas {
+        drop_schema(&pool, s.name()).await;
+    }
 }
 
 #[tokio::test]

@@ -16,13 +16,15 @@
 //! - **one router** (so one set of sinks and broker connections) for every
 //!   outbox that has no routes of its own;
 //! - **a global cap on batches in flight** (`max_in_flight_batches`): each
-//!   engine takes a permit ([`permits`]) before it claims and gives it back
-//!   once the batch is settled.
+//!   engine takes a permit ([`permits`]) before each batch (a claim, or in
+//!   log mode a round of one of its readers) and gives it back once the
+//!   batch is settled.
 //!
 //! **Fairness.** A quarter of the permits (at least one, when there are two
 //! or more) is reserved for outboxes with no batch in flight; the rest are
 //! shared, first come, first served, and an engine asks for one permit at a
-//! time. An outbox draining a backlog asks for its next batch while the
+//! time (all its log readers and its claimer together) and counts as having
+//! nothing in flight only while it holds none. An outbox draining a backlog asks for its next batch while the
 //! previous ones are still in flight, so it only ever waits on the shared
 //! permits: busy outboxes take turns there, one batch per turn, and an event
 //! committed in a quiet outbox finds a reserved permit free instead of
