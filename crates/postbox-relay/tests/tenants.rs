@@ -737,3 +737,94 @@ fn every_outbox_has_its_own_labelled_backlog_gauges() {
         })
     });
 }
+
+/// The health watch covers every outbox: an outbox whose table is mostly
+/// dead tuples is warned about under its name and reported unhealthy in
+/// `status`, while the other outbox of the database stays healthy.
+#[tokio::test]
+async fn the_health_watch_names_the_unhealthy_outbox() {
+    let pool = pool().await;
+    let prefix = unique("tnhealth");
+    let fine = migrated(&pool, &format!("{prefix}_fine")).await;
+    let sick = migrated(&pool, &format!("{prefix}_sick")).await;
+    // 200 dead tuples autovacuum may not clean, and none alive.
+    sqlx::raw_sql(trusted(&format!(
+        "ALTER TABLE {0}.outbox SET (autovacuum_enabled = off)",
+        sick.name()
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    enqueue(&pool, &sick, "order.created", 200).await;
+    sqlx::raw_sql(trusted(&format!(
+        "DELETE FROM {0}.outbox; SELECT pg_stat_force_next_flush()",
+        sick.name()
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let logs = Logs::default();
+    let _capturing = logs.capture(tracing::Level::WARN);
+    let mut config = config();
+    config.health = Some(postbox_relay::HealthConfig {
+        interval: Duration::from_millis(100),
+        // Only the outbox tables: other tests' transactions and slots are not ours.
+        max_transaction_age: Duration::from_secs(86_400),
+        max_slot_xmin_age: i64::MAX,
+        max_dead_tuple_ratio: 0.5,
+        min_dead_tuples: 50,
+        ..Default::default()
+    });
+    let tenants = Arc::new(
+        Tenants::new(
+            config,
+            vec![OutboxSource::Discover {
+                connect: connect(),
+                databases: None,
+                schemas: Pattern::parse(&format!("{prefix}_*")).unwrap(),
+            }],
+            Router::single(ScriptedSink::delivering() as Arc<dyn Sink>),
+        )
+        .unwrap(),
+    );
+    let stop = CancellationToken::new();
+    let task = start(tenants.clone(), &stop);
+    let of = |schema: &Schema| {
+        tenants
+            .status()
+            .into_iter()
+            .find(|o| o.schema == schema.name())
+    };
+    wait_for("the sick outbox is reported unhealthy", WAIT, || async {
+        of(&sick).is_some_and(|o| {
+            o.serving && !o.healthy && o.health.iter().any(|p| p.kind == "dead_tuples")
+        })
+    })
+    .await;
+    // What the whole database shows (autovacuum off on the server, say) is
+    // reported on both; the dead tuples only on the sick one.
+    let (fine_status, sick_status) = (of(&fine).unwrap(), of(&sick).unwrap());
+    let wide: Vec<_> = sick_status
+        .health
+        .iter()
+        .filter(|p| p.kind != "dead_tuples")
+        .cloned()
+        .collect();
+    assert_eq!(fine_status.health, wide, "{fine_status:?}");
+    assert_eq!(fine_status.healthy, wide.is_empty(), "{fine_status:?}");
+    let text = logs.text();
+    let warned = |schema: &Schema| {
+        text.lines().any(|l| {
+            l.contains("mostly dead tuples")
+                && l.contains(&format!("outbox=postgres/{}", schema.name()))
+        })
+    };
+    assert!(warned(&sick), "the warning names the sick outbox: {text}");
+    assert!(!warned(&fine), "nothing is said of the other: {text}");
+    stop.cancel();
+    task.await.unwrap();
+    // No longer served: nothing to report.
+    assert!(of(&sick).is_some_and(|o| !o.serving && o.health.is_empty()));
+    drop_schema(&pool, fine.name()).await;
+    drop_schema(&pool, sick.name()).await;
+}
