@@ -295,9 +295,10 @@ async fn dlq_lists_and_replays_across_outboxes() {
 }
 
 /// `GET /outboxes` of a relay serving many outboxes: the health watch's
-/// findings per outbox, `503` while one is unhealthy.
+/// findings per outbox, `503` while one is unhealthy; `status --schemas`
+/// shows the same against the same `[health]` thresholds.
 #[tokio::test]
-async fn the_relay_reports_which_outboxes_are_unhealthy() {
+async fn the_relay_and_status_report_which_outboxes_are_unhealthy() {
     let pool = PgPool::connect(&database_url()).await.unwrap();
     let prefix = unique("tnclihealth");
     let (fine, sick) = (format!("{prefix}_fine"), format!("{prefix}_sick"));
@@ -387,6 +388,45 @@ async fn the_relay_reports_which_outboxes_are_unhealthy() {
     assert_eq!(sick_entry["healthy"], false, "{body}");
     assert_eq!(sick_entry["name"], format!("postgres/{sick}"), "{body}");
     drop(relay);
+
+    let status = |json: bool| {
+        let mut args = vec!["status", "--schemas", &glob];
+        if json {
+            args.push("--json");
+        }
+        ok(postbox(&args)
+            .env("POSTBOX_CONFIG", &config)
+            .output()
+            .unwrap())
+    };
+    let listed: serde_json::Value = serde_json::from_str(status(true).trim()).unwrap();
+    let by_outbox = |name: &str| -> Vec<String> {
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["outbox"] == format!("postgres/{name}"))
+            .unwrap()["health"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["kind"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert!(
+        by_outbox(&sick).iter().any(|k| k == "dead_tuples"),
+        "{listed}"
+    );
+    assert!(
+        !by_outbox(&fine).iter().any(|k| k == "dead_tuples"),
+        "{listed}"
+    );
+    let text = status(false);
+    assert!(
+        text.contains(&format!("unhealthy: postgres/{sick}: 100 dead tuples")),
+        "{text}"
+    );
+    assert!(!text.contains(&format!("postgres/{fine}: ")), "{text}");
     let _ = std::fs::remove_file(&config);
     for s in [&fine, &sick] {
         sqlx::raw_sql(trusted(&format!("DROP SCHEMA {s} CASCADE")))
