@@ -338,7 +338,8 @@ impl Tenants {
         let watching = CancellationToken::new();
         let watch = async {
             if let Some(health) = &self.config.health {
-                watch::watch(&self.outboxes, health, &watching).await;
+                let gauges = self.config.gauges.is_some();
+                watch::watch(&self.outboxes, health, gauges, &watching).await;
             }
         };
         let serve = async {

@@ -14,8 +14,9 @@
 //!   (`outbox=<database>/<schema>`).
 //!
 //! What each outbox was last found with is its [`super::OutboxStatus::health`]
-//! (empty: healthy). The dead-tuple gauges carry the `outbox` label, the
-//! database-wide ones a `database` label. A database that cannot be read is
+//! (empty: healthy). The dead-tuple gauges carry the `outbox` label (and,
+//! like the backlog gauges, are not exported when metrics are aggregated),
+//! the database-wide ones a `database` label. A database that cannot be read is
 //! warned about once until it can again; its outboxes keep their last findings.
 
 use super::{lock, OutboxState};
@@ -34,10 +35,13 @@ struct Served {
     outboxes: Vec<(String, Arc<OutboxState>)>,
 }
 
-/// Watch every served outbox until `stop`.
+/// Watch every served outbox until `stop`; `gauges`: export each outbox's
+/// dead-tuple gauges (off when metrics are not labelled by outbox, where
+/// they would overwrite each other).
 pub(super) async fn watch(
     outboxes: &Mutex<BTreeMap<String, Arc<OutboxState>>>,
     config: &HealthConfig,
+    gauges: bool,
     stop: &CancellationToken,
 ) {
     // Warned conditions by database key, and by outbox name.
@@ -117,12 +121,15 @@ pub(super) async fn watch(
                 for f in due {
                     f.warn(None, Some(name));
                 }
-                super::label::scope(outbox, async {
-                    metrics::gauge!(health::DEAD_TUPLES).set(mine.dead_tuples.unwrap_or(0) as f64);
-                    metrics::gauge!(health::DEAD_TUPLE_RATIO)
-                        .set(mine.dead_tuple_ratio().unwrap_or(0.0));
-                })
-                .await;
+                if gauges {
+                    super::label::scope(outbox, async {
+                        metrics::gauge!(health::DEAD_TUPLES)
+                            .set(mine.dead_tuples.unwrap_or(0) as f64);
+                        metrics::gauge!(health::DEAD_TUPLE_RATIO)
+                            .set(mine.dead_tuple_ratio().unwrap_or(0.0));
+                    })
+                    .await;
+                }
                 *lock(&state.health) = found.iter().map(Problem::from).collect();
             }
         }
