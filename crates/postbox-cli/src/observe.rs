@@ -7,6 +7,11 @@
 //! - `GET /readyz`: `200 ready` when the database answers (and postbox's table is
 //!   readable) and every destination's sink check passes; otherwise `503` with a fixed phrase
 //!   naming the part that failed (never an error's text).
+//! - `GET /outboxes` (a relay serving many outboxes only): every outbox as
+//!   JSON — served or not, its errors and counters, and whether the health
+//!   watch found it `healthy` (with what it found in `health`). `200`, or
+//!   `503` when any served outbox is unhealthy, so a probe can alert on it;
+//!   `?unhealthy` lists only those that are not healthy.
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -14,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use postbox_relay::{metrics as m, Sink, Store};
+use postbox_relay::{metrics as m, Sink, Store, Tenants};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +51,7 @@ struct Probe {
     handle: PrometheusHandle,
     store: Store,
     sinks: Arc<Vec<Arc<dyn Sink>>>,
+    outboxes: Option<Arc<Tenants>>,
 }
 
 /// A bound metrics endpoint, not yet serving.
@@ -95,8 +101,15 @@ impl Endpoint {
                 handle,
                 store,
                 sinks: Arc::new(sinks),
+                outboxes: None,
             },
         })
+    }
+
+    /// Serve `GET /outboxes`: the status of every outbox `tenants` serves.
+    pub fn with_outboxes(mut self, tenants: Arc<Tenants>) -> Self {
+        self.probe.outboxes = Some(tenants);
+        self
     }
 
     pub fn local_addr(&self) -> Option<SocketAddr> {
@@ -115,11 +128,14 @@ impl Endpoint {
                 }
             }
         });
-        let app = Router::new()
+        let mut app = Router::new()
             .route("/metrics", get(scrape))
             .route("/healthz", get(|| async { text(StatusCode::OK, "ok") }))
-            .route("/readyz", get(ready))
-            .with_state(self.probe);
+            .route("/readyz", get(ready));
+        if self.probe.outboxes.is_some() {
+            app = app.route("/outboxes", get(outboxes));
+        }
+        let app = app.with_state(self.probe);
         if let Err(e) = axum::serve(self.listener, app)
             .with_graceful_shutdown(stop.cancelled_owned())
             .await
@@ -147,6 +163,37 @@ async fn scrape(State(probe): State<Probe>) -> Response {
         probe.handle.render(),
     )
         .into_response()
+}
+
+async fn outboxes(
+    State(probe): State<Probe>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Response {
+    let Some(tenants) = &probe.outboxes else {
+        return text(StatusCode::NOT_FOUND, "not serving many outboxes");
+    };
+    let only_unhealthy = query.as_deref().is_some_and(|q| {
+        q.split('&')
+            .any(|p| p == "unhealthy" || p.starts_with("unhealthy="))
+    });
+    let all = tenants.status();
+    let sick = all.iter().any(|o| o.serving && !o.healthy);
+    let shown: Vec<_> = all
+        .into_iter()
+        .filter(|o| !only_unhealthy || !o.healthy)
+        .collect();
+    let status = if sick {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    match serde_json::to_vec(&shown) {
+        Ok(body) => (status, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(_) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "cannot render the outboxes",
+        ),
+    }
 }
 
 async fn ready(State(probe): State<Probe>) -> Response {

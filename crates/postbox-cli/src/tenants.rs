@@ -214,6 +214,11 @@ pub async fn relay(
             .unwrap_or_else(|| postbox_relay::cloudevents::DEFAULT_SOURCE.to_owned()),
         gauges,
         retention,
+        health: settings
+            .file
+            .health
+            .enabled
+            .then(|| settings.file.health.clone()),
     };
     for d in run.router.destinations() {
         match d.sink.check().await.map_err(|e| e.masked(d.sink.secrets())) {
@@ -232,7 +237,7 @@ pub async fn relay(
         .iter()
         .map(|d| d.sink.clone())
         .collect();
-    let tenants = Tenants::new(config, sources, run.router)?;
+    let tenants = Arc::new(Tenants::new(config, sources, run.router)?);
     let serving = CancellationToken::new();
     let _stop_serving = serving.clone().drop_guard();
     if let Some(addr) = &run.metrics_listen {
@@ -240,9 +245,11 @@ pub async fn relay(
         let options = db::options(settings.database_url.as_deref(), "postbox-relay")?;
         let store = postbox_relay::Store::new(db::lazy_pool(options, 1), settings.schema.clone());
         let endpoint =
-            observe::Endpoint::bind_labelled(addr, store, sinks, section.aggregate_metrics).await?;
+            observe::Endpoint::bind_labelled(addr, store, sinks, section.aggregate_metrics)
+                .await?
+                .with_outboxes(tenants.clone());
         if let Some(bound) = endpoint.local_addr() {
-            tracing::info!("serving /metrics, /healthz and /readyz on http://{bound}");
+            tracing::info!("serving /metrics, /healthz, /readyz and /outboxes on http://{bound}");
         }
         tokio::spawn(endpoint.serve(serving.clone()));
     }

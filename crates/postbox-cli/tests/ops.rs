@@ -51,7 +51,7 @@ async fn enqueue(db: &TestDb, n: usize) {
 }
 
 /// `GET path` over plain HTTP/1.1; returns (status, body).
-async fn get(addr: &str, path: &str) -> (u16, String) {
+pub(crate) async fn get(addr: &str, path: &str) -> (u16, String) {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     s.write_all(request.as_bytes()).await.unwrap();
@@ -74,13 +74,36 @@ fn sample(scrape: &str, series: &str) -> Option<f64> {
     })
 }
 
-struct Relay(Child);
+/// A relay child, killed when dropped.
+pub(crate) struct Relay(pub(crate) Child);
 
 impl Drop for Relay {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// The address a relay started with `--metrics-listen 127.0.0.1:0` and a
+/// piped stderr logs it bound (port 0 → any free port).
+pub(crate) async fn metrics_addr(child: &mut Child) -> String {
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some((_, rest)) = line.split_once("http://") {
+                let addr: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+                    .collect();
+                let _ = tx.send(addr);
+            }
+        }
+    });
+    tokio::task::spawn_blocking(move || rx.recv_timeout(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .expect("the relay announces its metrics address")
 }
 
 #[tokio::test]
@@ -103,26 +126,8 @@ async fn metrics_move_during_a_relay_run_and_health_endpoints_answer() {
     .stderr(Stdio::piped())
     .spawn()
     .expect("start the relay");
-    let stderr = child.stderr.take().expect("piped stderr");
+    let addr = metrics_addr(&mut child).await;
     let mut relay = Relay(child);
-
-    // The relay logs the address it bound (port 0 → any free port).
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some((_, rest)) = line.split_once("http://") {
-                let addr: String = rest
-                    .chars()
-                    .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-                    .collect();
-                let _ = tx.send(addr);
-            }
-        }
-    });
-    let addr = tokio::task::spawn_blocking(move || rx.recv_timeout(Duration::from_secs(30)))
-        .await
-        .unwrap()
-        .expect("the relay announces its metrics address");
 
     assert_eq!(get(&addr, "/healthz").await, (200, "ok".to_owned()));
     let delivered = "postbox_publish_outcomes_total{outcome=\"delivered\",destination=\"default\"}";

@@ -1,12 +1,13 @@
 //! Many outboxes through the real binary: `migrate --schemas` (idempotent),
 //! `relay --schemas --drain` serving them all from one process, `[[outboxes]]`
-//! in the config file, and `status --schemas`.
+//! in the config file, `status --schemas`, and the relay's `/outboxes`.
 
 use postbox::statements::trusted;
 use postbox::Schema;
-use postbox_testkit::{database_url, unique};
+use postbox_testkit::{database_url, unique, wait_for};
 use sqlx::PgPool;
 use std::process::{Command, Output};
+use std::time::Duration;
 
 fn postbox(args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_postbox"));
@@ -286,6 +287,148 @@ async fn dlq_lists_and_replays_across_outboxes() {
         .unwrap());
     assert!(none.contains("no dead letters in 2 outbox(es)"), "{none}");
     for s in [&a, &b] {
+        sqlx::raw_sql(trusted(&format!("DROP SCHEMA {s} CASCADE")))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+}
+
+/// `GET /outboxes` of a relay serving many outboxes: the health watch's
+/// findings per outbox, `503` while one is unhealthy; `status --schemas`
+/// shows the same against the same `[health]` thresholds.
+#[tokio::test]
+async fn the_relay_and_status_report_which_outboxes_are_unhealthy() {
+    let pool = PgPool::connect(&database_url()).await.unwrap();
+    let prefix = unique("tnclihealth");
+    let (fine, sick) = (format!("{prefix}_fine"), format!("{prefix}_sick"));
+    let glob = format!("{prefix}_*");
+    for s in [&fine, &sick] {
+        sqlx::raw_sql(trusted(&format!("CREATE SCHEMA {s}")))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    ok(postbox(&["migrate", "--schemas", &glob]).output().unwrap());
+    // The sick outbox's table: 100 dead tuples, none alive, no autovacuum.
+    sqlx::raw_sql(trusted(&format!(
+        "ALTER TABLE {sick}.outbox SET (autovacuum_enabled = off)"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    enqueue(&pool, &sick, 100).await;
+    sqlx::raw_sql(trusted(&format!(
+        "DELETE FROM {sick}.outbox; SELECT pg_stat_force_next_flush()"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let config = std::env::temp_dir().join(format!("{prefix}.toml"));
+    // Only the outbox tables: other tests' transactions and slots are not ours.
+    std::fs::write(
+        &config,
+        "[health]\ninterval = \"100ms\"\nmax_transaction_age = \"1day\"\nmax_slot_xmin_age = 9223372036854775807\nmin_dead_tuples = 50\n",
+    )
+    .unwrap();
+    let mut child = postbox(&[
+        "relay",
+        "--schemas",
+        &glob,
+        "--sink",
+        "stdout",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ])
+    .env("POSTBOX_CONFIG", &config)
+    .env("POSTBOX_LOG", "info")
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let addr = crate::ops::metrics_addr(&mut child).await;
+    let relay = crate::ops::Relay(child);
+    let kinds = |outboxes: &serde_json::Value, schema: &str| -> Option<Vec<String>> {
+        let o = outboxes
+            .as_array()?
+            .iter()
+            .find(|o| o["schema"] == schema)?;
+        Some(
+            o["health"]
+                .as_array()?
+                .iter()
+                .filter_map(|p| p["kind"].as_str().map(str::to_owned))
+                .collect(),
+        )
+    };
+    wait_for(
+        "/outboxes?unhealthy names the sick outbox",
+        Duration::from_secs(30),
+        || async {
+            let (code, body) = crate::ops::get(&addr, "/outboxes?unhealthy").await;
+            let listed = serde_json::from_str(&body).unwrap_or_default();
+            code == 503
+                && kinds(&listed, &sick).is_some_and(|k| k.iter().any(|k| k == "dead_tuples"))
+        },
+    )
+    .await;
+    let (_, body) = crate::ops::get(&addr, "/outboxes").await;
+    let all: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let fine_kinds = kinds(&all, &fine).expect("the fine outbox is listed");
+    assert!(
+        !fine_kinds.iter().any(|k| k == "dead_tuples"),
+        "only the sick outbox's table is mostly dead tuples: {body}"
+    );
+    let sick_entry = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["schema"] == sick.as_str())
+        .unwrap();
+    assert_eq!(sick_entry["healthy"], false, "{body}");
+    assert_eq!(sick_entry["name"], format!("postgres/{sick}"), "{body}");
+    drop(relay);
+
+    let status = |json: bool| {
+        let mut args = vec!["status", "--schemas", &glob];
+        if json {
+            args.push("--json");
+        }
+        ok(postbox(&args)
+            .env("POSTBOX_CONFIG", &config)
+            .output()
+            .unwrap())
+    };
+    let listed: serde_json::Value = serde_json::from_str(status(true).trim()).unwrap();
+    let by_outbox = |name: &str| -> Vec<String> {
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["outbox"] == format!("postgres/{name}"))
+            .unwrap()["health"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["kind"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert!(
+        by_outbox(&sick).iter().any(|k| k == "dead_tuples"),
+        "{listed}"
+    );
+    assert!(
+        !by_outbox(&fine).iter().any(|k| k == "dead_tuples"),
+        "{listed}"
+    );
+    let text = status(false);
+    assert!(
+        text.contains(&format!("unhealthy: postgres/{sick}: 100 dead tuples")),
+        "{text}"
+    );
+    assert!(!text.contains(&format!("postgres/{fine}: ")), "{text}");
+    let _ = std::fs::remove_file(&config);
+    for s in [&fine, &sick] {
         sqlx::raw_sql(trusted(&format!("DROP SCHEMA {s} CASCADE")))
             .execute(&pool)
             .await

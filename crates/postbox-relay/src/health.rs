@@ -127,7 +127,8 @@ pub enum Finding {
 }
 
 impl Finding {
-    fn key(&self) -> &'static str {
+    /// The condition's name, as `status` and `/outboxes` show it.
+    pub fn key(&self) -> &'static str {
         match self {
             Finding::OldTransaction { .. } => "old_transaction",
             Finding::SlotHoldsXmin { .. } => "slot",
@@ -136,7 +137,43 @@ impl Finding {
         }
     }
 
-    fn warn(&self) {
+    /// A condition of the whole database (or server), not of one outbox table.
+    pub fn database_wide(&self) -> bool {
+        !matches!(self, Finding::DeadTuples { .. })
+    }
+
+    /// One line saying what is wrong (no secret: the application name is masked).
+    pub fn summary(&self) -> String {
+        match self {
+            Finding::OldTransaction {
+                pid,
+                application,
+                age,
+                ..
+            } => format!(
+                "a transaction open for {} (pid {}, application {:?}) holds back vacuum",
+                humantime::format_duration(Duration::from_secs(age.as_secs())),
+                pid.map_or_else(|| "unknown".to_owned(), |p| p.to_string()),
+                crate::redact::sanitize_error(application),
+            ),
+            Finding::SlotHoldsXmin {
+                slot, transactions, ..
+            } => {
+                format!("replication slot {slot} holds back vacuum by {transactions} transactions")
+            }
+            Finding::DeadTuples { dead, ratio } => format!(
+                "{dead} dead tuples, {:.0}% of the outbox table: vacuum is not keeping up",
+                ratio * 100.0
+            ),
+            Finding::AutovacuumOff => "autovacuum is off on the server".to_owned(),
+        }
+    }
+
+    /// Log the condition; serving many outboxes, naming the database or the
+    /// outbox it is found in.
+    pub(crate) fn warn(&self, database: Option<&str>, outbox: Option<&str>) {
+        let database = database.map(tracing::field::display);
+        let outbox = outbox.map(tracing::field::display);
         match self {
             Finding::OldTransaction {
                 pid,
@@ -144,6 +181,8 @@ impl Finding {
                 state,
                 age,
             } => tracing::warn!(
+                database,
+                outbox,
                 ?pid,
                 application = %crate::redact::sanitize_error(application),
                 %state,
@@ -155,15 +194,21 @@ impl Finding {
                 active,
                 transactions,
             } => tracing::warn!(
+                database,
+                outbox,
                 slot = %slot,
                 active,
                 transactions,
                 "a replication slot holds back the xmin horizon: vacuum cannot clean the outbox table (drop the slot if it is abandoned)"
             ),
             Finding::AutovacuumOff => tracing::warn!(
+                database,
+                outbox,
                 "autovacuum is off on this server: the outbox's dead rows are never cleaned unless something vacuums it; turn autovacuum on, or set retention.vacuum = true"
             ),
             Finding::DeadTuples { dead, ratio } => tracing::warn!(
+                database,
+                outbox,
                 dead,
                 ratio = format!("{ratio:.2}"),
                 "the outbox table is mostly dead tuples: autovacuum is not keeping up or is held back; claims slow down"
@@ -204,6 +249,44 @@ pub fn findings(health: &DbHealth, config: &HealthConfig) -> Vec<Finding> {
         }
     }
     out
+}
+
+/// A finding as `status` and the relay's `/outboxes` report it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    /// `old_transaction`, `slot`, `dead_tuples` or `autovacuum_off`.
+    pub kind: String,
+    pub message: String,
+}
+
+impl From<&Finding> for Problem {
+    fn from(f: &Finding) -> Self {
+        Self {
+            kind: f.key().to_owned(),
+            message: f.summary(),
+        }
+    }
+}
+
+/// Which findings were warned about when, so each is repeated only every
+/// `repeat_warning` while it lasts.
+#[derive(Debug, Default)]
+pub struct Warnings(std::collections::HashMap<&'static str, Instant>);
+
+impl Warnings {
+    /// Of `found`, those to warn about now (new, or last warned `repeat`
+    /// ago), marked as warned; conditions no longer found are forgotten.
+    pub fn due<'a>(&mut self, found: &'a [Finding], repeat: Duration) -> Vec<&'a Finding> {
+        self.0.retain(|k, _| found.iter().any(|f| f.key() == *k));
+        let mut due = Vec::new();
+        for f in found {
+            if self.0.get(f.key()).is_none_or(|at| at.elapsed() >= repeat) {
+                self.0.insert(f.key(), Instant::now());
+                due.push(f);
+            }
+        }
+        due
+    }
 }
 
 fn export(health: &DbHealth) {
@@ -289,7 +372,7 @@ pub async fn watch(
     slot: Option<SlotWatch>,
     stop: &tokio_util::sync::CancellationToken,
 ) {
-    let mut warned: std::collections::HashMap<&'static str, Instant> = Default::default();
+    let mut warned = Warnings::default();
     let mut slot_warned = None;
     let mut failing = false;
     loop {
@@ -301,15 +384,8 @@ pub async fn watch(
                 failing = false;
                 export(&h);
                 let found = findings(&h, config);
-                warned.retain(|k, _| found.iter().any(|f| f.key() == *k));
-                for f in found {
-                    let due = warned
-                        .get(f.key())
-                        .is_none_or(|at| at.elapsed() >= config.repeat_warning);
-                    if due {
-                        f.warn();
-                        warned.insert(f.key(), Instant::now());
-                    }
+                for f in warned.due(&found, config.repeat_warning) {
+                    f.warn(None, None);
                 }
             }
             Err(e) if !failing => {

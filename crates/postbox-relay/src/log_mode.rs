@@ -18,6 +18,11 @@
 //! snapshots. An event scheduled for later (`deliver_at` still ahead) is not
 //! published: it is handed to the outbox, due at its time, so the cursor
 //! never waits for it.
+//!
+//! Under a relay serving many outboxes, each round takes one of the shared
+//! batch permits (see `crate::tenants::permits`) before it reads and gives it
+//! back once its page is settled, so log-mode outboxes keep the same global
+//! cap on batches in flight and the same fairness as claim-mode ones.
 
 use crate::backoff;
 use crate::metrics as m;
@@ -61,7 +66,14 @@ pub(crate) async fn read_loop(
     let mut failures = 0;
     let mut wake = shared.log_wake.subscribe();
     while !shared.shutdown.is_cancelled() {
-        match reader.round(&shared, &log, d, part, owner).await {
+        // Serving many outboxes, a round is a batch like a claim: it holds a
+        // shared batch permit from before it reads until its page is settled.
+        let Ok(permit) = shared.batch_permit().await else {
+            break;
+        };
+        let round = reader.round(&shared, &log, d, part, owner).await;
+        drop(permit);
+        match round {
             Ok(Round::More) => failures = 0,
             // A window that ended short holds everything committed when it
             // opened; anything committed since sent a notification (or the

@@ -31,7 +31,7 @@ use crate::redact::sanitize_error;
 use crate::retention::{self, RetentionConfig};
 use crate::router::{RetryPolicy, Round, Router};
 use crate::sink::{Message, Outcome, Sink};
-use crate::tenants::permits::BatchPermits;
+use crate::tenants::permits::{BatchPermit, BatchPermits, OutboxPermits};
 use crate::trouble::{whole_seconds, Report};
 use futures::FutureExt;
 use postbox_store::{ClaimOrder, DeliveryUpdate, Failure, RelayCommit, Store};
@@ -39,7 +39,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit};
+use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
@@ -124,8 +124,9 @@ pub(crate) struct Shared {
     pub(crate) shutdown: CancellationToken,
     /// Per destination (by index): its current run of failures, if any.
     trouble: Vec<crate::trouble::Trouble>,
-    /// A permit per claimed batch, shared by many relays (see [`Relay::with_batch_permits`]).
-    permits: Option<Arc<BatchPermits>>,
+    /// A permit per batch (claimed, or read from the log), shared by many
+    /// relays (see [`Relay::with_batch_permits`]).
+    permits: Option<OutboxPermits>,
     /// The CloudEvents `source` given to every claimed message, if any.
     source: Option<Arc<str>>,
 }
@@ -137,7 +138,24 @@ impl Shared {
         self.wake.notify_one();
         self.log_wake.send_modify(|n| *n = n.wrapping_add(1));
     }
+
+    /// Before a batch (a claim, or a round of a log reader): the shared
+    /// batch permit to hold until it is settled, if permits are shared
+    /// (`Ok(None)` when they are not); `Err(Stopped)` when shutdown came first.
+    pub(crate) async fn batch_permit(&self) -> Result<Option<BatchPermit>, Stopped> {
+        let Some(permits) = &self.permits else {
+            return Ok(None);
+        };
+        tokio::select! {
+            p = permits.acquire() => Ok(p),
+            _ = self.shutdown.cancelled() => Err(Stopped),
+        }
+    }
 }
+
+/// Shutdown came while waiting.
+#[derive(Debug)]
+pub(crate) struct Stopped;
 
 const DB_RETRY_BASE: Duration = Duration::from_millis(100);
 const DB_RETRY_MAX: Duration = Duration::from_secs(10);
@@ -203,10 +221,10 @@ impl Relay {
         self
     }
 
-    /// Take a permit from `permits` before each claim and hold it until the
-    /// batch is settled: relays sharing them share a cap on batches in
-    /// flight, and one with no batch in flight may take a reserved permit
-    /// (see [`BatchPermits`]).
+    /// Take a permit from `permits` before each batch — each claim, and in
+    /// log mode each round of a log reader — and hold it until the batch is
+    /// settled: relays sharing them share a cap on batches in flight, and
+    /// one holding no permit may take a reserved one (see [`BatchPermits`]).
     pub fn with_batch_permits(mut self, permits: Arc<BatchPermits>) -> Self {
         self.permits = Some(permits);
         self
@@ -272,7 +290,7 @@ impl Relay {
                 .iter()
                 .map(|_| Default::default())
                 .collect(),
-            permits: self.permits.clone(),
+            permits: self.permits.clone().map(OutboxPermits::new),
             source: self.source.clone(),
         });
         for d in self.router.destinations() {
@@ -462,7 +480,7 @@ pub struct Claim {
     pub ids: Vec<i64>,
     pub messages: Vec<Message>,
     /// Held until the batch is settled (see [`Relay::with_batch_permits`]).
-    permit: Option<OwnedSemaphorePermit>,
+    permit: Option<BatchPermit>,
 }
 
 impl From<postbox_store::Claim> for Claim {
@@ -482,12 +500,8 @@ async fn claim_loop(shared: &Shared, mode: RunMode, to_publish: mpsc::Sender<Cla
     // Ordered drain: consecutive idle looks at due events that no claim takes.
     let mut only_blocked = 0;
     while !shared.shutdown.is_cancelled() {
-        let permit = match &shared.permits {
-            Some(permits) => tokio::select! {
-                p = permits.acquire(shared.in_flight.load(Ordering::SeqCst) == 0) => p,
-                _ = shared.shutdown.cancelled() => break,
-            },
-            None => None,
+        let Ok(permit) = shared.batch_permit().await else {
+            break;
         };
         let claimed = shared
             .store

@@ -77,6 +77,10 @@ pub struct Seen {
     pub in_flight: HashSet<Uuid>,
     /// Event ids seen in two publish calls at the same time.
     pub overlaps: Vec<Uuid>,
+    /// Publish calls in progress right now.
+    pub calls: usize,
+    /// The most publish calls ever in progress at once.
+    pub most_calls: usize,
 }
 
 type Script = dyn Fn(&Message, usize) -> Outcome + Send + Sync;
@@ -134,6 +138,8 @@ impl Sink for ScriptedSink {
     async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
         let outcomes: Vec<Outcome> = {
             let mut seen = self.seen.lock().unwrap();
+            seen.calls += 1;
+            seen.most_calls = seen.most_calls.max(seen.calls);
             let mut outcomes = Vec::new();
             for m in batch {
                 if !seen.in_flight.insert(m.event_id) {
@@ -154,6 +160,7 @@ impl Sink for ScriptedSink {
             gate.notified().await;
         }
         let mut seen = self.seen.lock().unwrap();
+        seen.calls -= 1;
         for m in batch {
             seen.in_flight.remove(&m.event_id);
         }

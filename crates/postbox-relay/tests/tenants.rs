@@ -7,7 +7,9 @@ use crate::support::{fast_config, Logs, ScriptedSink};
 use postbox::statements::trusted;
 use postbox::{NewEvent, Schema};
 use postbox_relay::router::Pattern;
-use postbox_relay::{OutboxSource, Outcome, Router, RunMode, Sink, Tenants, TenantsConfig};
+use postbox_relay::{
+    OutboxSource, Outcome, ReadMode, Router, RunMode, Sink, Store, Tenants, TenantsConfig,
+};
 use postbox_testkit::{database_url, unique, wait_for};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::PgPool;
@@ -45,6 +47,19 @@ async fn migrated(pool: &PgPool, name: &str) -> Schema {
     let schema = Schema::new(name).unwrap();
     let mut conn = pool.acquire().await.unwrap();
     postbox::sqlx::migrate(&mut conn, &schema).await.unwrap();
+    schema
+}
+
+/// A migrated outbox whose producers write where a relay in `mode` reads.
+async fn migrated_for(pool: &PgPool, name: &str, mode: ReadMode) -> Schema {
+    let schema = migrated(pool, name).await;
+    if mode == ReadMode::Log {
+        Store::new(pool.clone(), schema.clone())
+            .log()
+            .set_producer_target(postbox_store::ProducerTarget::Log)
+            .await
+            .unwrap();
+    }
     schema
 }
 
@@ -373,20 +388,34 @@ async fn a_huge_backlog_does_not_starve_a_quiet_outbox() {
 
 #[tokio::test]
 async fn a_quiet_outbox_is_served_while_every_busy_batch_is_stuck() {
+    quiet_outbox_served_while_busy_batches_are_stuck(ReadMode::Claim).await;
+}
+
+#[tokio::test]
+async fn a_quiet_log_mode_outbox_is_served_while_every_busy_batch_is_stuck() {
+    quiet_outbox_served_while_busy_batches_are_stuck(ReadMode::Log).await;
+}
+
+/// Two permits (one shared, one reserved for outboxes with nothing in
+/// flight); a busy outbox whose destination never answers, so its batches
+/// hold their permits for good; then a quiet outbox appears and commits an
+/// event, which is delivered all the same. In log mode the busy outbox reads
+/// four partitions at once, so without the reserve (or with its readers each
+/// asking as idle) it would hold both permits.
+async fn quiet_outbox_served_while_busy_batches_are_stuck(mode: ReadMode) {
     let pool = pool().await;
     let prefix = unique("tn");
-    let busy = migrated(&pool, &format!("{prefix}_busy")).await;
-    let quiet = migrated(&pool, &format!("{prefix}_quiet")).await;
+    let busy = migrated_for(&pool, &format!("{prefix}_busy"), mode).await;
     enqueue(&pool, &busy, "order.created", 200).await;
-    // The busy outbox's destination never answers until the end: its
-    // batches hold their permits for good.
+    let quiet_name = format!("{prefix}_quiet");
     let gate = Arc::new(tokio::sync::Notify::new());
     let stuck = ScriptedSink::held(gate.clone());
     let sink = ScriptedSink::delivering();
     let mut config = config();
-    // One shared permit and one reserved for outboxes with nothing in flight.
     config.max_in_flight_batches = 2;
     config.relay.batch_size = 10;
+    config.relay.mode = mode;
+    config.relay.log_partitions = 4;
     let tenants = Arc::new(
         Tenants::new(
             config,
@@ -396,9 +425,10 @@ async fn a_quiet_outbox_is_served_while_every_busy_batch_is_stuck() {
                     schema: busy.clone(),
                     router: Some(Arc::new(Router::single(stuck.clone() as Arc<dyn Sink>))),
                 },
+                // Not there yet: served once it is migrated.
                 OutboxSource::Outbox {
                     connect: connect(),
-                    schema: quiet.clone(),
+                    schema: Schema::new(&quiet_name).unwrap(),
                     router: None,
                 },
             ],
@@ -417,6 +447,7 @@ async fn a_quiet_outbox_is_served_while_every_busy_batch_is_stuck() {
     // Whatever the busy outbox holds or waits for, the quiet one's event
     // goes through (with first-come permits alone, the busy outbox would
     // hold both and the quiet event wait for its sink).
+    let quiet = migrated_for(&pool, &quiet_name, mode).await;
     enqueue(&pool, &quiet, "order.created", 1).await;
     wait_for("the quiet outbox's event is delivered", WAIT, || async {
         sink.count() == 1
@@ -442,6 +473,89 @@ async fn a_quiet_outbox_is_served_while_every_busy_batch_is_stuck() {
     task.await.unwrap();
     drop_schema(&pool, busy.name()).await;
     drop_schema(&pool, quiet.name()).await;
+}
+
+/// Log-mode outboxes obey the global cap too: every reader's round is a
+/// batch holding a permit until its page is settled. Publish calls are held
+/// until the test lets them go; the sink keeps the most ever in progress.
+#[tokio::test]
+async fn log_mode_outboxes_never_have_more_batches_in_flight_than_the_cap() {
+    const CAP: usize = 3;
+    const OUTBOXES: usize = 4;
+    const EVENTS: usize = 30;
+    let pool = pool().await;
+    let prefix = unique("tn");
+    let mut schemas = Vec::new();
+    for i in 0..OUTBOXES {
+        let schema = migrated_for(&pool, &format!("{prefix}_{i}"), ReadMode::Log).await;
+        enqueue(&pool, &schema, "order.created", EVENTS).await;
+        schemas.push(schema);
+    }
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let sink = ScriptedSink::held(gate.clone());
+    let mut config = config();
+    config.max_in_flight_batches = CAP;
+    // Held calls must not time out (a timed-out call is retried, and counted
+    // as in progress for good).
+    config.relay.publish_timeout = Duration::from_secs(120);
+    config.relay.lease = Duration::from_secs(300);
+    config.relay.mode = ReadMode::Log;
+    config.relay.batch_size = 5;
+    // Two readers per outbox: eight could publish at once without the cap.
+    config.relay.log_partitions = 2;
+    let tenants = Arc::new(
+        Tenants::new(
+            config,
+            vec![OutboxSource::Discover {
+                connect: connect(),
+                databases: None,
+                schemas: Pattern::parse(&format!("{prefix}_*")).unwrap(),
+            }],
+            Router::single(sink.clone() as Arc<dyn Sink>),
+        )
+        .unwrap(),
+    );
+    let stop = CancellationToken::new();
+    let task = start(tenants.clone(), &stop);
+    let total = OUTBOXES * EVENTS;
+    // Every outbox has work for both its readers: the cap's worth arrive
+    // and stay (without the cap, all eight would).
+    wait_for("the cap's worth of batches is held", WAIT, || async {
+        sink.seen.lock().unwrap().calls >= CAP
+    })
+    .await;
+    wait_for("every event is delivered", WAIT, || async {
+        gate.notify_waiters();
+        tenants.total().delivered == total as u64
+    })
+    .await;
+    let (most, delivered) = {
+        let seen = sink.seen.lock().unwrap();
+        (seen.most_calls, seen.messages.len())
+    };
+    assert_eq!(
+        delivered,
+        total,
+        "every event once: {:?}, twice: {:?}",
+        tenants.total(),
+        {
+            let mut ids = sink.ids();
+            ids.sort();
+            ids.windows(2)
+                .filter(|w| w[0] == w[1])
+                .map(|w| w[0])
+                .collect::<Vec<_>>()
+        }
+    );
+    assert_eq!(
+        most, CAP,
+        "batches in flight at once, across every log-mode outbox"
+    );
+    stop.cancel();
+    task.await.unwrap();
+    for s in &schemas {
+        drop_schema(&pool, s.name()).await;
+    }
 }
 
 #[tokio::test]
@@ -622,4 +736,95 @@ fn every_outbox_has_its_own_labelled_backlog_gauges() {
             drop_schema(&pool, b.name()).await;
         })
     });
+}
+
+/// The health watch covers every outbox: an outbox whose table is mostly
+/// dead tuples is warned about under its name and reported unhealthy in
+/// `status`, while the other outbox of the database stays healthy.
+#[tokio::test]
+async fn the_health_watch_names_the_unhealthy_outbox() {
+    let pool = pool().await;
+    let prefix = unique("tnhealth");
+    let fine = migrated(&pool, &format!("{prefix}_fine")).await;
+    let sick = migrated(&pool, &format!("{prefix}_sick")).await;
+    // 200 dead tuples autovacuum may not clean, and none alive.
+    sqlx::raw_sql(trusted(&format!(
+        "ALTER TABLE {0}.outbox SET (autovacuum_enabled = off)",
+        sick.name()
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    enqueue(&pool, &sick, "order.created", 200).await;
+    sqlx::raw_sql(trusted(&format!(
+        "DELETE FROM {0}.outbox; SELECT pg_stat_force_next_flush()",
+        sick.name()
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let logs = Logs::default();
+    let _capturing = logs.capture(tracing::Level::WARN);
+    let mut config = config();
+    config.health = Some(postbox_relay::HealthConfig {
+        interval: Duration::from_millis(100),
+        // Only the outbox tables: other tests' transactions and slots are not ours.
+        max_transaction_age: Duration::from_secs(86_400),
+        max_slot_xmin_age: i64::MAX,
+        max_dead_tuple_ratio: 0.5,
+        min_dead_tuples: 50,
+        ..Default::default()
+    });
+    let tenants = Arc::new(
+        Tenants::new(
+            config,
+            vec![OutboxSource::Discover {
+                connect: connect(),
+                databases: None,
+                schemas: Pattern::parse(&format!("{prefix}_*")).unwrap(),
+            }],
+            Router::single(ScriptedSink::delivering() as Arc<dyn Sink>),
+        )
+        .unwrap(),
+    );
+    let stop = CancellationToken::new();
+    let task = start(tenants.clone(), &stop);
+    let of = |schema: &Schema| {
+        tenants
+            .status()
+            .into_iter()
+            .find(|o| o.schema == schema.name())
+    };
+    wait_for("the sick outbox is reported unhealthy", WAIT, || async {
+        of(&sick).is_some_and(|o| {
+            o.serving && !o.healthy && o.health.iter().any(|p| p.kind == "dead_tuples")
+        })
+    })
+    .await;
+    // What the whole database shows (autovacuum off on the server, say) is
+    // reported on both; the dead tuples only on the sick one.
+    let (fine_status, sick_status) = (of(&fine).unwrap(), of(&sick).unwrap());
+    let wide: Vec<_> = sick_status
+        .health
+        .iter()
+        .filter(|p| p.kind != "dead_tuples")
+        .cloned()
+        .collect();
+    assert_eq!(fine_status.health, wide, "{fine_status:?}");
+    assert_eq!(fine_status.healthy, wide.is_empty(), "{fine_status:?}");
+    let text = logs.text();
+    let warned = |schema: &Schema| {
+        text.lines().any(|l| {
+            l.contains("mostly dead tuples")
+                && l.contains(&format!("outbox=postgres/{}", schema.name()))
+        })
+    };
+    assert!(warned(&sick), "the warning names the sick outbox: {text}");
+    assert!(!warned(&fine), "nothing is said of the other: {text}");
+    stop.cancel();
+    task.await.unwrap();
+    // No longer served: nothing to report.
+    assert!(of(&sick).is_some_and(|o| !o.serving && o.health.is_empty()));
+    drop_schema(&pool, fine.name()).await;
+    drop_schema(&pool, sick.name()).await;
 }

@@ -24,3 +24,12 @@ SELECT datname AS database
 FROM pg_catalog.pg_database
 WHERE datallowconn AND NOT datistemplate
 ORDER BY datname;
+
+-- name: outbox_tuples
+-- The live and dead tuples of the outbox tables of the schemas in $1 (for
+-- the health watch of a relay serving many outboxes: one read per database
+-- rather than one per outbox). A table without statistics yet has no row.
+SELECT schemaname::text AS schema, n_live_tup AS live_tuples, n_dead_tup AS dead_tuples
+FROM pg_catalog.pg_stat_user_tables
+WHERE relname = 'outbox' AND schemaname = ANY($1::text[])
+ORDER BY schemaname;

@@ -5,6 +5,7 @@ use crate::context::{cancel_on_signal, AnyError, Settings};
 use crate::output::{out, outln};
 use clap::Args;
 use postbox::Schema;
+use postbox_relay::health::{findings, Finding, Problem};
 use postbox_relay::Store;
 use postbox_store::{AttemptsCount, CursorLag, DestinationCounts, SlotStatus, StatusCounts};
 use std::process::ExitCode;
@@ -249,7 +250,13 @@ async fn status_many(settings: &Settings, args: &StatusArgs) -> Result<ExitCode,
         outbox: &'a str,
         #[serde(flatten)]
         counts: StatusCounts,
+        /// What the relay's health watch would find, against `[health]`'s
+        /// thresholds (empty when all is well or `[health]` is off).
+        health: Vec<Problem>,
+        #[serde(skip)]
+        findings: Vec<Finding>,
     }
+    let watch = &settings.file.health;
     let mut lines = Vec::with_capacity(found.len());
     for outbox in &found {
         let store = Store::new(outbox.pool.clone(), outbox.schema.clone());
@@ -257,9 +264,20 @@ async fn status_many(settings: &Settings, args: &StatusArgs) -> Result<ExitCode,
             .status_counts()
             .await
             .map_err(|e| format!("{}: {e}", outbox.name))?;
+        let findings = if watch.enabled {
+            let db = store
+                .db_health()
+                .await
+                .map_err(|e| format!("{}: {e}", outbox.name))?;
+            findings(&db, watch)
+        } else {
+            Vec::new()
+        };
         lines.push(Line {
             outbox: &outbox.name,
             counts,
+            health: findings.iter().map(Problem::from).collect(),
+            findings,
         });
     }
     if args.json {
@@ -287,6 +305,22 @@ async fn status_many(settings: &Settings, args: &StatusArgs) -> Result<ExitCode,
             c.failed,
             format_age(c.oldest_pending_age_seconds)
         ));
+    }
+    // What the health watch would warn about: a database's conditions once,
+    // an outbox table's under the outbox's name.
+    let mut databases_said = std::collections::HashSet::new();
+    for (l, outbox) in lines.iter().zip(&found) {
+        let database = outbox.name.rsplit_once('/').map_or("", |(d, _)| d);
+        for f in &l.findings {
+            if !f.database_wide() {
+                text.push_str(&format!("unhealthy: {}: {}\n", l.outbox, f.summary()));
+            } else if databases_said.insert((database, f.key())) {
+                text.push_str(&format!(
+                    "unhealthy: database {database} (all its outboxes): {}\n",
+                    f.summary()
+                ));
+            }
+        }
     }
     out!("{text}");
     Ok(ExitCode::SUCCESS)

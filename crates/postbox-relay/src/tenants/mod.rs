@@ -16,13 +16,15 @@
 //! - **one router** (so one set of sinks and broker connections) for every
 //!   outbox that has no routes of its own;
 //! - **a global cap on batches in flight** (`max_in_flight_batches`): each
-//!   engine takes a permit ([`permits`]) before it claims and gives it back
-//!   once the batch is settled.
+//!   engine takes a permit ([`permits`]) before each batch (a claim, or in
+//!   log mode a round of one of its readers) and gives it back once the
+//!   batch is settled.
 //!
 //! **Fairness.** A quarter of the permits (at least one, when there are two
 //! or more) is reserved for outboxes with no batch in flight; the rest are
 //! shared, first come, first served, and an engine asks for one permit at a
-//! time. An outbox draining a backlog asks for its next batch while the
+//! time (all its log readers and its claimer together) and counts as having
+//! nothing in flight only while it holds none. An outbox draining a backlog asks for its next batch while the
 //! previous ones are still in flight, so it only ever waits on the shared
 //! permits: busy outboxes take turns there, one batch per turn, and an event
 //! committed in a quiet outbox finds a reserved permit free instead of
@@ -43,8 +45,10 @@
 pub mod label;
 mod listen;
 pub mod permits;
+mod watch;
 
 use crate::config::{ConfigError, RelayConfig};
+use crate::health::{HealthConfig, Problem};
 use crate::redact::sanitize_error;
 use crate::retention::RetentionConfig;
 use crate::router::{Pattern, Router};
@@ -86,6 +90,8 @@ pub struct TenantsConfig {
     pub gauges: Option<Duration>,
     /// Relay-side retention, run by every outbox on its own.
     pub retention: Option<RetentionConfig>,
+    /// The health watch over every served outbox ([`watch`]); `None`: off.
+    pub health: Option<HealthConfig>,
 }
 
 impl Default for TenantsConfig {
@@ -101,6 +107,7 @@ impl Default for TenantsConfig {
             source: crate::cloudevents::DEFAULT_SOURCE.to_owned(),
             gauges: None,
             retention: None,
+            health: None,
         }
     }
 }
@@ -144,6 +151,9 @@ impl TenantsConfig {
         }
         if let Some(retention) = &self.retention {
             retention.validate()?;
+        }
+        if let Some(health) = &self.health {
+            health.validate()?;
         }
         Ok(())
     }
@@ -190,6 +200,11 @@ pub struct OutboxStatus {
     pub errors: u64,
     /// Its engine's counters since it was (last) started.
     pub stats: StatsSnapshot,
+    /// Served, and the health watch found nothing wrong last time it looked.
+    pub healthy: bool,
+    /// What the health watch found last (its database's conditions
+    /// included); empty when all is well or the watch is off.
+    pub health: Vec<Problem>,
 }
 
 #[derive(Default)]
@@ -199,6 +214,21 @@ struct OutboxState {
     serving: AtomicBool,
     errors: AtomicU64,
     stats: Mutex<Arc<Stats>>,
+    /// While served: its database's key and its store.
+    served_on: Mutex<Option<(String, Store)>>,
+    /// The health watch's last findings.
+    health: Mutex<Vec<Problem>>,
+}
+
+impl OutboxState {
+    /// Served on `on` (database key, store), or (`None`) no longer served.
+    fn set_serving(&self, on: Option<(String, Store)>) {
+        self.serving.store(on.is_some(), Ordering::Relaxed);
+        if on.is_none() {
+            lock(&self.health).clear();
+        }
+        *lock(&self.served_on) = on;
+    }
 }
 
 /// The multi-outbox relay. Build it with [`Tenants::new`], then [`Tenants::run`].
@@ -270,13 +300,19 @@ impl Tenants {
         let outboxes = lock(&self.outboxes);
         outboxes
             .iter()
-            .map(|(name, s)| OutboxStatus {
-                name: name.clone(),
-                database: s.database.clone(),
-                schema: s.schema.clone(),
-                serving: s.serving.load(Ordering::Relaxed),
-                errors: s.errors.load(Ordering::Relaxed),
-                stats: lock(&s.stats).snapshot(),
+            .map(|(name, s)| {
+                let serving = s.serving.load(Ordering::Relaxed);
+                let health = lock(&s.health).clone();
+                OutboxStatus {
+                    name: name.clone(),
+                    database: s.database.clone(),
+                    schema: s.schema.clone(),
+                    serving,
+                    errors: s.errors.load(Ordering::Relaxed),
+                    stats: lock(&s.stats).snapshot(),
+                    healthy: serving && health.is_empty(),
+                    health,
+                }
             })
             .collect()
     }
@@ -299,6 +335,22 @@ impl Tenants {
     /// `rediscover_interval`), or, in [`RunMode::Drain`], until every outbox
     /// found at start is drained. Returns the counters added up.
     pub async fn run(&self, mode: RunMode, shutdown: CancellationToken) -> StatsSnapshot {
+        let watching = CancellationToken::new();
+        let watch = async {
+            if let Some(health) = &self.config.health {
+                let gauges = self.config.gauges.is_some();
+                watch::watch(&self.outboxes, health, gauges, &watching).await;
+            }
+        };
+        let serve = async {
+            let total = self.serve(mode, &shutdown).await;
+            watching.cancel();
+            total
+        };
+        tokio::join!(serve, watch).0
+    }
+
+    async fn serve(&self, mode: RunMode, shutdown: &CancellationToken) -> StatsSnapshot {
         let mut databases: HashMap<String, Database> = HashMap::new();
         let mut engines: BTreeMap<String, Engine> = BTreeMap::new();
         tracing::info!(
@@ -333,7 +385,7 @@ impl Tenants {
                     continue;
                 }
                 if let Some(db) = databases.get(key) {
-                    if let Some(engine) = self.start(name, key, db, schema, router, mode, &shutdown)
+                    if let Some(engine) = self.start(name, key, db, schema, router, mode, shutdown)
                     {
                         engines.insert(name.clone(), engine);
                     }
@@ -369,7 +421,7 @@ impl Tenants {
             if engine.task.await.is_err() {
                 tracing::error!(outbox = %name, "the outbox's engine panicked");
             }
-            self.mark(&name, |s| s.serving.store(false, Ordering::Relaxed));
+            self.mark(&name, |s| s.set_serving(None));
         }
         for db in databases.into_values() {
             db.stop.cancel();
@@ -406,7 +458,7 @@ impl Tenants {
         if let Some(db) = databases.get(&engine.database) {
             db.channels.remove(&engine.channel);
         }
-        self.mark(name, |s| s.serving.store(false, Ordering::Relaxed));
+        self.mark(name, |s| s.set_serving(None));
         // It releases what it claimed and not published, within shutdown_timeout.
         tokio::spawn(engine.task);
     }
@@ -424,6 +476,7 @@ impl Tenants {
     ) -> Option<Engine> {
         let state = self.state(name, &db.name, schema);
         let store = Store::new(db.pool.clone(), schema.clone());
+        let served_on = (key.to_owned(), store.clone());
         let built = Relay::with_shared_router(store, router.clone(), self.config.engine())
             .and_then(|relay| match self.config.gauges {
                 Some(every) => relay.with_gauges(every),
@@ -451,7 +504,7 @@ impl Tenants {
             db.channels.add(channel.clone(), wake);
         }
         *lock(&state.stats) = relay.stats();
-        state.serving.store(true, Ordering::Relaxed);
+        state.set_serving(Some(served_on));
         let stop = shutdown.child_token();
         let span = tracing::info_span!("outbox", outbox = %name);
         let run = {

@@ -16,9 +16,17 @@
 //! permits, and a quiet outbox's first batch finds a reserved permit free
 //! (unless as many other quiet outboxes are starting a batch at that very
 //! moment) instead of waiting for a busy batch to settle.
+//!
+//! An engine takes its permits through [`OutboxPermits`], whatever its mode:
+//! claim mode's claimer, and in log mode every reader (one per destination
+//! and partition) as well as the claimer retrying what the readers handed
+//! off. Its tasks ask one at a time, and "nothing in flight" means the
+//! outbox holds no permit at all, so an outbox with many readers takes at
+//! most one reserved permit however many of them start at once.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 /// The permits of [`crate::Tenants`]; see the module documentation.
 #[derive(Debug)]
@@ -68,6 +76,81 @@ impl BatchPermits {
     }
 }
 
+/// One outbox's way to the shared [`BatchPermits`]: its tasks ask one at a
+/// time, and it counts the permits it holds, so it asks as idle only while
+/// it holds none — including when its last permit comes back while it waits.
+#[derive(Debug)]
+pub struct OutboxPermits {
+    permits: Arc<BatchPermits>,
+    held: Arc<Held>,
+    asking: tokio::sync::Mutex<()>,
+}
+
+/// The permits one outbox holds.
+#[derive(Debug, Default)]
+struct Held {
+    count: AtomicUsize,
+    /// Notified when the count drops to zero.
+    none: Notify,
+}
+
+/// A permit for one batch of one outbox, given back when dropped (once the
+/// batch is settled, or at once when there was nothing to read).
+#[derive(Debug)]
+pub struct BatchPermit {
+    _permit: OwnedSemaphorePermit,
+    held: Arc<Held>,
+}
+
+impl Drop for BatchPermit {
+    fn drop(&mut self) {
+        if self.held.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.held.none.notify_waiters();
+        }
+    }
+}
+
+impl OutboxPermits {
+    pub fn new(permits: Arc<BatchPermits>) -> Self {
+        Self {
+            permits,
+            held: Arc::default(),
+            asking: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Permits this outbox holds right now.
+    pub fn held(&self) -> usize {
+        self.held.count.load(Ordering::SeqCst)
+    }
+
+    /// A permit for one batch of this outbox: a reserved one may do while
+    /// the outbox holds none. `None` only if the permits were closed.
+    pub async fn acquire(&self) -> Option<BatchPermit> {
+        // One asker at a time: the next one sees this one's permit as held.
+        let _turn = self.asking.lock().await;
+        let permit = loop {
+            let none = self.held.none.notified();
+            tokio::pin!(none);
+            // Registered before looking, so a drop to zero is not missed.
+            none.as_mut().enable();
+            if self.held() == 0 {
+                break self.permits.acquire(true).await?;
+            }
+            // Busy: the shared permits only, until its last permit comes back.
+            tokio::select! {
+                p = self.permits.acquire(false) => break p?,
+                _ = none => {}
+            }
+        };
+        self.held.count.fetch_add(1, Ordering::SeqCst);
+        Some(BatchPermit {
+            _permit: permit,
+            held: self.held.clone(),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,6 +176,51 @@ mod tests {
         assert!(over.is_none(), "the cap holds for idle outboxes too");
         drop(held);
         assert_eq!(permits.available(), 8);
+    }
+
+    #[tokio::test]
+    async fn an_outbox_with_many_askers_takes_no_reserved_permit_while_it_holds_one() {
+        // Three shared permits, one reserved.
+        let permits = Arc::new(BatchPermits::new(4));
+        let busy = OutboxPermits::new(permits.clone());
+        // Its readers all start at once: one asks as idle, the others not.
+        let (a, b, c) = tokio::join!(busy.acquire(), busy.acquire(), busy.acquire());
+        assert_eq!(busy.held(), 3);
+        let more = busy.acquire().now_or_never();
+        assert!(
+            more.is_none(),
+            "an outbox holding permits cannot take the reserve"
+        );
+        // A quiet outbox is served from the reserve.
+        let quiet = OutboxPermits::new(permits.clone());
+        let q = quiet.acquire().now_or_never().flatten();
+        assert!(q.is_some(), "the quiet outbox takes the reserved permit");
+        drop((a, b, c, q));
+        assert_eq!((busy.held(), quiet.held(), permits.available()), (0, 0, 4));
+    }
+
+    #[tokio::test]
+    async fn a_waiting_outbox_whose_last_batch_settles_may_take_the_reserve() {
+        // One shared permit, one reserved.
+        let permits = Arc::new(BatchPermits::new(2));
+        let other = OutboxPermits::new(permits.clone());
+        let outbox = OutboxPermits::new(permits.clone());
+        let theirs = other.acquire().await.unwrap();
+        let mine = outbox.acquire().await.unwrap();
+        assert_eq!(permits.available(), 0);
+        // Holding one, it waits for the shared permit…
+        let mut next = Box::pin(outbox.acquire());
+        assert!(next.as_mut().now_or_never().is_none());
+        // …until its own batch settles: holding none, it may take the reserve.
+        drop(mine);
+        let again = next.as_mut().now_or_never().flatten();
+        assert!(
+            again.is_some(),
+            "an outbox holding nothing takes the reserve"
+        );
+        assert_eq!((outbox.held(), permits.available()), (1, 0));
+        drop((again, theirs));
+        assert_eq!(permits.available(), 2);
     }
 
     #[test]
