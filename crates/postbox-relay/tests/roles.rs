@@ -947,6 +947,21 @@ async fn the_relay_runs_log_mode() {
     r.finish().await;
 }
 
+#[tokio::test]
+async fn the_relay_reads_the_status_of_its_replication_slots() {
+    let r = RoleDb::new().await;
+    let relay = r.relay().await;
+    // Logical mode's reader checks its slot's lag and when it was last read
+    // (`logical_readers`) while it reads.
+    relay
+        .logical()
+        .status(None)
+        .await
+        .expect("the slots' status, as the relay");
+    drop(relay);
+    r.finish().await;
+}
+
 /// The monitor writes nothing and cannot enqueue.
 #[tokio::test]
 async fn the_monitor_changes_nothing() {

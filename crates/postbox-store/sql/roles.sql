@@ -95,6 +95,8 @@ GRANT EXECUTE ON FUNCTION
   TO {relay};
 -- …and notes when it read its slot (migration 15).
 GRANT EXECUTE ON FUNCTION {schema}.logical_read_now(text) TO {relay};
+-- …and reads those notes with its slot's status (lag, time unread).
+GRANT SELECT ON {schema}.logical_readers TO {relay};
 
 -- Monitor: read-only, for `postbox status` and dashboards (every table of
 -- the schema as of this run: run it again after an upgrade).
