@@ -137,6 +137,42 @@ pub(crate) enum ReadError {
     Lost { slot: String, range: String },
 }
 
+/// A reading session's start, whatever the transport: the slot held on
+/// `conn` (the session advisory lock; `None` when another relay holds it),
+/// created if missing, its confirmed position, and its watch checked once
+/// (an invalidated slot is an error here).
+pub(crate) struct Opened {
+    pub(crate) conn: PgConnection,
+    pub(crate) confirmed: Lsn,
+    pub(crate) watch: SlotWatch,
+}
+
+pub(crate) async fn open(
+    shared: &Shared,
+    logical: &Logical,
+    slot: &str,
+) -> Result<Option<Opened>, ReadError> {
+    let mut conn = shared.store.pool().acquire().await?.detach();
+    if !logical.lock(&mut conn, slot).await? {
+        return Ok(None);
+    }
+    if logical.ensure_slot(&mut conn, slot).await? {
+        tracing::info!(%slot, "created the replication slot; events emitted from now on are delivered");
+    }
+    let confirmed = logical
+        .confirmed(&mut conn, slot)
+        .await?
+        .unwrap_or_default();
+    let mut watch = SlotWatch::default();
+    watch.check(logical, slot).await?;
+    metrics::gauge!(m::SLOT_INVALIDATED, "slot" => slot.to_owned()).set(0.0);
+    Ok(Some(Opened {
+        conn,
+        confirmed,
+        watch,
+    }))
+}
+
 /// Hold the slot on one connection and read it round after round.
 async fn session(
     shared: &Shared,
@@ -145,20 +181,14 @@ async fn session(
     mode: RunMode,
     failures: &mut i32,
 ) -> Result<Ended, ReadError> {
-    let mut conn = shared.store.pool().acquire().await?.detach();
-    if !logical.lock(&mut conn, slot).await? {
+    let Some(Opened {
+        mut conn,
+        mut confirmed,
+        mut watch,
+    }) = open(shared, logical, slot).await?
+    else {
         return Ok(Ended::Standby);
-    }
-    if logical.ensure_slot(&mut conn, slot).await? {
-        tracing::info!(%slot, "created the replication slot; events emitted from now on are delivered");
-    }
-    let mut confirmed = logical
-        .confirmed(&mut conn, slot)
-        .await?
-        .unwrap_or_default();
-    let mut watch = SlotWatch::default();
-    watch.check(logical, slot).await?;
-    metrics::gauge!(m::SLOT_INVALIDATED, "slot" => slot.to_owned()).set(0.0);
+    };
     logical.read_now(&mut conn, slot).await?;
     let mut noted = Instant::now();
     tracing::info!(%slot, transport = "sql", "reading the replication slot");

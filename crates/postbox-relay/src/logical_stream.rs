@@ -16,8 +16,9 @@
 //! position, so the slot follows the WAL while only other writes happen.
 //! A crash redelivers at most what was read since the last confirmation.
 
-use crate::logical_mode::{publish_batch, Ended, ReadError, SlotWatch, READ_NOTE, SLOT_CHECK};
-use crate::metrics as m;
+use crate::logical_mode::{
+    open, publish_batch, Ended, Opened, ReadError, SlotWatch, READ_NOTE, SLOT_CHECK,
+};
 use crate::redact::sanitize_error;
 use crate::relay::{RunMode, Shared};
 use futures::FutureExt;
@@ -53,20 +54,14 @@ pub(crate) async fn session(
     mode: RunMode,
     failures: &mut i32,
 ) -> Result<Ended, ReadError> {
-    let mut conn = shared.store.pool().acquire().await?.detach();
-    if !logical.lock(&mut conn, slot).await? {
+    let Some(Opened {
+        mut conn,
+        confirmed,
+        mut watch,
+    }) = open(shared, logical, slot).await?
+    else {
         return Ok(Ended::Standby);
-    }
-    if logical.ensure_slot(&mut conn, slot).await? {
-        tracing::info!(%slot, "created the replication slot; events emitted from now on are delivered");
-    }
-    let confirmed = logical
-        .confirmed(&mut conn, slot)
-        .await?
-        .unwrap_or_default();
-    let mut watch = SlotWatch::default();
-    watch.check(logical, slot).await?;
-    metrics::gauge!(m::SLOT_INVALIDATED, "slot" => slot.to_owned()).set(0.0);
+    };
     let upto = match mode {
         RunMode::Drain => Some(logical.flush_lsn(&mut conn).await?),
         _ => None,
