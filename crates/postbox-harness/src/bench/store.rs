@@ -183,8 +183,31 @@ impl BenchStore {
     /// Drain everything pending with the SQL-only claim/ack loop.
     pub async fn ceiling(&self, batch: u32) -> Result<(), sqlx::Error> {
         let sql = self.ceiling.replace("{batch}", &batch.to_string());
-        sqlx::raw_sql(trusted(&sql)).execute(&self.pool).await?;
-        Ok(())
+        self.committing_block(&sql).await
+    }
+
+    /// Run a `DO` block that commits as it goes (the ceilings), again when
+    /// PostgreSQL 15 fails it with "snapshot reference … is not owned by
+    /// resource owner TopTransaction": an intermittent server error in
+    /// PL/pgSQL's transaction control, seen here now and then. The blocks
+    /// resume where they stopped (they work until nothing is left), so a
+    /// second run finishes the same drain.
+    async fn committing_block(&self, sql: &str) -> Result<(), sqlx::Error> {
+        const ATTEMPTS: u32 = 3;
+        let mut attempt = 1;
+        loop {
+            match sqlx::raw_sql(trusted(sql)).execute(&self.pool).await {
+                Ok(_) => return Ok(()),
+                Err(sqlx::Error::Database(e))
+                    if attempt < ATTEMPTS
+                        && e.message().contains("is not owned by resource owner") =>
+                {
+                    tracing::warn!(error = %e.message(), attempt, "the server failed a committing DO block; running it again");
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Read everything in the log with log mode's page query, moving a
@@ -194,8 +217,7 @@ impl BenchStore {
             .execute(&self.pool)
             .await?;
         let sql = self.log_ceiling.replace("{batch}", &batch.to_string());
-        sqlx::raw_sql(trusted(&sql)).execute(&self.pool).await?;
-        Ok(())
+        self.committing_block(&sql).await
     }
 
     /// Up to 100 pending rows, oldest first: (id, payload).
