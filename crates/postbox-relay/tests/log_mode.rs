@@ -71,10 +71,23 @@ fn times(sink: &ScriptedSink) -> HashMap<Uuid, usize> {
 
 #[tokio::test]
 async fn every_event_is_delivered_once_and_no_event_row_is_updated() {
+    every_event_once(true).await;
+}
+
+#[tokio::test]
+async fn cursor_moves_without_waiting_for_the_flush_deliver_the_same() {
+    every_event_once(false).await;
+}
+
+async fn every_event_once(synchronous_commit: bool) {
     let db = TestDb::new().await;
     let ids = append(&db, 300, "order.created").await;
     let sink = ScriptedSink::delivering();
-    let stats = drain_with(&db, Router::single(sink.clone()), log_config()).await;
+    let config = RelayConfig {
+        synchronous_commit,
+        ..log_config()
+    };
+    let stats = drain_with(&db, Router::single(sink.clone()), config).await;
     assert_eq!(stats.delivered, 300);
     let seen = times(&sink);
     assert_eq!(seen.len(), 300);

@@ -96,11 +96,13 @@ WHERE r.owner = $1 AND r.destination = $2
 -- name: window
 -- The window partition $3 of cursor $1 reads now, opening one when none is
 -- open: the events visible in `hi` (a snapshot taken here) and not in `lo`.
--- Only while owner $2 holds the cursor.
+-- Only while owner $2 holds the cursor. {relay_commit}: relay.synchronous_commit
+-- (see relay.sql).
 UPDATE {schema}.log_cursors
 SET hi = COALESCE(hi, pg_current_snapshot()),
     after_id = CASE WHEN hi IS NULL THEN 0 ELSE after_id END
 WHERE destination = $1 AND part = $3 AND owner = $2 AND lease_expires_at > now()
+  AND {relay_commit}
 RETURNING destination, part, parts, lo::text AS lo, hi::text AS hi, after_id;
 
 -- name: window_floor
@@ -147,7 +149,8 @@ LIMIT $4;
 -- Record that partition $6 of cursor $1 (owner $2) published its window up
 -- to id $3 ($4 events); with $5 the window is done: `hi` becomes `lo`.
 -- False (no row) when the lease was lost: the caller stops reading this
--- cursor.
+-- cursor. {relay_commit}: as in `window`; in a transaction that hands events
+-- off too, it applies to the whole transaction.
 UPDATE {schema}.log_cursors
 SET lo = CASE WHEN $5 THEN hi ELSE lo END,
     hi = CASE WHEN $5 THEN NULL ELSE hi END,
@@ -155,6 +158,7 @@ SET lo = CASE WHEN $5 THEN hi ELSE lo END,
     delivered = delivered + $4,
     updated_at = now()
 WHERE destination = $1 AND part = $6 AND owner = $2 AND lease_expires_at > now()
+  AND {relay_commit}
 RETURNING true AS advanced;
 
 -- name: held

@@ -7,7 +7,7 @@
 //! between the two redelivers at most that page.
 
 use crate::catalog;
-use crate::relay::{ClaimedEvent, ClaimedRow};
+use crate::relay::{ClaimedEvent, ClaimedRow, RelayCommit};
 use postbox::statements::trusted;
 use postbox::Schema;
 use sqlx::PgPool;
@@ -107,8 +107,10 @@ struct Queries {
 }
 
 impl Queries {
-    fn new(schema: &Schema) -> Self {
+    fn new(schema: &Schema, commit: RelayCommit) -> Self {
         let mut file = catalog("log.sql", include_str!("../sql/log.sql"));
+        let condition = commit.condition_alone();
+        let commit = [("relay_commit", condition.as_str())];
         let queries = Self {
             cursors_ensure: file.render("cursors_ensure", schema),
             cursors_split: file.render("cursors_split", schema),
@@ -117,11 +119,11 @@ impl Queries {
             cursors_split_at: file.render("cursors_split_at", schema),
             cursors_acquire: file.render("cursors_acquire", schema),
             cursors_release: file.render("cursors_release", schema),
-            window: file.render("window", schema),
+            window: file.render_with("window", schema, &commit),
             window_floor: file.render("window_floor", schema),
             page: file.render("page", schema),
             held: file.render("held", schema),
-            advance: file.render("advance", schema),
+            advance: file.render_with("advance", schema, &commit),
             producer_target: file.render("producer_target", schema),
             set_producer_target: file.render("set_producer_target", schema),
             handoff: file.render("handoff", schema),
@@ -176,9 +178,17 @@ pub struct Log {
 
 impl Log {
     pub fn new(pool: PgPool, schema: &Schema) -> Self {
+        Self::committing(pool, schema, RelayCommit::default())
+    }
+
+    /// The log, its cursor moves committing as `commit` says (see
+    /// [`RelayCommit`]: asynchronously, a PostgreSQL crash can move a cursor
+    /// back, so the events past it are delivered again — never skipped, as a
+    /// cursor never persists ahead of the publishing it records).
+    pub fn committing(pool: PgPool, schema: &Schema, commit: RelayCommit) -> Self {
         Self {
             pool,
-            sql: Arc::new(Queries::new(schema)),
+            sql: Arc::new(Queries::new(schema, commit)),
         }
     }
 
@@ -542,5 +552,28 @@ impl Log {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursor_moves_commit_as_the_relay_does() {
+        let schema = Schema::new("shop").unwrap();
+        let flag = "set_config('synchronous_commit', 'off', true)";
+        let sync = Queries::new(&schema, RelayCommit::Synchronous);
+        let not_flushed = Queries::new(&schema, RelayCommit::Asynchronous);
+        for (sync, not_flushed) in [
+            (&sync.window, &not_flushed.window),
+            (&sync.advance, &not_flushed.advance),
+        ] {
+            assert!(
+                !sync.contains("{relay_commit}") && !sync.contains(flag),
+                "{sync}"
+            );
+            assert!(not_flushed.contains(flag), "{not_flushed}");
+        }
     }
 }

@@ -10,6 +10,7 @@ use crate::log::Log;
 use crate::roles::{CreateRolesError, Roles};
 use chrono::{DateTime, Utc};
 use postbox::statements::trusted;
+use postbox::statements::Catalog;
 use postbox::Schema;
 use serde_json::value::RawValue;
 use sqlx::PgPool;
@@ -43,7 +44,7 @@ struct Queries {
 
 /// How the relay's own writes commit (the `{relay_commit}` condition in the
 /// hot-path statements: claim, acknowledge, settle, release, rescue, record
-/// deliveries).
+/// deliveries, and log mode's window and cursor moves).
 ///
 /// By default they commit like any other transaction. Asynchronously
 /// (`relay.synchronous_commit = false`), each statement sets
@@ -65,17 +66,29 @@ pub enum RelayCommit {
     Asynchronous,
 }
 
+impl RelayCommit {
+    /// The `{relay_commit}` condition, from `relay.sql` (`relay`).
+    pub(crate) fn condition(self, relay: &mut Catalog) -> String {
+        let without_flush = relay.take("commit_without_flush");
+        match self {
+            RelayCommit::Synchronous => "true".to_owned(),
+            RelayCommit::Asynchronous => without_flush.to_owned(),
+        }
+    }
+
+    /// The condition alone, for statements of other files.
+    pub(crate) fn condition_alone(self) -> String {
+        self.condition(&mut catalog("relay.sql", include_str!("../sql/relay.sql")))
+    }
+}
+
 impl Queries {
     fn new(schema: &Schema, commit: RelayCommit) -> Self {
         let mut relay = catalog("relay.sql", include_str!("../sql/relay.sql"));
         let mut status = catalog("status.sql", include_str!("../sql/status.sql"));
         let mut retention = catalog("retention.sql", include_str!("../sql/retention.sql"));
-        let without_flush = relay.take("commit_without_flush").to_owned();
-        let condition = match commit {
-            RelayCommit::Synchronous => "true",
-            RelayCommit::Asynchronous => without_flush.as_str(),
-        };
-        let commit = [("relay_commit", condition)];
+        let condition = commit.condition(&mut relay);
+        let commit = [("relay_commit", condition.as_str())];
         let queries = Self {
             claim: relay.render_with("claim", schema, &commit),
             claim_ordered: relay.render_with("claim_ordered", schema, &commit),
@@ -112,6 +125,7 @@ pub struct Store {
     pool: PgPool,
     schema: Schema,
     sql: std::sync::Arc<Queries>,
+    commit: RelayCommit,
 }
 
 /// Events claimed under one lease.
@@ -258,14 +272,24 @@ pub struct ScheduledLater {
 
 impl Store {
     pub fn new(pool: PgPool, schema: Schema) -> Self {
-        let sql = std::sync::Arc::new(Queries::new(&schema, RelayCommit::default()));
-        Self { pool, schema, sql }
+        let commit = RelayCommit::default();
+        let sql = std::sync::Arc::new(Queries::new(&schema, commit));
+        Self {
+            pool,
+            schema,
+            sql,
+            commit,
+        }
     }
 
     /// The same store, committing the relay's writes as `commit` says.
     pub fn with_relay_commit(self, commit: RelayCommit) -> Self {
         let sql = std::sync::Arc::new(Queries::new(&self.schema, commit));
-        Self { sql, ..self }
+        Self {
+            sql,
+            commit,
+            ..self
+        }
     }
 
     pub fn schema(&self) -> &Schema {
@@ -288,7 +312,7 @@ impl Store {
 
     /// The log and its cursors (log mode) for this store's schema.
     pub fn log(&self) -> Log {
-        Log::new(self.pool.clone(), &self.schema)
+        Log::committing(self.pool.clone(), &self.schema, self.commit)
     }
 
     /// Logical mode's slot operations for this store's schema.

@@ -199,12 +199,14 @@ async fn run_on(url: &str, options: &Options) -> Result<BenchReport, AnyError> {
         if is_redis_list(&sink) {
             // LISTEN with the relay's default (synchronous) commits, the same
             // with asynchronous ones (no flush per claim), polling.
-            // Then log mode with LISTEN, and logical mode (producers emit).
+            // Then log mode with LISTEN, synchronous and asynchronous cursor
+            // moves, and logical mode (producers emit).
             for (listen, synchronous, mode) in [
                 (true, true, ReadMode::Claim),
                 (true, false, ReadMode::Claim),
                 (false, true, ReadMode::Claim),
                 (true, true, ReadMode::Log),
+                (true, false, ReadMode::Log),
                 (true, true, ReadMode::Logical),
             ] {
                 report
