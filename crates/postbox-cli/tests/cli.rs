@@ -280,20 +280,43 @@ fn every_command_has_help() {
 
 #[test]
 fn the_demo_runs_on_a_throwaway_cluster() {
+    demo_in_mode("claim", "claim mode (the outbox table)");
+}
+
+#[test]
+fn the_demo_runs_in_log_and_logical_mode() {
+    demo_in_mode("log", "log mode (producers append to the log)");
+    demo_in_mode("logical", "logical mode (producers emit into the WAL");
+}
+
+fn demo_in_mode(mode: &str, says: &str) {
     let out = Command::new(env!("CARGO_BIN_EXE_postbox"))
-        .args(["demo", "--orders", "400", "--rate", "2000"])
+        .args(["demo", "--orders", "400", "--rate", "2000", "--mode", mode])
         .env_remove("DATABASE_URL")
         .env_remove("POSTBOX_CONFIG")
         .env("POSTBOX_LOG", "warn")
         .output()
         .unwrap();
     let text = stdout(&out);
-    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    assert!(out.status.success(), "{mode}: {text}\n{}", stderr(&out));
+    assert!(text.contains(says), "{mode}: {text}");
     assert!(text.contains("rolled-back events delivered    0"), "{text}");
     assert!(
         text.contains("OK: every committed event delivered"),
-        "{text}"
+        "{mode}: {text}"
     );
+    // Every order the report counts was sent by the relay at least once.
+    let sent: u64 = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("events sent by the relay"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{mode}: no sent count in {text}"));
+    let committed: u64 = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("committed with their event"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{mode}: no committed count in {text}"));
+    assert!(sent >= committed && committed > 300, "{mode}: {text}");
 }
 
 #[tokio::test]

@@ -5,6 +5,11 @@
 //! an in-process queue that sometimes duplicates messages and sometimes loses
 //! the acknowledgement (forcing a real redelivery), and a billing consumer
 //! applies each event exactly once through the inbox. The report proves it.
+//!
+//! It runs in any read mode (`--mode`): claim (the outbox table), log (the
+//! producers' `enqueue` appends to the log) or logical (the producers `emit`
+//! into the WAL; the relay reads a replication slot the demo creates before
+//! anyone produces and drops at the end).
 
 use crate::pgcluster::TempCluster;
 use crate::progress::Progress;
@@ -13,8 +18,8 @@ use async_trait::async_trait;
 use postbox::statements::trusted;
 use postbox::{InboxOutcome, NewEvent, Outbox, Schema};
 use postbox_relay::sink::{Message, Outcome, Sink, SinkError};
-use postbox_relay::{Relay, RelayConfig, RunMode, StatsSnapshot};
-use postbox_store::{StatusCounts, Store};
+use postbox_relay::{ReadMode, Relay, RelayConfig, RunMode, StatsSnapshot};
+use postbox_store::{Lsn, ProducerTarget, StatusCounts, Store};
 use rand::Rng;
 use sqlx::{PgPool, Row};
 use std::collections::HashSet;
@@ -36,7 +41,18 @@ pub struct Options {
     pub rollback_percent: u32,
     /// Percent of deliveries the queue duplicates, or whose acknowledgement it loses.
     pub duplicate_percent: u32,
+    /// How the relay reads the events.
+    pub mode: ReadMode,
 }
+
+/// Logical mode's replication slot. The demo creates it (after dropping one
+/// an interrupted run left behind) and drops it at the end: a slot nobody
+/// reads keeps the server's WAL.
+const SLOT: &str = "postbox_demo";
+
+/// How long the flow may stand still after the producers finish before the
+/// demo reports what it has.
+const STALL: Duration = Duration::from_secs(60);
 
 const CONSUMER: &str = "billing";
 const PRODUCERS: u64 = 4;
@@ -91,15 +107,36 @@ async fn run_on(
 ) -> Result<Verdict, AnyError> {
     let options_db = db::options(Some(url), "postbox-demo")?;
     let pool = db::pool(options_db, 12, db::CONNECT_PATIENCE).await?;
-    let shop = Arc::new(Shop::new(pool.clone(), &schema, shop_name));
+    let shop = Arc::new(Shop::new(pool.clone(), &schema, shop_name, options.mode));
     shop.create().await?;
-    crate::outln!("  schema {schema} migrated; shop tables in {shop_name}");
+    crate::outln!(
+        "  schema {schema} migrated; shop tables in {shop_name}; {}",
+        match options.mode {
+            ReadMode::Claim => "claim mode (the outbox table)",
+            ReadMode::Log => "log mode (producers append to the log)",
+            ReadMode::Logical => "logical mode (producers emit into the WAL; slot postbox_demo)",
+        }
+    );
+    let result = run_shop(&pool, &schema, &shop, options).await;
+    if options.mode == ReadMode::Logical {
+        if let Err(e) = shop.store.logical().drop_slot(SLOT).await {
+            tracing::warn!(error = %error_chain(&e), slot = SLOT, "could not drop the demo's replication slot: drop it with `postbox slot drop`");
+        }
+    }
+    result
+}
 
+async fn run_shop(
+    pool: &PgPool,
+    schema: &Schema,
+    shop: &Arc<Shop>,
+    options: &Options,
+) -> Result<Verdict, AnyError> {
     let counters = Arc::new(Counters::default());
     let rolled_back_ids = Arc::new(Mutex::new(HashSet::new()));
     let (queue_tx, queue_rx) = mpsc::channel::<Message>(1024);
 
-    let relay = DemoRelay::start(&pool, &schema, queue_tx, options.duplicate_percent)?;
+    let relay = DemoRelay::start(pool, schema, queue_tx, options)?;
     let consumer = tokio::spawn(consume(
         shop.clone(),
         queue_rx,
@@ -119,7 +156,7 @@ async fn run_on(
         })
         .collect();
 
-    let store = Store::new(pool.clone(), schema.clone());
+    let store = &shop.store;
     let mut ticker = tokio::time::interval(Duration::from_millis(500));
     let producing = futures::future::join_all(producers);
     tokio::pin!(producing);
@@ -133,10 +170,20 @@ async fn run_on(
     for p in produced {
         p??;
     }
-    // Wait for the outbox to empty, then stop the relay and the consumer.
-    loop {
-        let c = store.status_counts().await?;
-        if c.pending == 0 && c.processing == 0 {
+    // Wait until every committed order is invoiced, the relay has read every
+    // event and the outbox holds none still to deliver; then stop the relay
+    // and the consumer. A flow that stops moving for STALL is reported as it
+    // stands (the report then says what is missing).
+    let end = shop.end().await?;
+    let mut moved = (Instant::now(), counters.applied.load(Ordering::Relaxed));
+    while !shop.settled(end).await? {
+        let applied = counters.applied.load(Ordering::Relaxed);
+        if applied != moved.1 {
+            moved = (Instant::now(), applied);
+        } else if moved.0.elapsed() > STALL {
+            crate::errln!(
+                "postbox demo: nothing moved for {STALL:?}; reporting what was delivered"
+            );
             break;
         }
         ticker.tick().await;
@@ -151,6 +198,7 @@ async fn run_on(
     let totals = shop.totals().await?;
     let counts = store.status_counts().await?;
     Ok(report(
+        options.mode,
         options,
         &counters,
         &totals,
@@ -162,6 +210,7 @@ async fn run_on(
 
 /// Print the report; whether its counts add up.
 fn report(
+    mode: ReadMode,
     options: &Options,
     c: &Counters,
     totals: &Totals,
@@ -184,7 +233,13 @@ fn report(
         "  rolled back                     {}",
         c.rolled_back.load(Ordering::Relaxed)
     );
-    crate::outln!("  events sent by the relay        {}", counts.sent);
+    // In claim mode every event passes through the outbox; in the others
+    // only those retried do, so the relay's own count says what it sent.
+    let sent = match mode {
+        ReadMode::Claim => counts.sent,
+        ReadMode::Log | ReadMode::Logical => relay_stats.delivered as i64,
+    };
+    crate::outln!("  events sent by the relay        {sent}");
     crate::outln!(
         "  deliveries to the consumer      {}",
         c.deliveries.load(Ordering::Relaxed)
@@ -243,11 +298,11 @@ impl DemoRelay {
         pool: &PgPool,
         schema: &Schema,
         queue: mpsc::Sender<Message>,
-        duplicate_percent: u32,
+        options: &Options,
     ) -> Result<Self, AnyError> {
         let sink = Arc::new(FlakyQueue {
             queue,
-            duplicate_percent,
+            duplicate_percent: options.duplicate_percent,
         });
         let config = RelayConfig {
             batch_size: 100,
@@ -256,6 +311,8 @@ impl DemoRelay {
             publish_timeout: Duration::from_secs(4),
             backoff_base: Duration::from_millis(20),
             backoff_max: Duration::from_millis(500),
+            mode: options.mode,
+            logical_slot: Some(SLOT.to_owned()),
             ..RelayConfig::default()
         };
         let relay = Relay::new(Store::new(pool.clone(), schema.clone()), sink, config)?;
@@ -282,6 +339,8 @@ impl DemoRelay {
 struct Shop {
     pool: PgPool,
     schema: Schema,
+    store: Store,
+    mode: ReadMode,
     outbox: Outbox,
     reset: String,
     create_shop: String,
@@ -299,10 +358,12 @@ struct Totals {
 }
 
 impl Shop {
-    fn new(pool: PgPool, schema: &Schema, shop: &str) -> Self {
+    fn new(pool: PgPool, schema: &Schema, shop: &str, mode: ReadMode) -> Self {
         let mut sql = catalog("demo.sql", include_str!("../sql/demo.sql"));
         let mut render = |name| sql.render_with(name, schema, &[("shop", shop)]);
         let shop = Self {
+            store: Store::new(pool.clone(), schema.clone()),
+            mode,
             pool,
             schema: schema.clone(),
             outbox: Outbox::new(schema.clone()),
@@ -326,7 +387,53 @@ impl Shop {
         sqlx::raw_sql(trusted(&self.create_shop))
             .execute(&mut *conn)
             .await?;
+        match self.mode {
+            ReadMode::Claim => {}
+            ReadMode::Log => {
+                self.store
+                    .log()
+                    .set_producer_target(ProducerTarget::Log)
+                    .await?
+            }
+            ReadMode::Logical => {
+                // Before anyone emits: the slot decodes only what follows it.
+                let logical = self.store.logical();
+                logical.drop_slot(SLOT).await?;
+                logical.ensure_slot(&mut conn, SLOT).await?;
+            }
+        }
         Ok(())
+    }
+
+    /// Logical mode: the WAL position every emit committed so far is before.
+    async fn end(&self) -> Result<Option<Lsn>, sqlx::Error> {
+        if self.mode != ReadMode::Logical {
+            return Ok(None);
+        }
+        let mut conn = self.pool.acquire().await?;
+        Ok(Some(self.store.logical().flush_lsn(&mut conn).await?))
+    }
+
+    /// Whether every order is invoiced, the relay has read every committed
+    /// event (the log's cursors past them, or the slot confirmed past `end`)
+    /// and the outbox holds none still to deliver.
+    async fn settled(&self, end: Option<Lsn>) -> Result<bool, sqlx::Error> {
+        let c = self.store.status_counts().await?;
+        if c.pending != 0 || c.processing != 0 || self.totals().await?.missing != 0 {
+            return Ok(false);
+        }
+        Ok(match (self.mode, end) {
+            (ReadMode::Log, _) => self.store.log().unread().await? == 0,
+            (ReadMode::Logical, Some(end)) => {
+                let mut conn = self.pool.acquire().await?;
+                self.store
+                    .logical()
+                    .confirmed(&mut conn, SLOT)
+                    .await?
+                    .is_some_and(|at| at >= end)
+            }
+            _ => true,
+        })
     }
 
     async fn totals(&self) -> Result<Totals, sqlx::Error> {
@@ -375,7 +482,11 @@ async fn produce(
             .bind(total)
             .execute(&mut *tx)
             .await?;
-        let event_id = postbox::sqlx::enqueue(&shop.outbox, &mut tx, &event).await?;
+        let event_id = if shop.mode == ReadMode::Logical {
+            postbox::sqlx::emit(&shop.outbox, &mut tx, &event).await?
+        } else {
+            postbox::sqlx::enqueue(&shop.outbox, &mut tx, &event).await?
+        };
         if roll_back {
             // Remember the id before rolling back, so a delivery of it would be caught.
             lock(&rolled_back).insert(event_id);
@@ -476,7 +587,7 @@ mod tests {
         let pool = sqlx::postgres::PgPoolOptions::new()
             .connect_lazy("postgres://nobody@127.0.0.1:1/none")
             .unwrap();
-        let shop = Shop::new(pool, &Schema::default(), "shop");
+        let shop = Shop::new(pool, &Schema::default(), "shop", ReadMode::Claim);
         assert!(shop.place_order.contains("shop.orders"));
     }
 }

@@ -19,6 +19,12 @@ pub struct DemoArgs {
     /// Percent of deliveries the queue duplicates, or whose acknowledgement it loses
     #[arg(long, default_value_t = 5)]
     pub duplicate_percent: u32,
+    /// How the relay reads the events: claim (the outbox table), log (an
+    /// append-only log) or logical (emitted into the WAL, read from a
+    /// replication slot; needs wal_level = logical, which the throwaway
+    /// cluster has)
+    #[arg(long, value_name = "MODE", default_value = "claim", value_parser = super::parse_mode)]
+    pub mode: postbox_relay::ReadMode,
 }
 
 pub async fn run(settings: &Settings, args: DemoArgs) -> Result<ExitCode, AnyError> {
@@ -27,6 +33,7 @@ pub async fn run(settings: &Settings, args: DemoArgs) -> Result<ExitCode, AnyErr
         rate: args.rate,
         rollback_percent: args.rollback_percent,
         duplicate_percent: args.duplicate_percent,
+        mode: args.mode,
     };
     Ok(
         match demo::run(settings.database_url.as_deref(), &options).await? {

@@ -24,16 +24,12 @@ pub struct MigrateArgs {
     /// claim`) or log (the append-only log, read by `relay --mode log`).
     /// Unchanged when not given. Going back to claim is refused while the
     /// log holds events a relay has not read.
-    #[arg(long, value_name = "MODE", value_parser = parse_mode)]
+    #[arg(long, value_name = "MODE", value_parser = super::parse_mode)]
     pub mode: Option<ReadMode>,
     /// Migrate many schemas at once (and every `[[outboxes]]` entry): each
     /// gets the same --mode and --create-roles; progress shows on a terminal
     #[command(flatten)]
     pub select: crate::tenants::SelectArgs,
-}
-
-fn parse_mode(s: &str) -> Result<ReadMode, String> {
-    s.parse()
 }
 
 pub async fn run(settings: &Settings, args: MigrateArgs) -> Result<ExitCode, AnyError> {

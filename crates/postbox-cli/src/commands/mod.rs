@@ -16,3 +16,8 @@ pub mod relay;
 pub mod slot;
 pub mod status;
 pub mod verify;
+
+/// `--mode claim|log|logical`, as `relay`, `migrate`, `verify` and `demo` take it.
+pub(crate) fn parse_mode(s: &str) -> Result<postbox_relay::ReadMode, String> {
+    s.parse()
+}

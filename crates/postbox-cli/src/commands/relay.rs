@@ -28,7 +28,7 @@ pub struct RelayArgs {
     /// log, for a schema migrated with --mode log) or logical (events emitted
     /// into the WAL, read from a replication slot; needs wal_level = logical)
     /// [default: relay.mode in the config file, or claim]
-    #[arg(long, value_name = "MODE", value_parser = parse_mode)]
+    #[arg(long, value_name = "MODE", value_parser = super::parse_mode)]
     pub mode: Option<ReadMode>,
     /// Logical mode: the replication slot to read, created on first start
     /// [default: relay.logical_slot in the config file, or postbox_<schema>]
@@ -70,10 +70,6 @@ fn sink_help() -> String {
         "Where to deliver, one of the sinks built into this binary:\n{}",
         postbox_relay::sinks::scheme_help()
     )
-}
-
-fn parse_mode(s: &str) -> Result<ReadMode, String> {
-    s.parse()
 }
 
 fn parse_poison(s: &str) -> Result<PoisonPolicy, String> {
