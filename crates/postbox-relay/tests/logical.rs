@@ -205,7 +205,7 @@ async fn emitted_events_are_delivered_in_commit_order_and_rolled_back_ones_never
         );
         assert_eq!(stats.delivered, n as u64);
         let first = sink.seen.lock().unwrap().messages[0].clone();
-        assert_eq!(first.sequence, None);
+        assert_eq!(first.sequence, Some(1), "its aggregate's first event");
         assert_eq!(first.payload.get(), r#"{"i": 1}"#);
         let rows: i64 = sqlx::query_scalar(trusted(
             &schema.render("SELECT count(*) FROM {schema}.outbox"),
