@@ -558,6 +558,40 @@ async fn a_scheduled_emit_waits_for_its_time_and_the_slot_does_not() {
     .await;
 }
 
+/// The WAL's position now.
+async fn wal_now(pool: &sqlx::PgPool) -> String {
+    sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Emit `n` events (each in its own transaction), then wait until `sink`
+/// has seen `n` more deliveries and the slot is confirmed past their
+/// commits; their ids.
+async fn emit_delivered_and_confirmed(
+    pool: &sqlx::PgPool,
+    schema: &postbox::Schema,
+    slot: &str,
+    sink: &ScriptedSink,
+    n: usize,
+) -> Vec<Uuid> {
+    let before = sink.count();
+    let ids = emit(pool, schema, n, "order.created").await;
+    let after = wal_now(pool).await;
+    wait_for("the events delivered", Duration::from_secs(60), || async {
+        sink.count() >= before + n
+    })
+    .await;
+    wait_for(
+        "the slot confirmed past their commits",
+        Duration::from_secs(30),
+        || confirmed_past(pool, slot, &after),
+    )
+    .await;
+    ids
+}
+
 /// The slot's confirmed position is at least the WAL position `lsn`.
 async fn confirmed_past(pool: &sqlx::PgPool, slot: &str, lsn: &str) -> bool {
     sqlx::query_scalar(
@@ -603,23 +637,8 @@ async fn an_event_committed_while_the_reader_idles_is_pushed_to_it_and_confirmed
             walsender,
         )
         .await;
-        let ids = emit(&pool, &schema, 1, "order.created").await;
-        let after: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        wait_for("the event", Duration::from_secs(30), || {
-            let sink = sink.clone();
-            async move { sink.count() >= 1 }
-        })
-        .await;
+        let ids = emit_delivered_and_confirmed(&pool, &schema, &slot, &sink, 1).await;
         assert_eq!(sink.ids(), ids);
-        wait_for(
-            "the slot confirmed past the event's commit",
-            Duration::from_secs(30),
-            || confirmed_past(&pool, &slot, &after),
-        )
-        .await;
         // Still the same stream: nothing reconnected to read it.
         assert!(walsender().await, "the stream stays open");
         stop.cancel();
@@ -642,22 +661,7 @@ async fn the_sql_transport_still_reads_and_confirms_the_slot() {
         };
         let relay = spawn_relay(&pool, &schema, sink.clone(), sql, stop.clone());
         wait_for_slot(&pool, &slot, true).await;
-        let ids = emit(&pool, &schema, 60, "order.created").await;
-        let after: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        wait_for("every event", Duration::from_secs(60), || {
-            let sink = sink.clone();
-            async move { sink.count() >= 60 }
-        })
-        .await;
-        wait_for(
-            "the slot confirmed past them",
-            Duration::from_secs(30),
-            || confirmed_past(&pool, &slot, &after),
-        )
-        .await;
+        let ids = emit_delivered_and_confirmed(&pool, &schema, &slot, &sink, 60).await;
         stop.cancel();
         relay.await.unwrap();
         assert_eq!(sink.ids(), ids, "commit order, each once");
@@ -683,10 +687,7 @@ async fn draining_stops_once_it_has_read_what_was_committed_before_it_started() 
         stop.cancel();
         first.await.unwrap();
         let ids = emit(&pool, &schema, 30, "order.created").await;
-        let after: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+        let after = wal_now(&pool).await;
         let sink = ScriptedSink::delivering();
         let relay = Relay::new(
             postbox_relay::Store::new(pool.clone(), schema.clone()),
