@@ -25,6 +25,7 @@ pub mod logical_mode;
 mod logical_stream;
 pub mod metrics;
 mod otel;
+mod page;
 pub mod relay;
 pub mod retention;
 pub mod router;

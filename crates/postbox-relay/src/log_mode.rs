@@ -26,12 +26,10 @@
 
 use crate::backoff;
 use crate::metrics as m;
+use crate::page::{Item, Pending, Published};
 use crate::redact::sanitize_error;
-use crate::relay::{publish_to, RunMode, Shared};
-use crate::router::PoisonPolicy;
-use crate::sink::{Message, Outcome};
+use crate::relay::{RunMode, Shared};
 use postbox_store::{Handoff, Log, LogEvent, LogWindow};
-use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -212,16 +210,16 @@ impl Reader {
         let Published {
             delivered,
             handoffs,
-            held,
         } = published?;
         let delivered_at: Vec<_> = delivered
             .iter()
             .map(|&i| page[i].event.created_at)
             .collect();
         let delivered = delivered.len();
+        let retried = handoffs.iter().filter(|(_, h)| h.tried && !h.dead).count();
         let handoffs: Vec<Handoff<'_>> = handoffs
             .into_iter()
-            .map(|(i, h)| h.into_handoff(&page[i]))
+            .map(|(i, h)| into_handoff(h, &page[i]))
             .collect();
         let settled = crate::otel::settle_span(
             &shared.store.schema(),
@@ -236,7 +234,7 @@ impl Reader {
             self.forget();
             return Ok(Round::NotHeld);
         }
-        count(shared, delivered, &handoffs, held);
+        count(shared, delivered, &handoffs, retried);
         m::record_commit_to_delivery(delivered_at.into_iter());
         if !done {
             self.window = Some(next);
@@ -271,73 +269,21 @@ async fn wait(shared: &Shared, wake: &mut tokio::sync::watch::Receiver<u64>, del
     }
 }
 
-/// What to do with an event the destination did not take.
-struct Pending {
-    dead: bool,
-    delay: Duration,
-    attempts: i32,
-    error: String,
-    others: Vec<String>,
-}
-
-impl Pending {
-    /// Not published now, not tried: due in the outbox at once (an event held
-    /// behind an earlier one of its aggregate) or at its time (a scheduled
-    /// event, whose hand-off makes it due then).
-    fn untried(others: Vec<String>) -> Self {
-        Pending {
-            dead: false,
-            delay: Duration::ZERO,
-            attempts: 0,
-            error: String::new(),
-            others,
-        }
-    }
-
-    fn into_handoff(self, event: &LogEvent) -> Handoff<'_> {
-        Handoff {
-            event,
-            dead: self.dead,
-            delay: self.delay,
-            attempts: self.attempts,
-            error: self.error,
-            others: self.others,
-        }
+/// The hand-off log mode writes for `pending`, an event of `page`.
+fn into_handoff(pending: Pending, event: &LogEvent) -> Handoff<'_> {
+    Handoff {
+        event,
+        dead: pending.dead,
+        delay: pending.delay,
+        attempts: pending.attempts,
+        error: pending.error,
+        others: pending.others,
     }
 }
 
-/// What publishing a page did at one destination.
-#[derive(Default)]
-struct Published {
-    /// Page indices of the events delivered.
-    delivered: Vec<usize>,
-    /// By page index, the events to hand to the outbox.
-    handoffs: Vec<(usize, Pending)>,
-    /// How many of the hand-offs are held behind an earlier event of their
-    /// aggregate (not tried).
-    held: usize,
-}
-
-/// An aggregate, as ordered routes key it.
-type Aggregate<'a> = (&'a str, &'a str);
-
-fn aggregate(e: &LogEvent) -> Aggregate<'_> {
-    (&e.event.aggregate_type, &e.event.aggregate_id)
-}
-
-/// Publish the page's events that route to `d`.
-///
-/// Unordered events go out in one call. On ordered routes an aggregate's
-/// events go out one at a time, in id order (which is its sequence order,
-/// see ARCHITECTURE.md "The log"): the page is published in layers — every
-/// aggregate's first event, then every aggregate's second one, … — and once
-/// one of an aggregate's events is not delivered (a retry, or a dead letter
-/// its poison policy blocks on), is scheduled for later, or follows an
-/// earlier event the outbox still holds for `d`, its later events are handed
-/// to the outbox too, where the ordered claim delivers them behind it. Other
-/// aggregates keep flowing from the log; an aggregate whose events in the
-/// outbox are all delivered flows from the log again. `ordered`: the router
-/// has ordered routes.
+/// Publish the page's events that route to `d`, in layers per aggregate on
+/// ordered routes (see `crate::page`); `Log::held` says which aggregates
+/// the outbox holds. `ordered`: the router has ordered routes.
 async fn publish_page(
     shared: &Shared,
     log: &Log,
@@ -345,185 +291,26 @@ async fn publish_page(
     page: &[LogEvent],
     ordered: bool,
 ) -> Result<Published, sqlx::Error> {
-    let router = &shared.router;
-    let name = &router.destinations()[d].name;
-    let others = |targets: &[usize]| -> Vec<String> {
-        targets
-            .iter()
-            .filter(|&&t| t != d)
-            .map(|&t| router.destinations()[t].name.clone())
-            .collect()
-    };
-    let mut out = Published::default();
-    // Per page index: its destinations (empty when `d` is not one of them)
-    // and, on an ordered route, its poison policy.
-    let mut targets = vec![Vec::new(); page.len()];
-    let mut policies: Vec<Option<PoisonPolicy>> = vec![None; page.len()];
-    for (i, e) in page.iter().enumerate() {
-        let t = router.targets(&e.event.event_type);
-        if t.contains(&d) {
-            if ordered && e.event.sequence.is_some() {
-                policies[i] = router.ordering(&e.event.event_type);
-            }
-            targets[i] = t;
-        }
-    }
-    // The lowest sequence the outbox still holds for `d`, per aggregate of
-    // the page's ordered events.
-    let mut held: HashMap<(String, String), i64> = HashMap::new();
-    if policies.iter().any(Option::is_some) {
-        let aggregates: Vec<Aggregate<'_>> = page
-            .iter()
-            .zip(&policies)
-            .filter(|(_, p)| p.is_some())
-            .map(|(e, _)| aggregate(e))
-            .collect::<HashSet<_>>()
-            .into_iter()
-            .collect();
-        for h in log.held(name, &aggregates).await? {
-            // Only an ordered event that goes to `d` holds `d` back, and a
-            // dead letter only when its poison policy blocks.
-            let holds = match router.ordering(&h.event_type) {
-                None => false,
-                Some(policy) => {
-                    router.targets(&h.event_type).contains(&d)
-                        && !(h.dead && policy == PoisonPolicy::Skip)
-                }
-            };
-            if holds {
-                let lowest = held
-                    .entry((h.aggregate_type, h.aggregate_id))
-                    .or_insert(h.sequence);
-                *lowest = (*lowest).min(h.sequence);
-            }
-        }
-    }
-    // Aggregates whose later events wait in the outbox.
-    let mut blocked: HashSet<Aggregate<'_>> = HashSet::new();
-    let mut depth: HashMap<Aggregate<'_>, usize> = HashMap::new();
-    let mut layers: Vec<Vec<usize>> = vec![Vec::new()];
-    for (i, e) in page.iter().enumerate() {
-        if targets[i].is_empty() {
-            continue;
-        }
-        let Some(seq) = policies[i].and(e.event.sequence) else {
-            if e.scheduled {
-                out.handoffs
-                    .push((i, Pending::untried(others(&targets[i]))));
-            } else {
-                layers[0].push(i);
-            }
-            continue;
-        };
-        let key = aggregate(e);
-        let behind = blocked.contains(&key)
-            || held
-                .get(&(key.0.to_owned(), key.1.to_owned()))
-                .is_some_and(|&lowest| lowest < seq);
-        if behind || e.scheduled {
-            // Not due yet, or behind an earlier event: the outbox keeps it
-            // (making it due at its time), and the aggregate's later events
-            // go behind it.
-            out.held += usize::from(behind);
-            out.handoffs
-                .push((i, Pending::untried(others(&targets[i]))));
-            blocked.insert(key);
-            continue;
-        }
-        let k = depth.entry(key).or_default();
-        if layers.len() <= *k {
-            layers.push(Vec::new());
-        }
-        layers[*k].push(i);
-        *k += 1;
-    }
-    for layer in layers {
-        let mut now = Vec::with_capacity(layer.len());
-        for i in layer {
-            if policies[i].is_some() && blocked.contains(&aggregate(&page[i])) {
-                out.held += 1;
-                out.handoffs
-                    .push((i, Pending::untried(others(&targets[i]))));
-            } else {
-                now.push(i);
-            }
-        }
-        if now.is_empty() {
-            continue;
-        }
-        let messages: Vec<Message> = now.iter().map(|&i| Message::from(&page[i].event)).collect();
-        let outcomes = publish_to(shared, d, &messages).await;
-        for (&i, outcome) in now.iter().zip(outcomes) {
-            let Some(pending) = settle(shared, &page[i], outcome, others(&targets[i])) else {
-                out.delivered.push(i);
-                continue;
-            };
-            if let Some(policy) = policies[i] {
-                if !(pending.dead && policy == PoisonPolicy::Skip) {
-                    blocked.insert(aggregate(&page[i]));
-                }
-            }
-            out.handoffs.push((i, pending));
-        }
-    }
-    out.handoffs.sort_by_key(|(i, _)| *i);
-    Ok(out)
+    let items: Vec<Item<'_>> = page
+        .iter()
+        .map(|e| Item {
+            event: &e.event,
+            scheduled: e.scheduled,
+        })
+        .collect();
+    crate::page::publish(shared, log, d, &items, ordered).await
 }
 
-/// What to hand off for an event the sink answered `outcome` to; `None`
-/// when it was delivered.
-fn settle(
-    shared: &Shared,
-    event: &LogEvent,
-    outcome: Outcome,
-    others: Vec<String>,
-) -> Option<Pending> {
-    let config = &shared.config;
-    Some(match outcome {
-        Outcome::Delivered => return None,
-        Outcome::Retry { error, after } => Pending {
-            dead: config.max_attempts <= 1,
-            delay: after
-                .unwrap_or_else(|| backoff::full_jitter(1, config.backoff_base, config.backoff_max))
-                .min(config.backoff_max),
-            attempts: 1,
-            error: sanitize_error(&error),
-            others,
-        },
-        Outcome::Deferred { reason, after } => Pending {
-            dead: false,
-            delay: after.unwrap_or(config.backoff_base).min(config.backoff_max),
-            attempts: 0,
-            error: sanitize_error(&reason),
-            others,
-        },
-        Outcome::Reject { error } => {
-            let error = sanitize_error(&error);
-            tracing::warn!(event_id = %event.event.event_id, event_type = %event.event.event_type, %error, "rejected by the sink; dead-lettered");
-            Pending {
-                dead: true,
-                delay: Duration::ZERO,
-                attempts: 1,
-                error,
-                others,
-            }
-        }
-    })
-}
-
-/// Count a settled page; `held` of the hand-offs were not tried (behind an
-/// earlier event of their aggregate).
-fn count(shared: &Shared, delivered: usize, handoffs: &[Handoff<'_>], held: usize) {
+/// Count a settled page; `retried` of the hand-offs were tried and are not
+/// dead letters (the others are scheduled or held behind an earlier event of
+/// their aggregate, untried).
+fn count(shared: &Shared, delivered: usize, handoffs: &[Handoff<'_>], retried: usize) {
     let dead = handoffs.iter().filter(|h| h.dead).count();
-    let scheduled = handoffs.iter().filter(|h| h.event.scheduled).count() + held;
     let stats = &shared.stats;
     stats
         .delivered
         .fetch_add(delivered as u64, Ordering::Relaxed);
-    stats.retried.fetch_add(
-        (handoffs.len() - dead - scheduled) as u64,
-        Ordering::Relaxed,
-    );
+    stats.retried.fetch_add(retried as u64, Ordering::Relaxed);
     stats
         .dead_lettered
         .fetch_add(dead as u64, Ordering::Relaxed);

@@ -27,12 +27,14 @@
 use crate::backoff;
 use crate::config::LogicalTransport;
 use crate::metrics as m;
+use crate::page::{Item, Outbox};
 use crate::redact::sanitize_error;
-use crate::relay::{publish_to, RunMode, Shared};
-use crate::sink::{Message, Outcome};
+use crate::relay::{RunMode, Shared};
 use futures::future::join_all;
 use futures::TryStreamExt;
-use postbox_store::{Change, Logical, LogicalEvent, LogicalHandoff, Lsn, SlotStatus};
+use postbox_store::{
+    Change, HeldEvents, Log, Logical, LogicalEvent, LogicalHandoff, Lsn, SlotStatus,
+};
 use sqlx::PgConnection;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -69,14 +71,25 @@ pub(crate) enum Ended {
 pub(crate) async fn read_loop(shared: Arc<Shared>, mode: RunMode) {
     let logical = shared.store.logical();
     let slot = shared.config.slot_name(shared.store.schema());
+    let batches = Batches::new(&shared);
     let mut failures = 0;
     let mut standby_said = false;
     while !shared.shutdown.is_cancelled() {
         let read = match shared.config.logical_transport {
             LogicalTransport::Stream => {
-                crate::logical_stream::session(&shared, &logical, &slot, mode, &mut failures).await
+                crate::logical_stream::session(
+                    &shared,
+                    &logical,
+                    &batches,
+                    &slot,
+                    mode,
+                    &mut failures,
+                )
+                .await
             }
-            LogicalTransport::Sql => session(&shared, &logical, &slot, mode, &mut failures).await,
+            LogicalTransport::Sql => {
+                session(&shared, &logical, &batches, &slot, mode, &mut failures).await
+            }
         };
         match read {
             Ok(Ended::Shutdown | Ended::Drained) => break,
@@ -177,6 +190,7 @@ pub(crate) async fn open(
 async fn session(
     shared: &Shared,
     logical: &Logical,
+    batches: &Batches,
     slot: &str,
     mode: RunMode,
     failures: &mut i32,
@@ -197,7 +211,10 @@ async fn session(
         if shared.shutdown.is_cancelled() {
             return Ok(Ended::Shutdown);
         }
-        let read = round(shared, logical, &mut conn, slot, &mut confirmed).await?;
+        let Some(read) = round(shared, logical, batches, &mut conn, slot, &mut confirmed).await?
+        else {
+            return Ok(Ended::Shutdown);
+        };
         *failures = 0;
         if read.caught_up {
             watch.caught_up = Instant::now();
@@ -305,14 +322,16 @@ struct Read {
     caught_up: bool,
 }
 
-/// Peek, publish in batches, hand off, confirm.
+/// Peek, publish in batches, hand off, confirm. `None`: shutdown came while
+/// a batch waited for a shared batch permit (nothing confirmed past it).
 async fn round(
     shared: &Shared,
     logical: &Logical,
+    batches: &Batches,
     conn: &mut PgConnection,
     slot: &str,
     confirmed: &mut Lsn,
-) -> Result<Read, ReadError> {
+) -> Result<Option<Read>, ReadError> {
     let batch = shared.config.batch_size as usize;
     let round_rows = batch.saturating_mul(ROUND_BATCHES);
     let limit = i32::try_from(round_rows).unwrap_or(i32::MAX);
@@ -330,7 +349,9 @@ async fn round(
                     pending.push(*e);
                     if pending.len() >= batch {
                         events += pending.len();
-                        publish_batch(shared, logical, &pending).await?;
+                        if let Settled::Stopped = publish_batch(shared, batches, &pending).await? {
+                            return Ok(None);
+                        }
                         pending.clear();
                     }
                 }
@@ -341,7 +362,9 @@ async fn round(
     }
     if !pending.is_empty() {
         events += pending.len();
-        publish_batch(shared, logical, &pending).await?;
+        if let Settled::Stopped = publish_batch(shared, batches, &pending).await? {
+            return Ok(None);
+        }
     }
     // Fewer rows than asked: the read stopped at `upto`, not at the limit,
     // so nothing before `upto` is left to read.
@@ -355,139 +378,130 @@ async fn round(
         logical.advance(conn, slot, lsn).await?;
         *confirmed = lsn;
     }
-    Ok(Read { events, caught_up })
+    Ok(Some(Read { events, caught_up }))
 }
 
-/// Publish `events` to every destination they route to, at once; hand what
-/// a destination did not take to the outbox.
+/// The outbox as logical mode sees it: asked the same `held` question as
+/// in log mode (`Log::held`, `log.sql`: a question about the outbox, not
+/// the log). A batch read again after a crash between its hand-off and the
+/// slot's confirmation holds events the outbox already has.
+pub(crate) struct SlotOutbox(Log);
+
+impl Outbox for SlotOutbox {
+    async fn held(
+        &self,
+        destination: &str,
+        aggregates: &[(&str, &str)],
+    ) -> Result<Vec<HeldEvents>, sqlx::Error> {
+        self.0.held(destination, aggregates).await
+    }
+
+    const READ_AGAIN: bool = true;
+}
+
+/// What publishing a batch needs, made once per reader.
+pub(crate) struct Batches {
+    logical: Logical,
+    outbox: SlotOutbox,
+    /// The router has ordered routes.
+    ordered: bool,
+}
+
+impl Batches {
+    pub(crate) fn new(shared: &Shared) -> Self {
+        Self {
+            logical: shared.store.logical(),
+            outbox: SlotOutbox(shared.store.log()),
+            ordered: shared.router.claim_order().is_some(),
+        }
+    }
+}
+
+/// How a batch ended.
+#[must_use]
+pub(crate) enum Settled {
+    /// Published or handed off: the slot may be confirmed past it.
+    Done,
+    /// Shutdown came while it waited for a shared batch permit: nothing was
+    /// published, and the slot must not be confirmed past it.
+    Stopped,
+}
+
+/// Publish `events` to every destination they route to, at once — on
+/// ordered routes in layers per aggregate (see `crate::page`) — and hand
+/// what a destination did not take to the outbox. Serving many outboxes,
+/// the batch holds one of the shared batch permits until then.
 pub(crate) async fn publish_batch(
     shared: &Shared,
-    logical: &Logical,
+    batches: &Batches,
     events: &[LogicalEvent],
-) -> Result<(), sqlx::Error> {
+) -> Result<Settled, sqlx::Error> {
+    let Ok(_permit) = shared.batch_permit().await else {
+        return Ok(Settled::Stopped);
+    };
     let router = &shared.router;
     crate::otel::claimed(
         &shared.store.schema(),
         events.iter().map(|e| &e.event.headers),
     );
-    let targets: Vec<Vec<usize>> = events
-        .iter()
-        .map(|e| router.targets(&e.event.event_type))
-        .collect();
     // An event scheduled for later is not published: it is handed to the
     // outbox, due at its time, and the slot moves on past it.
     let now = chrono::Utc::now();
-    let scheduled: Vec<bool> = events.iter().map(|e| e.scheduled_after(now)).collect();
-    let destinations = router.destinations().len();
-    let rounds = (0..destinations).map(|d| {
-        let mine: Vec<usize> = (0..events.len())
-            .filter(|&i| targets[i].contains(&d) && !scheduled[i])
-            .collect();
-        async move {
-            if mine.is_empty() {
-                return (d, mine, Vec::new());
-            }
-            let messages: Vec<Message> = mine
-                .iter()
-                .map(|&i| Message::from(&events[i].event))
-                .collect();
-            let outcomes = publish_to(shared, d, &messages).await;
-            (d, mine, outcomes)
-        }
-    });
+    let items: Vec<Item<'_>> = events
+        .iter()
+        .map(|e| Item {
+            event: &e.event,
+            scheduled: e.scheduled_after(now),
+        })
+        .collect();
+    let rounds = (0..router.destinations().len())
+        .map(|d| crate::page::publish(shared, &batches.outbox, d, &items, batches.ordered));
     let results = join_all(rounds).await;
-    let mut delivered_everywhere: Vec<bool> = scheduled.iter().map(|s| !s).collect();
-    let (mut delivered, mut retried, mut dead) = (0u64, 0u64, 0u64);
-    for (d, mine, outcomes) in results {
-        let others = |i: usize| -> Vec<String> {
-            targets[i]
-                .iter()
-                .filter(|&&t| t != d)
-                .map(|&t| router.destinations()[t].name.clone())
-                .collect()
-        };
-        let mut handoffs: Vec<LogicalHandoff<'_>> = (0..events.len())
-            .filter(|&i| scheduled[i] && targets[i].contains(&d))
-            .map(|i| LogicalHandoff {
-                event: &events[i],
-                dead: false,
-                delay: Duration::ZERO,
-                attempts: 0,
-                error: String::new(),
-                others: others(i),
+    // Per event: whether some destination did not take it (now).
+    let mut handed_off = vec![false; events.len()];
+    let (mut retried, mut dead) = (0u64, 0u64);
+    for (d, published) in results.into_iter().enumerate() {
+        let published = published?;
+        let handoffs: Vec<LogicalHandoff<'_>> = published
+            .handoffs
+            .into_iter()
+            .map(|(i, p)| {
+                handed_off[i] = true;
+                if p.dead {
+                    dead += 1;
+                } else if p.tried {
+                    retried += 1;
+                }
+                LogicalHandoff {
+                    event: &events[i],
+                    dead: p.dead,
+                    delay: p.delay,
+                    attempts: p.attempts,
+                    error: p.error,
+                    others: p.others,
+                }
             })
             .collect();
-        for (&i, outcome) in mine.iter().zip(outcomes) {
-            let Some(h) = handoff_of(shared, &events[i], outcome, others(i)) else {
-                continue;
-            };
-            delivered_everywhere[i] = false;
-            if h.dead {
-                dead += 1;
-            } else {
-                retried += 1;
-            }
-            handoffs.push(h);
-        }
-        logical
+        batches
+            .logical
             .handoff(&router.destinations()[d].name, &handoffs)
             .await?;
     }
-    let mut created = Vec::new();
-    for (i, ok) in delivered_everywhere.into_iter().enumerate() {
-        if ok && !targets[i].is_empty() {
-            delivered += 1;
-            created.push(events[i].event.created_at);
-        }
-    }
+    let created: Vec<_> = events
+        .iter()
+        .zip(handed_off)
+        .filter(|(e, off)| !off && !router.targets(&e.event.event_type).is_empty())
+        .map(|(e, _)| e.event.created_at)
+        .collect();
     let stats = &shared.stats;
-    stats.delivered.fetch_add(delivered, Ordering::Relaxed);
+    stats
+        .delivered
+        .fetch_add(created.len() as u64, Ordering::Relaxed);
     stats.retried.fetch_add(retried, Ordering::Relaxed);
     stats.dead_lettered.fetch_add(dead, Ordering::Relaxed);
     if dead > 0 {
         metrics::counter!(m::DEAD_LETTERED).increment(dead);
     }
     m::record_commit_to_delivery(created.into_iter());
-    Ok(())
-}
-
-/// How an event a destination did not take leaves the stream; `None` when
-/// it was delivered.
-fn handoff_of<'a>(
-    shared: &Shared,
-    event: &'a LogicalEvent,
-    outcome: Outcome,
-    others: Vec<String>,
-) -> Option<LogicalHandoff<'a>> {
-    let config = &shared.config;
-    let (dead, delay, attempts, error) = match outcome {
-        Outcome::Delivered => return None,
-        Outcome::Retry { error, after } => (
-            config.max_attempts <= 1,
-            after
-                .unwrap_or_else(|| backoff::full_jitter(1, config.backoff_base, config.backoff_max))
-                .min(config.backoff_max),
-            1,
-            sanitize_error(&error),
-        ),
-        Outcome::Deferred { reason, after } => (
-            false,
-            after.unwrap_or(config.backoff_base).min(config.backoff_max),
-            0,
-            sanitize_error(&reason),
-        ),
-        Outcome::Reject { error } => {
-            let error = sanitize_error(&error);
-            tracing::warn!(event_id = %event.event.event_id, event_type = %event.event.event_type, %error, "rejected by the sink; dead-lettered");
-            (true, Duration::ZERO, 1, error)
-        }
-    };
-    Some(LogicalHandoff {
-        event,
-        dead,
-        delay,
-        attempts,
-        error,
-        others,
-    })
+    Ok(Settled::Done)
 }

@@ -17,7 +17,8 @@
 //! A crash redelivers at most what was read since the last confirmation.
 
 use crate::logical_mode::{
-    open, publish_batch, Ended, Opened, ReadError, SlotWatch, READ_NOTE, SLOT_CHECK,
+    open, publish_batch, Batches, Ended, Opened, ReadError, Settled, SlotWatch, READ_NOTE,
+    SLOT_CHECK,
 };
 use crate::redact::sanitize_error;
 use crate::relay::{RunMode, Shared};
@@ -50,6 +51,7 @@ const CHORES: Duration = Duration::from_secs(1);
 pub(crate) async fn session(
     shared: &Shared,
     logical: &Logical,
+    batches: &Batches,
     slot: &str,
     mode: RunMode,
     failures: &mut i32,
@@ -83,6 +85,7 @@ pub(crate) async fn session(
     let mut reader = Reader {
         shared,
         logical,
+        batches,
         prefix: logical.prefix().to_owned(),
         client,
         pending: Vec::with_capacity(shared.config.batch_size as usize),
@@ -110,6 +113,7 @@ fn batch_buffer(shared: &Shared) -> usize {
 struct Reader<'a> {
     shared: &'a Shared,
     logical: &'a Logical,
+    batches: &'a Batches,
     prefix: String,
     client: ReplicationClient,
     /// Events read and not yet published.
@@ -142,7 +146,9 @@ impl Reader<'_> {
             let next = match self.client.recv().now_or_never() {
                 Some(next) => next,
                 None => {
-                    self.settle().await?;
+                    if let Settled::Stopped = self.settle().await? {
+                        return Ok(Ended::Shutdown);
+                    }
                     if !self.in_txn {
                         watch.caught_up = Instant::now();
                     }
@@ -187,7 +193,9 @@ impl Reader<'_> {
                 } if prefix == self.prefix => {
                     self.pending.push(decode_event(&content)?);
                     if self.pending.len() >= batch {
-                        self.publish().await?;
+                        if let Settled::Stopped = self.publish().await? {
+                            return Ok(Ended::Shutdown);
+                        }
                     }
                 }
                 ReplicationEvent::Commit { end_lsn, .. } => {
@@ -221,22 +229,25 @@ impl Reader<'_> {
     }
 
     /// Publish what is pending and confirm up to the last commit read.
-    async fn settle(&mut self) -> Result<(), ReadError> {
-        if !self.pending.is_empty() {
-            self.publish().await?;
+    async fn settle(&mut self) -> Result<Settled, ReadError> {
+        if self.pending.is_empty() {
+            return Ok(Settled::Done);
         }
-        Ok(())
+        self.publish().await
     }
 
     /// Publish the pending events (hand off what a destination did not
-    /// take); then every commit read so far is settled.
-    async fn publish(&mut self) -> Result<(), ReadError> {
-        publish_batch(self.shared, self.logical, &self.pending).await?;
+    /// take); then every commit read so far is settled. Stopped: nothing
+    /// was published, nothing confirmed.
+    async fn publish(&mut self) -> Result<Settled, ReadError> {
+        if let Settled::Stopped = publish_batch(self.shared, self.batches, &self.pending).await? {
+            return Ok(Settled::Stopped);
+        }
         self.pending.clear();
         if let Some(commit) = self.last_commit {
             self.confirm(commit);
         }
-        Ok(())
+        Ok(Settled::Done)
     }
 
     /// Report `lsn` as flushed in the next status update.

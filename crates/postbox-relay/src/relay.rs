@@ -189,12 +189,6 @@ impl Relay {
         config: RelayConfig,
     ) -> Result<Self, ConfigError> {
         config.validate()?;
-        if config.mode == ReadMode::Logical && router.claim_order().is_some() {
-            return Err(ConfigError::new(
-                "relay.mode",
-                "logical mode does not keep per-aggregate order across retries yet: run ordered routes in claim mode",
-            ));
-        }
         let store = store.with_relay_commit(if config.synchronous_commit {
             RelayCommit::Synchronous
         } else {

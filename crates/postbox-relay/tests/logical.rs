@@ -5,13 +5,16 @@
 //! slot, dropped at the end even when the test fails (a leftover slot
 //! retains WAL on the shared server).
 
+use crate::ordering::{poisoning, OrderSink};
 use crate::support::*;
 use async_trait::async_trait;
 use postbox::statements::trusted;
-use postbox::{NewEvent, Outbox};
+use postbox::{NewEvent, Outbox, SequenceCheck};
 use postbox_relay::{
-    Message, Outcome, ReadMode, Relay, RelayConfig, Router, RunMode, Sink, SinkError,
+    LogicalTransport, Message, Outcome, PoisonPolicy, ReadMode, Relay, RelayConfig, Router,
+    RunMode, Sink, SinkError,
 };
+use postbox_store::{Action, Selection};
 use postbox_testkit::{wait_for, TestDb};
 use std::collections::HashSet;
 use std::future::Future;
@@ -116,9 +119,19 @@ fn spawn_relay(
     config: RelayConfig,
     stop: CancellationToken,
 ) -> AbortOnDropHandle<postbox_relay::StatsSnapshot> {
-    let relay = Relay::new(
+    spawn_routed(pool, schema, Router::single(sink), config, stop)
+}
+
+fn spawn_routed(
+    pool: &sqlx::PgPool,
+    schema: &postbox::Schema,
+    router: Router,
+    config: RelayConfig,
+    stop: CancellationToken,
+) -> AbortOnDropHandle<postbox_relay::StatsSnapshot> {
+    let relay = Relay::with_router(
         postbox_relay::Store::new(pool.clone(), schema.clone()),
-        sink,
+        router,
         config,
     )
     .unwrap();
@@ -136,7 +149,26 @@ async fn started(
     sink: Arc<dyn Sink>,
     stop: CancellationToken,
 ) -> AbortOnDropHandle<postbox_relay::StatsSnapshot> {
-    let relay = spawn_relay(db_pool, schema, sink, config(slot), stop);
+    started_routed(
+        db_pool,
+        schema,
+        slot,
+        Router::single(sink),
+        config(slot),
+        stop,
+    )
+    .await
+}
+
+async fn started_routed(
+    db_pool: &sqlx::PgPool,
+    schema: &postbox::Schema,
+    slot: &str,
+    router: Router,
+    config: RelayConfig,
+    stop: CancellationToken,
+) -> AbortOnDropHandle<postbox_relay::StatsSnapshot> {
+    let relay = spawn_routed(db_pool, schema, router, config, stop);
     wait_for_slot(db_pool, slot, true).await;
     relay
 }
@@ -205,7 +237,7 @@ async fn emitted_events_are_delivered_in_commit_order_and_rolled_back_ones_never
         );
         assert_eq!(stats.delivered, n as u64);
         let first = sink.seen.lock().unwrap().messages[0].clone();
-        assert_eq!(first.sequence, None);
+        assert_eq!(first.sequence, Some(1), "its aggregate's first event");
         assert_eq!(first.payload.get(), r#"{"i": 1}"#);
         let rows: i64 = sqlx::query_scalar(trusted(
             &schema.render("SELECT count(*) FROM {schema}.outbox"),
@@ -440,17 +472,6 @@ async fn a_transaction_of_100000_events_passes_through_in_batches() {
 }
 
 #[tokio::test]
-async fn ordered_routes_are_refused_in_logical_mode() {
-    let db = TestDb::new().await;
-    let router = Router::single(ScriptedSink::delivering()).all_ordered(Default::default());
-    let err = Relay::with_router(store(&db), router, config("unused"))
-        .err()
-        .expect("refused");
-    assert_eq!(err.field, "relay.mode");
-    db.drop_schema().await;
-}
-
-#[tokio::test]
 async fn a_scheduled_emit_waits_for_its_time_and_the_slot_does_not() {
     let db = TestDb::new().await;
     let (pool, schema) = (db.pool.clone(), db.schema.clone());
@@ -537,6 +558,40 @@ async fn a_scheduled_emit_waits_for_its_time_and_the_slot_does_not() {
     .await;
 }
 
+/// The WAL's position now.
+async fn wal_now(pool: &sqlx::PgPool) -> String {
+    sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Emit `n` events (each in its own transaction), then wait until `sink`
+/// has seen `n` more deliveries and the slot is confirmed past their
+/// commits; their ids.
+async fn emit_delivered_and_confirmed(
+    pool: &sqlx::PgPool,
+    schema: &postbox::Schema,
+    slot: &str,
+    sink: &ScriptedSink,
+    n: usize,
+) -> Vec<Uuid> {
+    let before = sink.count();
+    let ids = emit(pool, schema, n, "order.created").await;
+    let after = wal_now(pool).await;
+    wait_for("the events delivered", Duration::from_secs(60), || async {
+        sink.count() >= before + n
+    })
+    .await;
+    wait_for(
+        "the slot confirmed past their commits",
+        Duration::from_secs(30),
+        || confirmed_past(pool, slot, &after),
+    )
+    .await;
+    ids
+}
+
 /// The slot's confirmed position is at least the WAL position `lsn`.
 async fn confirmed_past(pool: &sqlx::PgPool, slot: &str, lsn: &str) -> bool {
     sqlx::query_scalar(
@@ -582,23 +637,8 @@ async fn an_event_committed_while_the_reader_idles_is_pushed_to_it_and_confirmed
             walsender,
         )
         .await;
-        let ids = emit(&pool, &schema, 1, "order.created").await;
-        let after: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        wait_for("the event", Duration::from_secs(30), || {
-            let sink = sink.clone();
-            async move { sink.count() >= 1 }
-        })
-        .await;
+        let ids = emit_delivered_and_confirmed(&pool, &schema, &slot, &sink, 1).await;
         assert_eq!(sink.ids(), ids);
-        wait_for(
-            "the slot confirmed past the event's commit",
-            Duration::from_secs(30),
-            || confirmed_past(&pool, &slot, &after),
-        )
-        .await;
         // Still the same stream: nothing reconnected to read it.
         assert!(walsender().await, "the stream stays open");
         stop.cancel();
@@ -621,22 +661,7 @@ async fn the_sql_transport_still_reads_and_confirms_the_slot() {
         };
         let relay = spawn_relay(&pool, &schema, sink.clone(), sql, stop.clone());
         wait_for_slot(&pool, &slot, true).await;
-        let ids = emit(&pool, &schema, 60, "order.created").await;
-        let after: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        wait_for("every event", Duration::from_secs(60), || {
-            let sink = sink.clone();
-            async move { sink.count() >= 60 }
-        })
-        .await;
-        wait_for(
-            "the slot confirmed past them",
-            Duration::from_secs(30),
-            || confirmed_past(&pool, &slot, &after),
-        )
-        .await;
+        let ids = emit_delivered_and_confirmed(&pool, &schema, &slot, &sink, 60).await;
         stop.cancel();
         relay.await.unwrap();
         assert_eq!(sink.ids(), ids, "commit order, each once");
@@ -662,10 +687,7 @@ async fn draining_stops_once_it_has_read_what_was_committed_before_it_started() 
         stop.cancel();
         first.await.unwrap();
         let ids = emit(&pool, &schema, 30, "order.created").await;
-        let after: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+        let after = wal_now(&pool).await;
         let sink = ScriptedSink::delivering();
         let relay = Relay::new(
             postbox_relay::Store::new(pool.clone(), schema.clone()),
@@ -687,4 +709,381 @@ async fn draining_stops_once_it_has_read_what_was_committed_before_it_started() 
         );
     })
     .await;
+}
+
+// Ordered routes in logical mode: emitted events carry their aggregate's
+// sequence (migration 16); an aggregate's events the destination has not
+// taken wait in the outbox, where the ordered claim delivers them, and its
+// later events join them there.
+
+/// `per` events for each of `aggregates` aggregates (`acc-0`, `acc-1`, …),
+/// emitted in `per` transactions of one event per aggregate.
+async fn emit_aggregates(
+    pool: &sqlx::PgPool,
+    schema: &postbox::Schema,
+    aggregates: usize,
+    per: usize,
+) {
+    let outbox = Outbox::new(schema.clone());
+    for n in 0..per {
+        let mut tx = pool.begin().await.unwrap();
+        for a in 0..aggregates {
+            let event = NewEvent::new(
+                "account.changed",
+                "account",
+                format!("acc-{a}"),
+                &serde_json::json!({ "n": n }),
+            )
+            .unwrap();
+            postbox::sqlx::emit(&outbox, &mut tx, &event).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+}
+
+fn ordered(sink: Arc<OrderSink>, poison: PoisonPolicy) -> Router {
+    Router::single(sink).all_ordered(poison)
+}
+
+async fn count(pool: &sqlx::PgPool, schema: &postbox::Schema, sql: &str) -> i64 {
+    sqlx::query_scalar(trusted(&schema.render(sql)))
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Every aggregate's deliveries never run ahead: each is the next sequence
+/// or one delivered before (a redelivery), as the consumer's sequence check
+/// sees it; and all of `1..=per` arrived.
+fn assert_in_sequence(sink: &OrderSink, aggregates: usize, per: i64) {
+    for a in 0..aggregates {
+        let key = format!("acc-{a}");
+        let delivered = sink.delivered(&key);
+        let mut last = 0;
+        for &s in &delivered {
+            assert!(s <= last + 1, "{key} got {s} after {last}: {delivered:?}");
+            last = last.max(s);
+        }
+        assert_eq!(last, per, "{key}: {delivered:?}");
+    }
+}
+
+#[tokio::test]
+async fn ordered_a_retry_holds_back_only_its_own_aggregate_then_it_flows_from_the_slot_again() {
+    let db = TestDb::new().await;
+    let (pool, schema) = (db.pool.clone(), db.schema.clone());
+    with_slot(db, |slot| async move {
+        // acc-3's first event keeps failing until the test lets it through.
+        let open = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let o = open.clone();
+        let sink = OrderSink::new(move |m| {
+            if m.aggregate_id == "acc-3" && !o.load(Ordering::SeqCst) {
+                Outcome::retry("not yet")
+            } else {
+                Outcome::Delivered
+            }
+        });
+        let config = RelayConfig {
+            max_attempts: 1000,
+            ..config(&slot)
+        };
+        let stop = CancellationToken::new();
+        let router = ordered(sink.clone(), PoisonPolicy::Block);
+        let relay = started_routed(&pool, &schema, &slot, router, config, stop.clone()).await;
+        emit_aggregates(&pool, &schema, 10, 3).await;
+        wait_for(
+            "every other aggregate delivered",
+            Duration::from_secs(60),
+            || async {
+                (0..10)
+                    .filter(|&a| a != 3)
+                    .all(|a| sink.delivered(&format!("acc-{a}")) == vec![1, 2, 3])
+            },
+        )
+        .await;
+        // Its later events wait behind it in the outbox, untried.
+        wait_for(
+            "acc-3 held in the outbox",
+            Duration::from_secs(60),
+            || async {
+                count(
+                    &pool,
+                    &schema,
+                    "SELECT count(*) FROM {schema}.outbox WHERE aggregate_id = 'acc-3'",
+                )
+                .await
+                    == 3
+            },
+        )
+        .await;
+        assert!(sink.delivered("acc-3").is_empty());
+        {
+            let j = sink.journal.lock().unwrap();
+            assert!(
+                j.attempted["acc-3"].iter().all(|&s| s == 1),
+                "only the head was tried"
+            );
+            assert!(j.overlaps.is_empty(), "overlaps: {:?}", j.overlaps);
+        }
+        assert_eq!(
+            count(
+                &pool,
+                &schema,
+                "SELECT count(*) FROM {schema}.outbox WHERE aggregate_id <> 'acc-3'"
+            )
+            .await,
+            0,
+            "other aggregates never left the slot"
+        );
+        open.store(true, Ordering::SeqCst);
+        wait_for(
+            "acc-3 delivered in order",
+            Duration::from_secs(60),
+            || async { sink.delivered("acc-3") == vec![1, 2, 3] },
+        )
+        .await;
+        wait_for(
+            "acc-3's events marked sent",
+            Duration::from_secs(60),
+            || async {
+                count(
+                    &pool,
+                    &schema,
+                    "SELECT count(*) FROM {schema}.outbox \
+                     WHERE aggregate_id = 'acc-3' AND status = 'sent'",
+                )
+                .await
+                    == 3
+            },
+        )
+        .await;
+        // Nothing of acc-3 waits in the outbox any more: its next event
+        // flows from the slot again.
+        emit_aggregates(&pool, &schema, 10, 1).await;
+        wait_for("acc-3's next event", Duration::from_secs(60), || async {
+            sink.delivered("acc-3") == vec![1, 2, 3, 4]
+        })
+        .await;
+        assert_eq!(
+            count(
+                &pool,
+                &schema,
+                "SELECT count(*) FROM {schema}.outbox WHERE aggregate_id = 'acc-3'"
+            )
+            .await,
+            3,
+            "delivered from the slot"
+        );
+        stop.cancel();
+        relay.await.unwrap();
+        // The consumer's sequence check applies each of acc-3's events in turn.
+        let outbox = Outbox::new(schema.clone());
+        for seq in sink.delivered("acc-3") {
+            let mut tx = pool.begin().await.unwrap();
+            let v =
+                postbox::sqlx::check_sequence(&outbox, &mut tx, "ledger", "account", "acc-3", seq)
+                    .await
+                    .unwrap();
+            tx.commit().await.unwrap();
+            assert_eq!(v, SequenceCheck::Apply, "sequence {seq}");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn ordered_over_sql_a_blocking_dead_letter_holds_its_aggregate_until_discarded() {
+    let db = TestDb::new().await;
+    let (pool, schema) = (db.pool.clone(), db.schema.clone());
+    with_slot(db, |slot| async move {
+        let sink = poisoning("acc-7", 2);
+        let config = RelayConfig {
+            logical_transport: LogicalTransport::Sql,
+            ..config(&slot)
+        };
+        let stop = CancellationToken::new();
+        let router = ordered(sink.clone(), PoisonPolicy::Block);
+        let relay = started_routed(&pool, &schema, &slot, router, config, stop.clone()).await;
+        emit_aggregates(&pool, &schema, 10, 5).await;
+        wait_for(
+            "the other aggregates, and acc-7 up to its dead letter",
+            Duration::from_secs(60),
+            || async {
+                (0..10)
+                    .filter(|&a| a != 7)
+                    .all(|a| sink.delivered(&format!("acc-{a}")) == vec![1, 2, 3, 4, 5])
+                    && count(
+                        &pool,
+                        &schema,
+                        "SELECT count(*) FROM {schema}.outbox WHERE status = 'pending'",
+                    )
+                    .await
+                        == 3
+            },
+        )
+        .await;
+        assert_eq!(
+            sink.delivered("acc-7"),
+            vec![1],
+            "the aggregate waits behind its dead letter"
+        );
+        assert_eq!(
+            count(
+                &pool,
+                &schema,
+                "SELECT count(*) FROM {schema}.outbox WHERE status = 'failed'"
+            )
+            .await,
+            1
+        );
+        let applied = postbox_relay::Store::new(pool.clone(), schema.clone())
+            .dead_letters()
+            .apply(
+                &Selection::All(Default::default()),
+                &Action::Discard {
+                    reason: "bad data".into(),
+                },
+                "test",
+                100,
+                |_| {},
+            )
+            .await
+            .unwrap();
+        assert_eq!(applied.count, 1);
+        wait_for(
+            "acc-7's successors once it is discarded",
+            Duration::from_secs(60),
+            || async { sink.delivered("acc-7") == vec![1, 3, 4, 5] },
+        )
+        .await;
+        stop.cancel();
+        relay.await.unwrap();
+        assert!(sink.journal.lock().unwrap().overlaps.is_empty());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn ordered_skip_lets_the_aggregate_go_on_from_the_slot() {
+    let db = TestDb::new().await;
+    let (pool, schema) = (db.pool.clone(), db.schema.clone());
+    with_slot(db, |slot| async move {
+        let sink = poisoning("acc-2", 2);
+        let stop = CancellationToken::new();
+        let router = ordered(sink.clone(), PoisonPolicy::Skip);
+        let relay =
+            started_routed(&pool, &schema, &slot, router, config(&slot), stop.clone()).await;
+        emit_aggregates(&pool, &schema, 4, 4).await;
+        wait_for("every aggregate", Duration::from_secs(60), || async {
+            sink.delivered("acc-2") == vec![1, 3, 4]
+                && [0, 1, 3]
+                    .iter()
+                    .all(|a| sink.delivered(&format!("acc-{a}")) == vec![1, 2, 3, 4])
+        })
+        .await;
+        stop.cancel();
+        relay.await.unwrap();
+        assert_eq!(
+            count(&pool, &schema, "SELECT count(*) FROM {schema}.outbox").await,
+            1,
+            "only the dead letter left the slot"
+        );
+    })
+    .await;
+}
+
+/// Random failures, and the relay killed between two halves of the
+/// stream: every aggregate's events arrive in sequence (redeliveries of
+/// what was not confirmed aside) and none is left behind.
+async fn order_holds_through_random_failures_and_a_restart(transport: LogicalTransport) {
+    let (aggregates, per) = (30, 3);
+    let db = TestDb::new().await;
+    let (pool, schema) = (db.pool.clone(), db.schema.clone());
+    with_slot(db, move |slot| async move {
+        let sink = OrderSink::new(|_| {
+            if rand::random::<f64>() < 0.2 {
+                Outcome::retry("random failure")
+            } else {
+                Outcome::Delivered
+            }
+        });
+        let config = RelayConfig {
+            logical_transport: transport,
+            batch_size: 20,
+            max_attempts: 100,
+            backoff_base: Duration::from_millis(1),
+            backoff_max: Duration::from_millis(20),
+            // The killed relay's claims come back soon.
+            lease: Duration::from_secs(3),
+            publish_timeout: Duration::from_secs(1),
+            ..config(&slot)
+        };
+        let router = || ordered(sink.clone(), PoisonPolicy::Block);
+        let first = started_routed(
+            &pool,
+            &schema,
+            &slot,
+            router(),
+            config.clone(),
+            CancellationToken::new(),
+        )
+        .await;
+        emit_aggregates(&pool, &schema, aggregates, per).await;
+        wait_for("some deliveries", Duration::from_secs(60), || async {
+            sink.journal
+                .lock()
+                .unwrap()
+                .delivered
+                .values()
+                .map(Vec::len)
+                .sum::<usize>()
+                >= aggregates
+        })
+        .await;
+        drop(first); // killed: what it did not confirm is read again
+        wait_for_slot(&pool, &slot, false).await;
+        emit_aggregates(&pool, &schema, aggregates, per).await;
+        let stop = CancellationToken::new();
+        let second = started_routed(&pool, &schema, &slot, router(), config, stop.clone()).await;
+        wait_for(
+            "every event, in the outbox too",
+            Duration::from_secs(120),
+            || async {
+                (0..aggregates).all(|a| {
+                    sink.delivered(&format!("acc-{a}")).iter().max() == Some(&(2 * per as i64))
+                }) && count(
+                    &pool,
+                    &schema,
+                    "SELECT count(*) FROM {schema}.outbox WHERE status <> 'sent'",
+                )
+                .await
+                    == 0
+            },
+        )
+        .await;
+        stop.cancel();
+        second.await.unwrap();
+        assert_in_sequence(&sink, aggregates, 2 * per as i64);
+        let retries: usize = sink
+            .journal
+            .lock()
+            .unwrap()
+            .attempted
+            .values()
+            .map(Vec::len)
+            .sum::<usize>()
+            - aggregates * 2 * per;
+        assert!(retries > 5, "the sink failed often enough ({retries})");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn ordered_stream_order_holds_through_random_failures_and_a_restart() {
+    order_holds_through_random_failures_and_a_restart(LogicalTransport::Stream).await;
+}
+
+#[tokio::test]
+async fn ordered_sql_order_holds_through_random_failures_and_a_restart() {
+    order_holds_through_random_failures_and_a_restart(LogicalTransport::Sql).await;
 }

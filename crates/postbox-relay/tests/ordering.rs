@@ -18,30 +18,31 @@ use tokio_util::sync::CancellationToken;
 /// Per aggregate: every sequence attempted, every sequence delivered, and
 /// whether two of its events were ever in a publish call at the same time.
 #[derive(Default)]
-struct Journal {
-    attempted: HashMap<String, Vec<i64>>,
-    delivered: HashMap<String, Vec<i64>>,
+pub(crate) struct Journal {
+    pub(crate) attempted: HashMap<String, Vec<i64>>,
+    pub(crate) delivered: HashMap<String, Vec<i64>>,
     in_flight: HashSet<String>,
-    overlaps: Vec<String>,
+    pub(crate) overlaps: Vec<String>,
 }
 
 type Verdict = dyn Fn(&Message) -> Outcome + Send + Sync;
 
-/// A sink that answers by `verdict` and journals per aggregate.
-struct OrderSink {
-    journal: Mutex<Journal>,
+/// A sink that answers by `verdict` and journals per aggregate (logical
+/// mode's ordered tests use it too).
+pub(crate) struct OrderSink {
+    pub(crate) journal: Mutex<Journal>,
     verdict: Box<Verdict>,
 }
 
 impl OrderSink {
-    fn new(verdict: impl Fn(&Message) -> Outcome + Send + Sync + 'static) -> Arc<Self> {
+    pub(crate) fn new(verdict: impl Fn(&Message) -> Outcome + Send + Sync + 'static) -> Arc<Self> {
         Arc::new(Self {
             journal: Mutex::default(),
             verdict: Box::new(verdict),
         })
     }
 
-    fn delivered(&self, aggregate: &str) -> Vec<i64> {
+    pub(crate) fn delivered(&self, aggregate: &str) -> Vec<i64> {
         let j = self.journal.lock().unwrap();
         j.delivered.get(aggregate).cloned().unwrap_or_default()
     }
@@ -209,7 +210,7 @@ async fn two_relays_keep_every_aggregate_in_order_through_random_failures() {
 }
 
 /// A sink that rejects one event of one aggregate and delivers everything else.
-fn poisoning(aggregate: &'static str, sequence: i64) -> Arc<OrderSink> {
+pub(crate) fn poisoning(aggregate: &'static str, sequence: i64) -> Arc<OrderSink> {
     OrderSink::new(move |m| {
         if m.aggregate_id == aggregate && m.sequence == Some(sequence) {
             Outcome::reject("poison")

@@ -476,10 +476,23 @@ async fn quiet_outbox_served_while_busy_batches_are_stuck(mode: ReadMode) {
 }
 
 /// Log-mode outboxes obey the global cap too: every reader's round is a
-/// batch holding a permit until its page is settled. Publish calls are held
-/// until the test lets them go; the sink keeps the most ever in progress.
+/// batch holding a permit until its page is settled.
 #[tokio::test]
 async fn log_mode_outboxes_never_have_more_batches_in_flight_than_the_cap() {
+    outboxes_never_have_more_batches_in_flight_than_the_cap(ReadMode::Log).await;
+}
+
+/// So do logical-mode ones: every batch read from an outbox's slot holds a
+/// permit until it is published and handed off. Each outbox reads its own
+/// slot, `postbox_<schema>`.
+#[tokio::test]
+async fn logical_mode_outboxes_never_have_more_batches_in_flight_than_the_cap() {
+    outboxes_never_have_more_batches_in_flight_than_the_cap(ReadMode::Logical).await;
+}
+
+/// Publish calls are held until the test lets them go; the sink keeps the
+/// most ever in progress.
+async fn outboxes_never_have_more_batches_in_flight_than_the_cap(mode: ReadMode) {
     const CAP: usize = 3;
     const OUTBOXES: usize = 4;
     const EVENTS: usize = 30;
@@ -487,8 +500,10 @@ async fn log_mode_outboxes_never_have_more_batches_in_flight_than_the_cap() {
     let prefix = unique("tn");
     let mut schemas = Vec::new();
     for i in 0..OUTBOXES {
-        let schema = migrated_for(&pool, &format!("{prefix}_{i}"), ReadMode::Log).await;
-        enqueue(&pool, &schema, "order.created", EVENTS).await;
+        let schema = migrated_for(&pool, &format!("{prefix}_{i}"), mode).await;
+        if mode != ReadMode::Logical {
+            enqueue(&pool, &schema, "order.created", EVENTS).await;
+        }
         schemas.push(schema);
     }
     let gate = Arc::new(tokio::sync::Notify::new());
@@ -499,9 +514,10 @@ async fn log_mode_outboxes_never_have_more_batches_in_flight_than_the_cap() {
     // as in progress for good).
     config.relay.publish_timeout = Duration::from_secs(120);
     config.relay.lease = Duration::from_secs(300);
-    config.relay.mode = ReadMode::Log;
+    config.relay.mode = mode;
     config.relay.batch_size = 5;
-    // Two readers per outbox: eight could publish at once without the cap.
+    // Log mode: two readers per outbox, eight could publish at once without
+    // the cap. Logical mode: one reader per outbox, four.
     config.relay.log_partitions = 2;
     let tenants = Arc::new(
         Tenants::new(
@@ -517,9 +533,31 @@ async fn log_mode_outboxes_never_have_more_batches_in_flight_than_the_cap() {
     );
     let stop = CancellationToken::new();
     let task = start(tenants.clone(), &stop);
+    let slots: Vec<String> = schemas
+        .iter()
+        .map(|s| format!("postbox_{}", s.name()))
+        .collect();
+    if mode == ReadMode::Logical {
+        // Emitted once each outbox's reader has created its slot.
+        wait_for("every outbox's slot", WAIT, || async {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_replication_slots \
+                 WHERE slot_name = ANY($1) AND confirmed_flush_lsn IS NOT NULL",
+            )
+            .bind(&slots)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            n == OUTBOXES as i64
+        })
+        .await;
+        for schema in &schemas {
+            emit(&pool, schema, "order.created", EVENTS).await;
+        }
+    }
     let total = OUTBOXES * EVENTS;
-    // Every outbox has work for both its readers: the cap's worth arrive
-    // and stay (without the cap, all eight would).
+    // Every outbox has work for its readers: the cap's worth arrive and
+    // stay (without the cap, all of them would).
     wait_for("the cap's worth of batches is held", WAIT, || async {
         sink.seen.lock().unwrap().calls >= CAP
     })
@@ -549,12 +587,48 @@ async fn log_mode_outboxes_never_have_more_batches_in_flight_than_the_cap() {
     );
     assert_eq!(
         most, CAP,
-        "batches in flight at once, across every log-mode outbox"
+        "batches in flight at once, across every {mode:?}-mode outbox"
     );
     stop.cancel();
     task.await.unwrap();
+    if mode == ReadMode::Logical {
+        drop_slots(&pool, &schemas[0], &slots).await;
+    }
     for s in &schemas {
         drop_schema(&pool, s.name()).await;
+    }
+}
+
+/// `n` events emitted into the WAL in one transaction (logical mode).
+async fn emit(pool: &PgPool, schema: &Schema, event_type: &str, n: usize) {
+    let outbox = postbox::Outbox::new(schema.clone());
+    let mut tx = pool.begin().await.unwrap();
+    for i in 0..n {
+        let event = NewEvent::new(
+            event_type,
+            "order",
+            i.to_string(),
+            &serde_json::json!({"i": i}),
+        )
+        .unwrap();
+        postbox::sqlx::emit(&outbox, &mut tx, &event).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+}
+
+/// Drop replication slots (a leftover slot retains WAL on the shared
+/// server), once their readers have let them go.
+async fn drop_slots(pool: &PgPool, schema: &Schema, slots: &[String]) {
+    let drop = schema.render("SELECT {schema}.logical_drop_slot($1)");
+    for slot in slots {
+        wait_for("the slot dropped", WAIT, || async {
+            sqlx::query(trusted(&drop))
+                .bind(slot)
+                .execute(pool)
+                .await
+                .is_ok()
+        })
+        .await;
     }
 }
 

@@ -86,10 +86,11 @@ SELECT {schema}.logical_drop_slot($1) AS existed;
 
 -- name: handoff
 -- Events destination $1 did not take go to the outbox's retry and
--- dead-letter machinery with their content ($2–$9) and scheduled time ($10,
--- NULL: none), how their delivery went ($11 dead, $12 delay in seconds, $13
--- error, empty for a scheduled event handed off untried, $14 fan-out, $15
--- attempts so far) and the other destinations of fan-out events ($16/$17).
--- Returns how many events it was given.
+-- dead-letter machinery with their content ($2–$9), scheduled time ($10,
+-- NULL: none) and sequence ($11, NULL: none; migration 16), how their
+-- delivery went ($12 dead, $13 delay in seconds, $14 error, empty for an
+-- event handed off untried, $15 fan-out, $16 attempts so far) and the other
+-- destinations of fan-out events ($17/$18). Returns how many events it was
+-- given.
 SELECT {schema}.logical_handoff($1, $2, $3, $4, $5, $6, $7::text[]::jsonb[], $8::text[]::jsonb[],
-                                $9, $10, $11, $12, $13, $14, $15, $16, $17) AS found;
+                                $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) AS found;

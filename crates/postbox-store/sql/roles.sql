@@ -83,14 +83,14 @@ GRANT EXECUTE ON FUNCTION
                          integer[], uuid[], text[])
   TO {relay};
 -- Logical mode: events a destination did not take go to the outbox through
--- logical_handoff (migration 11). The event exists only in the WAL, so the
+-- logical_handoff (migrations 11, 13 and 16). The event exists only in the WAL, so the
 -- relay passes its content: a relay role can add events to the outbox this
 -- way. Reading the slot needs the REPLICATION attribute on the relay's login
 -- role, which a DBA grants (ALTER ROLE … REPLICATION); it is not a group
 -- privilege.
 GRANT EXECUTE ON FUNCTION
     {schema}.logical_handoff(text, uuid[], text[], text[], text[], integer[], jsonb[], jsonb[],
-                             timestamptz[], timestamptz[], boolean[], float8[], text[],
+                             timestamptz[], timestamptz[], bigint[], boolean[], float8[], text[],
                              boolean[], integer[], uuid[], text[])
   TO {relay};
 -- …and notes when it read its slot (migration 15).

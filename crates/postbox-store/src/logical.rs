@@ -473,6 +473,12 @@ impl Logical {
                     .map(|h| h.event.deliver_at)
                     .collect::<Vec<_>>(),
             )
+            .bind(
+                handoffs
+                    .iter()
+                    .map(|h| h.event.event.sequence)
+                    .collect::<Vec<_>>(),
+            )
             .bind(handoffs.iter().map(|h| h.dead).collect::<Vec<_>>())
             .bind(
                 handoffs
@@ -522,6 +528,10 @@ struct Content<'a> {
     created_at_us: i64,
     #[serde(default)]
     deliver_at_us: Option<i64>,
+    /// The event's number within its aggregate (migration 16; absent in
+    /// events emitted before it).
+    #[serde(default)]
+    sequence: Option<i64>,
 }
 
 /// Decode one pgoutput message (protocol 1) read at `lsn`; only messages
@@ -588,7 +598,7 @@ pub fn decode_event(content: &[u8]) -> Result<LogicalEvent, sqlx::Error> {
             headers: header_map(&headers_json).map_err(|e| decode_error("headers", e))?,
             created_at,
             attempt: 1,
-            sequence: None,
+            sequence: c.sequence,
         },
         headers_json,
         deliver_at,
@@ -621,6 +631,7 @@ mod tests {
         };
         assert_eq!(e.event.payload.get(), r#"{"x":1}"#);
         assert_eq!(e.event.headers["n"], "2");
+        assert_eq!(e.event.sequence, None, "emitted before migration 16");
         assert!(matches!(
             decode_change(Lsn(1), &m, b"postbox.other").unwrap(),
             Change::Other
@@ -637,6 +648,12 @@ mod tests {
             Change::Commit { end: Lsn(9) }
         ));
         assert!(decode_change(Lsn(1), &c[..12], b"x").is_err());
+    }
+
+    #[test]
+    fn an_emitted_sequence_is_decoded() {
+        let content = br#"{"event_id":"01a23142-d1d0-7a07-85ba-b8914fce081b","event_type":"t","aggregate_type":"a","aggregate_id":"1","schema_version":1,"payload":{},"headers":{},"sequence":7,"created_at_us":1796122792399425}"#;
+        assert_eq!(decode_event(content).unwrap().event.sequence, Some(7));
     }
 
     #[test]

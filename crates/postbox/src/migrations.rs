@@ -97,6 +97,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "logical_readers",
         sql: include_str!("../migrations/0015_logical_readers.sql"),
     },
+    Migration {
+        version: 16,
+        name: "emit_sequence",
+        sql: include_str!("../migrations/0016_emit_sequence.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.

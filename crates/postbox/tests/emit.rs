@@ -114,13 +114,20 @@ async fn emitted_events_reach_the_wal_only_when_committed_and_write_no_row() {
         assert!(got[0]["created_at_us"].as_i64().unwrap() > 0);
         assert_eq!(got[2]["event_type"], "order.paid");
         assert_eq!(got[2]["headers"], json!({}));
+        // Each numbered within its aggregate (migration 16): order 1's
+        // second event comes from the SQL function.
+        let sequences: Vec<i64> = got
+            .iter()
+            .map(|m| m["sequence"].as_i64().unwrap())
+            .collect();
+        assert_eq!(sequences, [1, 1, 2]);
         let rows: i64 = sqlx::query_scalar(trusted(
             &schema.render("SELECT count(*) FROM {schema}.outbox"),
         ))
         .fetch_one(&pool)
         .await
         .unwrap();
-        assert_eq!(rows, 0, "emit writes no table row");
+        assert_eq!(rows, 0, "emit writes no event row");
     })
     .await;
     db.drop_schema().await;

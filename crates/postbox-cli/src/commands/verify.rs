@@ -23,8 +23,9 @@ pub struct VerifyArgs {
     /// (JetStream) or amqp://USER:PASS@HOST:PORT[/VHOST] (a RabbitMQ queue)
     #[arg(long, default_value = "redis://127.0.0.1:6379")]
     pub sink: String,
-    /// How the relays read committed events: claim (the outbox) or log (the
-    /// append-only log; verify points the producers at it)
+    /// How the relays read committed events: claim (the outbox), log (the
+    /// append-only log; verify points the producers at it) or logical (the
+    /// producers emit into the WAL; the relays read a replication slot)
     #[arg(long, default_value = "claim", value_parser = parse_mode)]
     pub mode: ReadMode,
     /// The relays' relay.synchronous_commit: whether their claims and

@@ -129,13 +129,6 @@ pub async fn run(
     if options.rate == 0 || options.aggregates == 0 {
         return Err("--rate and --aggregates must be at least 1".into());
     }
-    if options.ordered && options.mode == ReadMode::Logical {
-        return Err(
-            "--ordered: logical mode does not keep per-aggregate order yet; \
-                    run ordered checks with --mode claim or --mode log"
-                .into(),
-        );
-    }
     let crashes = options.faults.contains(&FaultKind::Crash);
     if crashes && database_url.is_some() && options.crash_external.is_none() {
         return Err(

@@ -16,9 +16,15 @@
 //! - **one router** (so one set of sinks and broker connections) for every
 //!   outbox that has no routes of its own;
 //! - **a global cap on batches in flight** (`max_in_flight_batches`): each
-//!   engine takes a permit ([`permits`]) before each batch (a claim, or in
-//!   log mode a round of one of its readers) and gives it back once the
-//!   batch is settled.
+//!   engine takes a permit ([`permits`]) before each batch (a claim, in
+//!   log mode a round of one of its readers, in logical mode a batch read
+//!   from its slot) and gives it back once the batch is settled.
+//!
+//! Every outbox runs in the relay's one mode (`relay.mode`). In logical
+//! mode each reads its own replication slot, `postbox_<schema>` (a slot
+//! name set in the configuration is refused: one slot cannot serve two
+//! outboxes), on a connection of its own outside the pool (the slot's
+//! lock) and, over the `stream` transport, a replication connection.
 //!
 //! **Fairness.** A quarter of the permits (at least one, when there are two
 //! or more) is reserved for outboxes with no batch in flight; the rest are
@@ -47,7 +53,7 @@ mod listen;
 pub mod permits;
 mod watch;
 
-use crate::config::{ConfigError, RelayConfig};
+use crate::config::{ConfigError, ReadMode, RelayConfig};
 use crate::health::{HealthConfig, Problem};
 use crate::redact::sanitize_error;
 use crate::retention::RetentionConfig;
@@ -116,6 +122,13 @@ impl TenantsConfig {
     /// Check every setting; the error names the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.relay.validate()?;
+        if self.relay.mode == ReadMode::Logical && self.relay.logical_slot.is_some() {
+            return Err(ConfigError::new(
+                "relay.logical_slot",
+                "a relay serving many outboxes reads one replication slot per outbox, named \
+                 postbox_<schema>: leave relay.logical_slot (--slot) unset",
+            ));
+        }
         if !(1..=10_000).contains(&self.max_in_flight_batches) {
             return Err(ConfigError::new(
                 "tenants.max_in_flight_batches",
