@@ -1,7 +1,7 @@
 //! Many outboxes from one command: the `[[outboxes]]` and `[tenants]`
 //! sections of the config file and the `--schemas` / `--databases` flags,
 //! shared by `relay` (one process serving them all, see
-//! `postbox_relay::tenants`), `migrate` and `status`.
+//! `postbox_relay::tenants`), `migrate`, `status`, `dlq` and `console`.
 
 use crate::context::{AnyError, Settings};
 use crate::observe;
@@ -93,6 +93,39 @@ pub fn sources(
     }
     Ok(sources)
 }
+
+/// The outboxes the flags and `[[outboxes]]` name, as `postbox console`
+/// serves them: the same selection, connecting as `postbox-console` (so the
+/// console's connections are not counted among the relays).
+pub fn console_sources(
+    settings: &Settings,
+    select: &SelectArgs,
+) -> Result<Vec<postbox_console::OutboxSource>, AnyError> {
+    use postbox_console::{NameMatch, OutboxSource as Served};
+    let named = |p: Pattern| NameMatch::new(move |name| p.matches(name));
+    Ok(sources(settings, select, None)?
+        .into_iter()
+        .map(|source| match source {
+            OutboxSource::Outbox {
+                connect, schema, ..
+            } => Served::Outbox {
+                connect: connect.application_name(CONSOLE_APPLICATION),
+                schema,
+            },
+            OutboxSource::Discover {
+                connect,
+                databases,
+                schemas,
+            } => Served::Discover {
+                connect: connect.application_name(CONSOLE_APPLICATION),
+                databases: databases.map(named),
+                schemas: named(schemas),
+            },
+        })
+        .collect())
+}
+
+const CONSOLE_APPLICATION: &str = "postbox-console";
 
 /// One outbox as `migrate` and `status` see it.
 pub struct Found {

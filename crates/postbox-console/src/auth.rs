@@ -208,11 +208,13 @@ impl FromRequestParts<Console> for Session {
 
     async fn from_request_parts(parts: &mut Parts, console: &Console) -> Result<Self, Response> {
         let next = if parts.method == axum::http::Method::GET {
-            parts
-                .uri
-                .path_and_query()
-                .map_or("/", |p| p.as_str())
-                .to_owned()
+            // Under an outbox's prefix, the path the browser asked for.
+            let base = parts
+                .extensions
+                .get::<crate::handlers::Chosen>()
+                .map_or("", |c| c.0.base.as_str());
+            let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+            format!("{base}{path}")
         } else {
             "/".to_owned()
         };
@@ -222,7 +224,7 @@ impl FromRequestParts<Console> for Session {
         let hash = token_hash(token);
         let stored = console
             .inner
-            .console
+            .home
             .session(&hash)
             .await
             .map_err(|e| crate::handlers::internal(&e).into_response())?;

@@ -5,18 +5,27 @@
 //! handler reads or acts through the store and renders a page. No response
 //! carries an error's text: failures are logged (sanitized) and answered with
 //! fixed phrases.
+//!
+//! Serving many outboxes, a layer in front of the routes takes the outbox
+//! prefix (`/o/<database>/<schema>`) off the path and hands the outbox on as
+//! an extension ([`Chosen`]), so every route is the same under each prefix
+//! and passes the same guard; the [`Here`] extractor gives a handler its
+//! outbox (serving one outbox, always the home schema's).
 
 use crate::auth::{self, ClientAddr, Session, SESSION_COOKIE, SIGN_IN_COOKIE};
 use crate::form::FormData;
 use crate::guard::{self, Checked};
 use crate::jobs::JobState;
 use crate::limit::Admit;
-use crate::views::{self, EventSearch};
-use crate::{assets, Console};
+use crate::outboxes::{self, Outbox};
+use crate::views::{self, EventSearch, Frame};
+use crate::{assets, Console, Served};
 use axum::body::Bytes;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{FromRequestParts, Path, RawQuery, Request, State};
 use axum::handler::Handler;
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{on, MethodFilter};
 use axum::Router;
@@ -25,6 +34,7 @@ use maud::Markup;
 use postbox_store::{
     Action, EventQuery, Filter, GroupOf, Selection, StatusFilter, MAX_REASON_BYTES,
 };
+use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -67,11 +77,142 @@ fn routes() -> Routes {
 }
 
 pub(crate) fn router(console: Console) -> Router {
-    routes()
+    let pages = routes()
         .router
         .fallback(not_found)
         .layer(axum::middleware::map_response(security_headers))
-        .with_state(console)
+        .with_state(console.clone());
+    if !console.inner.serves_many() {
+        return pages;
+    }
+    // The prefix is taken off before the routes see the path.
+    let choose = axum::middleware::from_fn_with_state(console, choose_outbox);
+    Router::new()
+        .fallback_service(tower::Layer::layer(&choose, pages))
+        .layer(axum::middleware::map_response(security_headers))
+}
+
+/// The outbox a request's path prefix chose (serving many outboxes).
+#[derive(Clone)]
+pub(crate) struct Chosen(pub Arc<Outbox>);
+
+/// `/o/<database>/<schema>/REST`: find the outbox, hand the request on as
+/// `/REST` with the outbox among its extensions. An outbox the console does
+/// not serve gets a clear page (after sign-in, like any page).
+async fn choose_outbox(State(console): State<Console>, mut req: Request, next: Next) -> Response {
+    let Some(rest) = req.uri().path().strip_prefix("/o/") else {
+        return next.run(req).await;
+    };
+    let mut parts = rest.splitn(3, '/');
+    let database = parts.next().and_then(outboxes::unsegment);
+    let schema = parts.next().and_then(outboxes::unsegment);
+    let tail = parts.next().unwrap_or("");
+    let found = match (&console.inner.served, database, schema) {
+        (Served::Many(directory), Some(database), Some(schema)) => {
+            directory.find(&database, &schema).await
+        }
+        _ => None,
+    };
+    let uri = format!(
+        "/{tail}{}",
+        req.uri()
+            .query()
+            .map(|q| format!("?{q}"))
+            .unwrap_or_default()
+    )
+    .parse::<Uri>();
+    let (Some(outbox), Ok(uri)) = (found, uri) else {
+        let (mut parts, _) = req.into_parts();
+        if let Err(sign_in_first) = Session::from_request_parts(&mut parts, &console).await {
+            return sign_in_first;
+        }
+        return Fail::NoOutbox.into_response();
+    };
+    *req.uri_mut() = uri;
+    req.extensions_mut().insert(Chosen(outbox));
+    next.run(req).await
+}
+
+/// Where a request is: one outbox's pages, or above them (the all-outboxes
+/// overview and the home schema's sign-in log, serving many).
+pub(crate) enum Place {
+    Outbox(Arc<Outbox>),
+    All,
+}
+
+impl FromRequestParts<Console> for Place {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        console: &Console,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(
+            match (&console.inner.served, parts.extensions.get::<Chosen>()) {
+                (_, Some(Chosen(outbox))) => Place::Outbox(outbox.clone()),
+                (Served::One(outbox), None) => Place::Outbox(outbox.clone()),
+                (Served::Many(_), None) => Place::All,
+            },
+        )
+    }
+}
+
+/// The outbox a page is about. Serving many, a page of one outbox without a
+/// prefix goes to the all-outboxes overview.
+pub(crate) struct Here(pub Arc<Outbox>);
+
+impl FromRequestParts<Console> for Here {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, console: &Console) -> Result<Self, Response> {
+        match Place::from_request_parts(parts, console).await {
+            Ok(Place::Outbox(outbox)) => Ok(Here(outbox)),
+            _ => Err(see_other("/")),
+        }
+    }
+}
+
+impl std::ops::Deref for Here {
+    type Target = Outbox;
+
+    fn deref(&self) -> &Outbox {
+        &self.0
+    }
+}
+
+/// The frame of a page of `outbox` for `session`.
+fn frame<'a>(console: &Console, session: &'a Session, outbox: &'a Outbox) -> Frame<'a> {
+    let many = console.inner.serves_many();
+    Frame {
+        session,
+        base: &outbox.base,
+        outbox: many.then_some(outbox.name.as_str()),
+        many,
+    }
+}
+
+/// A failed read or action of `outbox`: a clear page when the outbox is
+/// missing or out of reach (the others are not affected), else 500.
+pub(crate) fn failed(outbox: &Outbox, e: &(dyn std::error::Error + 'static)) -> Fail {
+    let mut cause = Some(e);
+    while let Some(err) = cause {
+        if let Some(why) = err
+            .downcast_ref::<sqlx::Error>()
+            .and_then(outboxes::unreadable)
+        {
+            tracing::warn!(
+                outbox = %outbox.name,
+                error = %postbox::redact::sanitize_error(&e.to_string()),
+                "console: cannot read the outbox"
+            );
+            return Fail::Unreadable {
+                outbox: outbox.name.clone(),
+                why,
+            };
+        }
+        cause = err.source();
+    }
+    internal(&e)
 }
 
 /// The method and path of every route the router mounts, in order.
@@ -133,6 +274,13 @@ async fn security_headers(mut res: Response) -> Response {
 pub(crate) enum Fail {
     Internal,
     NotFound,
+    /// A prefix naming no outbox the console serves.
+    NoOutbox,
+    /// An outbox that cannot be read now (missing tables, database down).
+    Unreadable {
+        outbox: String,
+        why: &'static str,
+    },
     Forbidden(&'static str),
     BadRequest(String),
     TooMany(Duration, &'static str),
@@ -153,6 +301,18 @@ impl IntoResponse for Fail {
                 "There is nothing at this address.".to_owned(),
                 None,
             ),
+            Fail::NoOutbox => (
+                StatusCode::NOT_FOUND,
+                "No such outbox",
+                "The console serves no outbox at this address: its schema or database is not among those it was started for, or no longer holds an outbox. The overview lists those it serves.".to_owned(),
+                None,
+            ),
+            Fail::Unreadable { outbox, why } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "This outbox cannot be read",
+                format!("Outbox {outbox}: {why} The other outboxes are not affected."),
+                None,
+            ),
             Fail::Forbidden(why) => (StatusCode::FORBIDDEN, "Not allowed", why.to_owned(), None),
             Fail::BadRequest(why) => (StatusCode::BAD_REQUEST, "Cannot do that", why, None),
             Fail::TooMany(wait, what) => (
@@ -162,7 +322,7 @@ impl IntoResponse for Fail {
                 Some(wait),
             ),
         };
-        let mut res = (status, page(views::error_page(None, title, &text))).into_response();
+        let mut res = (status, page(views::error_page(title, &text))).into_response();
         if let Some(wait) = retry {
             if let Ok(v) = HeaderValue::from_str(&wait.as_secs().max(1).to_string()) {
                 res.headers_mut().insert(header::RETRY_AFTER, v);
@@ -317,7 +477,7 @@ async fn audit_sign_in(console: &Console, name: &str, ok: bool, outcome: &str, c
     let details = serde_json::json!({ "outcome": outcome, "client": client });
     if let Err(e) = console
         .inner
-        .console
+        .home
         .audit(
             &auth::actor(&audit_name(name)),
             action,
@@ -362,7 +522,7 @@ async fn sign_in(
             return Fail::TooMany(wait, "Too many sign-in attempts.").into_response();
         }
     }
-    let user = match console.inner.console.user(name).await {
+    let user = match console.inner.home.user(name).await {
         Ok(u) => u,
         Err(e) => return internal(&e).into_response(),
     };
@@ -404,7 +564,7 @@ async fn sign_in(
     let lifetime = console.inner.config.session_lifetime;
     if let Err(e) = console
         .inner
-        .console
+        .home
         .create_session(
             &auth::token_hash(&token),
             name,
@@ -438,13 +598,13 @@ async fn sign_out(
 ) -> Result<Response, Fail> {
     console
         .inner
-        .console
+        .home
         .delete_session(&session.token_hash)
         .await
         .map_err(|e| internal(&e))?;
     console
         .inner
-        .console
+        .home
         .audit(
             &session.actor(),
             ACTION_SIGN_OUT,
@@ -465,35 +625,46 @@ async fn sign_out(
 
 // ---------------------------------------------------------------- pages
 
-async fn overview(State(console): State<Console>, session: Session) -> Result<Response, Fail> {
-    let i = &console.inner;
-    let counts = i.store.status_counts().await.map_err(|e| internal(&e))?;
-    let destinations = i
+/// `/`: the outbox's overview, or serving many outboxes (without a
+/// prefix), the all-outboxes overview.
+async fn overview(
+    State(console): State<Console>,
+    session: Session,
+    place: Place,
+    RawQuery(query): RawQuery,
+) -> Result<Response, Fail> {
+    let outbox = match place {
+        Place::Outbox(outbox) => outbox,
+        Place::All => return all_outboxes(&console, &session, query).await,
+    };
+    let o = &outbox;
+    let counts = o.store.status_counts().await.map_err(|e| failed(o, &e))?;
+    let destinations = o
         .store
         .destination_counts()
         .await
-        .map_err(|e| internal(&e))?;
-    let rate = i
+        .map_err(|e| failed(o, &e))?;
+    let rate = o
         .console
         .delivery_rate(RATE_MINUTES, RATE_WINDOW_ROWS)
         .await
-        .map_err(|e| internal(&e))?;
-    let relays = i.console.relays().await.map_err(|e| internal(&e))?;
-    let jobs = i.jobs.recent(10);
+        .map_err(|e| failed(o, &e))?;
+    let relays = o.console.relays().await.map_err(|e| failed(o, &e))?;
+    let jobs = console.inner.jobs.recent(&o.name, 10);
     // The chart's history ends with the backlog as it is now.
-    let backlog = i.console.backlog().await.map_err(|e| internal(&e))?;
-    let log = i.store.log();
-    let producers = log.producer_target().await.map_err(|e| internal(&e))?;
-    let cursors = log.cursor_lag().await.map_err(|e| internal(&e))?;
-    let mut history = i.samples.all();
+    let backlog = o.console.backlog().await.map_err(|e| failed(o, &e))?;
+    let log = o.store.log();
+    let producers = log.producer_target().await.map_err(|e| failed(o, &e))?;
+    let cursors = log.cursor_lag().await.map_err(|e| failed(o, &e))?;
+    let mut history = o.samples.all();
     history.push(crate::samples::Sample {
         at: Utc::now(),
         backlog,
     });
     Ok(page(views::overview(
-        &session,
+        &frame(&console, &session, o),
         &views::OverviewView {
-            schema: i.config.schema.name(),
+            schema: &o.name,
             counts: &counts,
             destinations: &destinations,
             rate: &minutes_filled(&rate, RATE_MINUTES),
@@ -503,6 +674,87 @@ async fn overview(State(console): State<Console>, session: Session) -> Result<Re
             producers,
             cursors: &cursors,
             refresh_ms: refresh_ms(&console),
+        },
+    )))
+}
+
+/// The all-outboxes overview: every outbox's backlog, read now (a database's
+/// outboxes one after the other over its pool), those that cannot be read
+/// first, then ordered as asked (most dead letters first by default), a page
+/// at a time.
+async fn all_outboxes(
+    console: &Console,
+    session: &Session,
+    query: Option<String>,
+) -> Result<Response, Fail> {
+    let Served::Many(directory) = &console.inner.served else {
+        return Err(Fail::NotFound);
+    };
+    let q = FormData::parse(query.unwrap_or_default().as_bytes());
+    let order = views::OutboxOrder::parse(q.get("sort"));
+    let started = std::time::Instant::now();
+    let known = directory.current().await;
+    let mut lines = outboxes::backlogs(&known).await;
+    let took = started.elapsed();
+    let mut total = postbox_store::Backlog::default();
+    for b in lines.iter().filter_map(|l| l.backlog.as_ref().ok()) {
+        total.pending += b.pending;
+        total.retrying += b.retrying;
+        total.processing += b.processing;
+        total.dead_letters += b.dead_letters;
+    }
+    let unreadable = lines.iter().filter(|l| l.backlog.is_err()).count();
+    // Unreadable first, then the chosen count, largest first; by name within.
+    let key = |l: &outboxes::Line| match &l.backlog {
+        Err(_) => (0, 0_i64, 0.0_f64),
+        Ok(b) => match order {
+            views::OutboxOrder::DeadLetters => (1, -b.dead_letters, 0.0),
+            views::OutboxOrder::Pending => (1, -(b.pending + b.retrying), 0.0),
+            views::OutboxOrder::Retrying => (1, -b.retrying, 0.0),
+            views::OutboxOrder::OldestPending => {
+                (1, 0, -b.oldest_pending_age_seconds.unwrap_or(-1.0))
+            }
+            views::OutboxOrder::Name => (1, 0, 0.0),
+        },
+    };
+    lines.sort_by(|a, b| {
+        let (ka, kb) = (key(a), key(b));
+        ka.0.cmp(&kb.0)
+            .then(ka.1.cmp(&kb.1))
+            .then(ka.2.total_cmp(&kb.2))
+            .then_with(|| a.outbox.name.cmp(&b.outbox.name))
+    });
+    let per_page = usize::try_from(console.inner.config.page_size.max(1)).unwrap_or(50);
+    let pages = lines.len().div_ceil(per_page).max(1);
+    let page_no = q
+        .get("page")
+        .and_then(|p| p.parse::<usize>().ok())
+        .unwrap_or(1)
+        .clamp(1, pages);
+    let shown: Vec<outboxes::Line> = lines
+        .into_iter()
+        .skip((page_no - 1) * per_page)
+        .take(per_page)
+        .collect();
+    let here = Frame {
+        session,
+        base: "",
+        outbox: None,
+        many: true,
+    };
+    Ok(page(views::outboxes(
+        &here,
+        &views::OutboxesView {
+            lines: &shown,
+            problems: &known.problems,
+            outboxes: known.outboxes.len(),
+            unreadable,
+            total,
+            order,
+            page: page_no,
+            pages,
+            took,
+            refresh_ms: refresh_ms(console),
         },
     )))
 }
@@ -518,6 +770,7 @@ fn with_cursor(path: &str, query: &str, key: &str, cursor: i64) -> String {
 async fn events(
     State(console): State<Console>,
     session: Session,
+    outbox: Here,
     RawQuery(query): RawQuery,
 ) -> Result<Response, Fail> {
     let q = FormData::parse(query.unwrap_or_default().as_bytes());
@@ -567,22 +820,21 @@ async fn events(
     let mut rows = if error.is_some() {
         Vec::new()
     } else {
-        console
-            .inner
+        outbox
             .console
             .events(&query)
             .await
-            .map_err(|e| internal(&e))?
+            .map_err(|e| failed(&outbox, &e))?
     };
     let next = if rows.len() as i64 > page_size {
         rows.truncate(page_size as usize);
         rows.last()
-            .map(|r| with_cursor("/events", &search.query(), "before", r.row))
+            .map(|r| with_cursor(&outbox.at("/events"), &search.query(), "before", r.row))
     } else {
         None
     };
     Ok(page(views::events(
-        &session,
+        &frame(&console, &session, &outbox),
         &search,
         &rows,
         next,
@@ -605,30 +857,31 @@ fn notice_text(code: Option<&str>) -> Option<&'static str> {
 async fn event_page(
     State(console): State<Console>,
     session: Session,
+    outbox: Here,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, Fail> {
     let id = parse_id(&id)?;
-    let i = &console.inner;
-    let Some(mut event) = i.console.event(id).await.map_err(|e| internal(&e))? else {
+    let o = &outbox;
+    let Some(mut event) = o.console.event(id).await.map_err(|e| failed(o, &e))? else {
         return Err(Fail::NotFound);
     };
-    let redactor = &i.config.redactor;
+    let redactor = &console.inner.config.redactor;
     redactor.redact(&mut event.payload);
     redactor.redact_headers(&mut event.headers);
-    let deliveries = i
+    let deliveries = o
         .console
         .deliveries(event.row)
         .await
-        .map_err(|e| internal(&e))?;
-    let audit = i
+        .map_err(|e| failed(o, &e))?;
+    let audit = o
         .dlq
         .audit_log(50, Some(id))
         .await
-        .map_err(|e| internal(&e))?;
+        .map_err(|e| failed(o, &e))?;
     let q = FormData::parse(query.unwrap_or_default().as_bytes());
     Ok(page(views::event(
-        &session,
+        &frame(&console, &session, o),
         &views::EventView {
             event: &event,
             deliveries: &deliveries,
@@ -652,13 +905,12 @@ fn check_reason(reason: Option<&str>) -> Result<String, Fail> {
 }
 
 async fn act_on_one(
-    console: &Console,
+    outbox: &Outbox,
     session: &Session,
     id: Uuid,
     action: Action,
 ) -> Result<Response, Fail> {
-    let applied = console
-        .inner
+    let applied = outbox
         .dlq
         .apply(
             &Selection::Ids(vec![id]),
@@ -668,28 +920,32 @@ async fn act_on_one(
             |_| {},
         )
         .await
-        .map_err(|e| internal(&e))?;
+        .map_err(|e| failed(outbox, &e))?;
     let notice = match (applied.count, action) {
         (0, _) => "not-dead",
         (_, Action::Discard { .. }) => "discarded",
         _ => "replayed",
     };
-    Ok(see_other(&format!("/events/{id}?notice={notice}")))
+    Ok(see_other(
+        &outbox.at(&format!("/events/{id}?notice={notice}")),
+    ))
 }
 
 async fn replay_one(
     State(console): State<Console>,
     session: Checked,
+    outbox: Here,
     Path(id): Path<String>,
 ) -> Result<Response, Fail> {
     let id = parse_id(&id)?;
     limit_actions(&console, &session)?;
-    act_on_one(&console, &session, id, Action::Replay).await
+    act_on_one(&outbox, &session, id, Action::Replay).await
 }
 
 async fn discard_one(
     State(console): State<Console>,
     session: Checked,
+    outbox: Here,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, Fail> {
@@ -697,7 +953,7 @@ async fn discard_one(
     let id = parse_id(&id)?;
     let reason = check_reason(form.get("reason"))?;
     limit_actions(&console, &session)?;
-    act_on_one(&console, &session, id, Action::Discard { reason }).await
+    act_on_one(&outbox, &session, id, Action::Discard { reason }).await
 }
 
 /// The dead-letter filter of a query or form: (type, since text, filter).
@@ -718,11 +974,12 @@ fn dlq_filter(q: &FormData) -> Result<(String, String, Filter), String> {
 async fn dead_letters(
     State(console): State<Console>,
     session: Session,
+    outbox: Here,
     RawQuery(query): RawQuery,
 ) -> Result<Response, Fail> {
     let q = FormData::parse(query.unwrap_or_default().as_bytes());
-    let i = &console.inner;
-    let page_size = i.config.page_size;
+    let o = &outbox;
+    let page_size = console.inner.config.page_size;
     let (event_type, since, filter, error) = match dlq_filter(&q) {
         Ok((t, s, f)) => (t, s, Some(f), None),
         Err(e) => (
@@ -734,8 +991,8 @@ async fn dead_letters(
     };
     let (matching, mut rows) = match &filter {
         Some(f) => {
-            let matching = i.dlq.count(f).await.map_err(|e| internal(&e))?;
-            let rows = i
+            let matching = o.dlq.count(f).await.map_err(|e| failed(o, &e))?;
+            let rows = o
                 .console
                 .events(&EventQuery {
                     event_type: f.event_type.clone(),
@@ -746,7 +1003,7 @@ async fn dead_letters(
                     ..EventQuery::default()
                 })
                 .await
-                .map_err(|e| internal(&e))?;
+                .map_err(|e| failed(o, &e))?;
             (matching, rows)
         }
         None => (0, Vec::new()),
@@ -761,12 +1018,12 @@ async fn dead_letters(
             base.append_pair("since", &since);
         }
         rows.last()
-            .map(|r| with_cursor("/dead-letters", &base.finish(), "before", r.row))
+            .map(|r| with_cursor(&o.at("/dead-letters"), &base.finish(), "before", r.row))
     } else {
         None
     };
     Ok(page(views::dead_letters(
-        &session,
+        &frame(&console, &session, o),
         &views::DeadLettersView {
             event_type: &event_type,
             since: &since,
@@ -783,6 +1040,7 @@ async fn dead_letters(
 async fn bulk_action(
     State(console): State<Console>,
     session: Checked,
+    outbox: Here,
     body: Bytes,
 ) -> Result<Response, Fail> {
     let form = FormData::parse(&body);
@@ -803,7 +1061,11 @@ async fn bulk_action(
     };
     let i = &console.inner;
     let (selection, total, what) = if all {
-        let total = i.dlq.count(&filter).await.map_err(|e| internal(&e))?;
+        let total = outbox
+            .dlq
+            .count(&filter)
+            .await
+            .map_err(|e| failed(&outbox, &e))?;
         let mut what = format!("all {total} dead letter(s)");
         if !event_type.is_empty() {
             what.push_str(&format!(" of type {event_type}"));
@@ -827,7 +1089,9 @@ async fn bulk_action(
             if !since_text.is_empty() {
                 back.append_pair("since", &since_text);
             }
-            return Ok(see_other(&format!("/dead-letters?{}", back.finish())));
+            return Ok(see_other(
+                &outbox.at(&format!("/dead-letters?{}", back.finish())),
+            ));
         }
         if ids.len() > MAX_SELECTED {
             return Err(Fail::BadRequest(format!(
@@ -845,7 +1109,8 @@ async fn bulk_action(
     let id = i
         .jobs
         .start(
-            i.dlq.clone(),
+            outbox.name.clone(),
+            outbox.dlq.clone(),
             selection,
             action,
             session.actor(),
@@ -860,12 +1125,13 @@ async fn bulk_action(
                 "Several bulk actions are running already; wait for one to finish.",
             )
         })?;
-    Ok(see_other(&format!("/jobs/{id}")))
+    Ok(see_other(&outbox.at(&format!("/jobs/{id}"))))
 }
 
 async fn groups(
     State(console): State<Console>,
     session: Session,
+    outbox: Here,
     RawQuery(query): RawQuery,
 ) -> Result<Response, Fail> {
     let q = FormData::parse(query.unwrap_or_default().as_bytes());
@@ -873,14 +1139,13 @@ async fn groups(
         Some("retrying") => GroupOf::Retrying,
         _ => GroupOf::DeadLetters,
     };
-    let groups = console
-        .inner
+    let groups = outbox
         .console
         .error_groups(of, MAX_GROUPS)
         .await
-        .map_err(|e| internal(&e))?;
+        .map_err(|e| failed(&outbox, &e))?;
     Ok(page(views::groups(
-        &session,
+        &frame(&console, &session, &outbox),
         &views::GroupsView {
             of,
             groups: &groups,
@@ -895,6 +1160,7 @@ async fn groups(
 async fn group_action(
     State(console): State<Console>,
     session: Checked,
+    outbox: Here,
     body: Bytes,
 ) -> Result<Response, Fail> {
     let form = FormData::parse(&body);
@@ -910,13 +1176,13 @@ async fn group_action(
         .filter(|k| k.len() == 32 && k.bytes().all(|b| b.is_ascii_hexdigit()))
         .ok_or_else(|| Fail::BadRequest("No group was named.".to_owned()))?;
     let i = &console.inner;
-    let found = i
+    let found = outbox
         .console
         .error_group_ids(key, MAX_GROUP_EVENTS)
         .await
-        .map_err(|e| internal(&e))?;
+        .map_err(|e| failed(&outbox, &e))?;
     let Some((_, error)) = found.first().cloned() else {
-        return Ok(see_other("/groups?notice=group-gone"));
+        return Ok(see_other(&outbox.at("/groups?notice=group-gone")));
     };
     let ids: Vec<Uuid> = found.into_iter().map(|(id, _)| id).collect();
     let total = ids.len() as u64;
@@ -931,7 +1197,8 @@ async fn group_action(
     let id = i
         .jobs
         .start(
-            i.dlq.clone(),
+            outbox.name.clone(),
+            outbox.dlq.clone(),
             Selection::Ids(ids),
             action,
             session.actor(),
@@ -946,29 +1213,36 @@ async fn group_action(
                 "Several bulk actions are running already; wait for one to finish.",
             )
         })?;
-    Ok(see_other(&format!("/jobs/{id}")))
+    Ok(see_other(&outbox.at(&format!("/jobs/{id}"))))
 }
 
-/// The bulk action `id` names, or 404.
-fn find_job(console: &Console, id: &str) -> Result<crate::jobs::Job, Fail> {
-    console.inner.jobs.get(parse_id(id)?).ok_or(Fail::NotFound)
+/// The bulk action `id` names on `outbox`'s dead letters, or 404.
+fn find_job(console: &Console, outbox: &Outbox, id: &str) -> Result<crate::jobs::Job, Fail> {
+    console
+        .inner
+        .jobs
+        .get(parse_id(id)?)
+        .filter(|job| job.outbox == outbox.name)
+        .ok_or(Fail::NotFound)
 }
 
 async fn job_page(
     State(console): State<Console>,
     session: Session,
+    outbox: Here,
     Path(id): Path<String>,
 ) -> Result<Response, Fail> {
-    let job = find_job(&console, &id)?;
-    Ok(page(views::job(&session, &job)))
+    let job = find_job(&console, &outbox, &id)?;
+    Ok(page(views::job(&frame(&console, &session, &outbox), &job)))
 }
 
 async fn job_progress(
     State(console): State<Console>,
     _session: Session,
+    outbox: Here,
     Path(id): Path<String>,
 ) -> Result<Response, Fail> {
-    let job = find_job(&console, &id)?;
+    let job = find_job(&console, &outbox, &id)?;
     let body = serde_json::json!({
         "done": job.done,
         "total": job.total,
@@ -985,24 +1259,30 @@ async fn job_progress(
 async fn job_cancel(
     State(console): State<Console>,
     _session: Checked,
+    outbox: Here,
     Path(id): Path<String>,
 ) -> Result<Response, Fail> {
-    let id = parse_id(&id)?;
-    console.inner.jobs.get(id).ok_or(Fail::NotFound)?;
-    console.inner.jobs.cancel(id);
-    Ok(see_other(&format!("/jobs/{id}")))
+    let job = find_job(&console, &outbox, &id)?;
+    console.inner.jobs.cancel(job.id);
+    Ok(see_other(&outbox.at(&format!("/jobs/{}", job.id))))
 }
 
+/// `/audit`: an outbox's audit log; serving many outboxes, without a prefix,
+/// the home schema's (sign-ins and sign-outs).
 async fn audit(
     State(console): State<Console>,
     session: Session,
+    place: Place,
     RawQuery(query): RawQuery,
 ) -> Result<Response, Fail> {
     let q = FormData::parse(query.unwrap_or_default().as_bytes());
     let page_size = console.inner.config.page_size;
-    let mut entries = console
-        .inner
-        .console
+    let outbox = match place {
+        Place::Outbox(outbox) => Some(outbox),
+        Place::All => None,
+    };
+    let log = outbox.as_ref().map_or(&console.inner.home, |o| &o.console);
+    let mut entries = log
         .audit_page(
             q.get("before").and_then(|b| b.parse().ok()),
             q.get("action"),
@@ -1011,8 +1291,20 @@ async fn audit(
             page_size + 1,
         )
         .await
-        .map_err(|e| internal(&e))?;
+        .map_err(|e| match &outbox {
+            Some(o) => failed(o, &e),
+            None => internal(&e),
+        })?;
     let action = q.get("action").unwrap_or("");
+    let here = match &outbox {
+        Some(o) => frame(&console, &session, o),
+        None => Frame {
+            session: &session,
+            base: "",
+            outbox: None,
+            many: true,
+        },
+    };
     let actor = q.get("actor").unwrap_or("");
     let next = if entries.len() as i64 > page_size {
         entries.truncate(page_size as usize);
@@ -1025,12 +1317,12 @@ async fn audit(
         }
         entries
             .last()
-            .map(|e| with_cursor("/audit", &base.finish(), "before", e.id))
+            .map(|e| with_cursor(&here.at("/audit"), &base.finish(), "before", e.id))
     } else {
         None
     };
     Ok(page(views::audit(
-        &session,
+        &here,
         &views::AuditView {
             entries: &entries,
             sign_in_details: session.is_operator(),

@@ -37,6 +37,8 @@ impl JobState {
 #[derive(Clone, Debug)]
 pub(crate) struct Job {
     pub id: Uuid,
+    /// The outbox whose dead letters it acts on (its name).
+    pub outbox: String,
     pub owner: String,
     /// `replay` or `discard`.
     pub verb: &'static str,
@@ -72,9 +74,14 @@ impl Jobs {
         self.lock().get(&id).cloned()
     }
 
-    /// The newest actions first.
-    pub fn recent(&self, n: usize) -> Vec<Job> {
-        let mut jobs: Vec<Job> = self.lock().values().cloned().collect();
+    /// The newest actions on `outbox` first.
+    pub fn recent(&self, outbox: &str, n: usize) -> Vec<Job> {
+        let mut jobs: Vec<Job> = self
+            .lock()
+            .values()
+            .filter(|j| j.outbox == outbox)
+            .cloned()
+            .collect();
         jobs.sort_by_key(|j| std::cmp::Reverse(j.started_at));
         jobs.truncate(n);
         jobs
@@ -101,6 +108,7 @@ impl Jobs {
     #[allow(clippy::too_many_arguments)]
     pub fn start(
         &self,
+        outbox: String,
         dlq: DeadLetters,
         selection: Selection,
         action: Action,
@@ -137,6 +145,7 @@ impl Jobs {
                 id,
                 Job {
                     id,
+                    outbox,
                     owner,
                     verb: match action {
                         Action::Discard { .. } => "discard",

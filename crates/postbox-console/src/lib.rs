@@ -1,5 +1,12 @@
 //! The postbox operator console: a small web application, served by axum,
-//! over one postbox schema.
+//! over one postbox schema or many outboxes.
+//!
+//! - **Outboxes.** By default the console shows its home schema's outbox at
+//!   `/`. Given outbox sources ([`ConsoleConfig::outboxes`]) it serves every
+//!   outbox they name, each under `/o/<database>/<schema>/` with the same
+//!   pages, and an all-outboxes overview at `/`. Users, sessions and the
+//!   audit of sign-ins stay in the home schema either way; one sign-in covers
+//!   every outbox, and a role applies to all of them.
 //!
 //! - **Access.** Users have a role: `viewer` looks, `operator` also replays
 //!   and discards dead letters. Passwords are stored as argon2 hashes
@@ -39,6 +46,7 @@ mod guard;
 mod handlers;
 mod jobs;
 mod limit;
+mod outboxes;
 mod samples;
 mod views;
 
@@ -46,10 +54,12 @@ pub use auth::{hash_password, verify_password, Role};
 pub use client::{Cidr, CidrError};
 pub use guard::{Access, StateChangingRoute};
 pub use limit::RateLimit;
+pub use outboxes::{NameMatch, OutboxSource};
 pub use postbox::redact::PayloadRedactor;
 
+use outboxes::{Directory, Outbox};
 use postbox::Schema;
-use postbox_store::{ConsoleStore, DeadLetters, Store};
+use postbox_store::ConsoleStore;
 use sqlx::PgPool;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -86,8 +96,17 @@ pub enum ConsoleError {
 /// How the console behaves; [`ConsoleConfig::new`] gives the defaults.
 #[derive(Clone, Debug)]
 pub struct ConsoleConfig {
-    /// The postbox schema to show.
+    /// The home schema: the console's users, sessions and sign-in audit,
+    /// and, without [`ConsoleConfig::outboxes`], the outbox shown.
     pub schema: Schema,
+    /// The outboxes to serve, each under `/o/<database>/<schema>/`; empty
+    /// (the default): the home schema's alone, at `/`.
+    pub outboxes: Vec<OutboxSource>,
+    /// Serving many outboxes: connections per database.
+    pub pool_size: u32,
+    /// Serving many outboxes: how old the list of outboxes may get before
+    /// it is made again.
+    pub rediscover_every: Duration,
     /// Masks configured payload paths and headers on event pages.
     pub redactor: PayloadRedactor,
     /// Mark cookies `Secure` (set this when users reach the console over
@@ -124,10 +143,14 @@ impl ConsoleConfig {
     /// Defaults: 12-hour sessions, 5 sign-in attempts a minute (2 s delay for
     /// a protected name), no trusted proxy, 20 replay or discard requests a
     /// minute, batches of 500, pages of 50, pages refreshed every 5 s, the
-    /// backlog sampled every 10 s.
+    /// backlog sampled every 10 s; serving many outboxes, 3 connections per
+    /// database and the outboxes listed again every 30 s.
     pub fn new(schema: Schema) -> Self {
         Self {
             schema,
+            outboxes: Vec::new(),
+            pool_size: 3,
+            rediscover_every: Duration::from_secs(30),
             redactor: PayloadRedactor::default(),
             secure_cookies: false,
             session_lifetime: Duration::from_secs(12 * 3600),
@@ -146,16 +169,30 @@ impl ConsoleConfig {
 /// Shared by every request.
 pub(crate) struct Inner {
     pub config: ConsoleConfig,
-    pub store: Store,
-    pub console: ConsoleStore,
-    pub dlq: DeadLetters,
+    /// The home schema's users, sessions and sign-in audit.
+    pub home: ConsoleStore,
+    pub served: Served,
     pub sign_in: limit::SignInLimits,
     pub actions: limit::Limiter,
     pub jobs: jobs::Jobs,
-    pub samples: samples::Samples,
 }
 
-/// The console application over one pool and schema.
+impl Inner {
+    pub fn serves_many(&self) -> bool {
+        matches!(self.served, Served::Many(_))
+    }
+}
+
+/// What the console shows.
+pub(crate) enum Served {
+    /// The home schema's outbox, at `/`.
+    One(Arc<Outbox>),
+    /// Many outboxes, each under its prefix.
+    Many(Directory),
+}
+
+/// The console application: its home schema over `pool`, and the outboxes
+/// its configuration names.
 #[derive(Clone)]
 pub struct Console {
     pub(crate) inner: Arc<Inner>,
@@ -163,15 +200,21 @@ pub struct Console {
 
 impl Console {
     pub fn new(pool: PgPool, config: ConsoleConfig) -> Self {
-        let store = Store::new(pool, config.schema.clone());
+        let served = if config.outboxes.is_empty() {
+            Served::One(Arc::new(Outbox::home(pool.clone(), config.schema.clone())))
+        } else {
+            Served::Many(Directory::new(
+                config.outboxes.clone(),
+                config.pool_size,
+                config.rediscover_every,
+            ))
+        };
         let inner = Inner {
-            console: store.console(),
-            dlq: store.dead_letters(),
-            store,
+            home: ConsoleStore::new(pool, &config.schema),
+            served,
             sign_in: limit::SignInLimits::new(config.sign_in_limit, config.sign_in_delay),
             actions: limit::Limiter::new(config.action_limit),
             jobs: jobs::Jobs::default(),
-            samples: samples::Samples::default(),
             config,
         };
         Self {
@@ -181,7 +224,7 @@ impl Console {
 
     /// Check that the schema has the console's tables (and that the database answers).
     pub async fn check(&self) -> Result<(), ConsoleError> {
-        check_schema(&self.inner.console, &self.inner.config.schema).await
+        check_schema(&self.inner.home, &self.inner.config.schema).await
     }
 
     /// The axum router (needs `ConnectInfo<SocketAddr>` for per-client
@@ -192,18 +235,27 @@ impl Console {
 
     /// Serve on `listener` until `shutdown` is cancelled; bulk actions still
     /// running are cancelled too (each stops after its current batch). The
-    /// backlog is sampled for the overview's chart meanwhile.
+    /// backlog is sampled for the overview's chart meanwhile (serving many
+    /// outboxes: every outbox's, a database's one after the other).
     pub async fn serve(
         self,
         listener: tokio::net::TcpListener,
         shutdown: CancellationToken,
     ) -> Result<(), ConsoleError> {
         let jobs = self.inner.jobs.clone();
-        tokio::spawn(self.inner.samples.clone().run(
-            self.inner.console.clone(),
-            self.inner.config.sample_every,
-            shutdown.child_token(),
-        ));
+        let every = self.inner.config.sample_every;
+        match &self.inner.served {
+            Served::One(outbox) => {
+                tokio::spawn(outbox.samples.clone().run(
+                    outbox.console.clone(),
+                    every,
+                    shutdown.child_token(),
+                ));
+            }
+            Served::Many(_) => {
+                tokio::spawn(sample_all(self.clone(), every, shutdown.child_token()));
+            }
+        }
         let app = self
             .router()
             .into_make_service_with_connect_info::<SocketAddr>();
@@ -213,6 +265,24 @@ impl Console {
             .await;
         jobs.cancel_all();
         served.map_err(ConsoleError::Serve)
+    }
+}
+
+/// Serving many outboxes: sample every outbox's backlog every `every`
+/// (listing the outboxes again when the list is old) until `stop`.
+async fn sample_all(console: Console, every: Duration, stop: CancellationToken) {
+    let Served::Many(directory) = &console.inner.served else {
+        return;
+    };
+    let mut tick = tokio::time::interval(every.max(Duration::from_millis(100)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let known = directory.current().await;
+        outboxes::backlogs(&known).await;
     }
 }
 

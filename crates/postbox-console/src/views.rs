@@ -7,8 +7,8 @@ use crate::samples::Sample;
 use chrono::{DateTime, Utc};
 use maud::{html, Markup, DOCTYPE};
 use postbox_store::{
-    AuditEntry, CursorLag, DeliveryRecord, DestinationCounts, ErrorGroup, EventRecord, EventRow,
-    GroupOf, ProducerTarget, RelaySeen, Status, StatusCounts,
+    AuditEntry, Backlog, CursorLag, DeliveryRecord, DestinationCounts, ErrorGroup, EventRecord,
+    EventRow, GroupOf, ProducerTarget, RelaySeen, Status, StatusCounts,
 };
 use serde_json::Value;
 use uuid::Uuid;
@@ -16,6 +16,7 @@ use uuid::Uuid;
 /// Which navigation entry is current.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Nav {
+    Outboxes,
     Overview,
     Events,
     DeadLetters,
@@ -23,7 +24,36 @@ pub(crate) enum Nav {
     None,
 }
 
-pub(crate) fn layout(title: &str, session: Option<&Session>, nav: Nav, body: Markup) -> Markup {
+/// Who is looking, and at which outbox. Every link of an outbox's pages is
+/// made with [`Frame::at`], under the outbox's prefix.
+pub(crate) struct Frame<'a> {
+    pub session: &'a Session,
+    /// The outbox's path prefix: empty above the outboxes, or when the
+    /// console serves one outbox at `/`.
+    pub base: &'a str,
+    /// The outbox's name, when the console serves many and the page is one
+    /// outbox's.
+    pub outbox: Option<&'a str>,
+    /// Whether the console serves many outboxes.
+    pub many: bool,
+}
+
+impl Frame<'_> {
+    /// `path` (starting with `/`) inside the current outbox's pages.
+    pub fn at(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+}
+
+impl std::ops::Deref for Frame<'_> {
+    type Target = Session;
+
+    fn deref(&self) -> &Session {
+        self.session
+    }
+}
+
+pub(crate) fn layout(title: &str, here: Option<&Frame<'_>>, nav: Nav, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -37,17 +67,27 @@ pub(crate) fn layout(title: &str, session: Option<&Session>, nav: Nav, body: Mar
             body {
                 header.top {
                     a.brand href="/" { "postbox" }
-                    @if let Some(s) = session {
+                    @if let Some(h) = here {
                         nav {
-                            a href="/" aria-current=[current(nav == Nav::Overview)] { "Overview" }
-                            a href="/events" aria-current=[current(nav == Nav::Events)] { "Events" }
-                            a href="/dead-letters" aria-current=[current(nav == Nav::DeadLetters)] { "Dead letters" }
-                            a href="/audit" aria-current=[current(nav == Nav::Audit)] { "Audit log" }
+                            @if h.many {
+                                a href="/" aria-current=[current(nav == Nav::Outboxes)] { "All outboxes" }
+                            }
+                            @if let Some(name) = h.outbox {
+                                span.outbox #outbox-name { (name) }
+                            }
+                            @if h.outbox.is_some() || !h.many {
+                                a href=(h.at("/")) aria-current=[current(nav == Nav::Overview)] { "Overview" }
+                                a href=(h.at("/events")) aria-current=[current(nav == Nav::Events)] { "Events" }
+                                a href=(h.at("/dead-letters")) aria-current=[current(nav == Nav::DeadLetters)] { "Dead letters" }
+                            }
+                            a href=(h.at("/audit")) aria-current=[current(nav == Nav::Audit)] {
+                                @if h.many && h.outbox.is_none() { "Sign-in log" } @else { "Audit log" }
+                            }
                         }
                         div.who {
-                            span.user { (s.user) " · " (s.role.as_str()) }
+                            span.user { (h.user) " · " (h.role.as_str()) }
                             form.inline method="post" action="/sign-out" {
-                                input type="hidden" name="csrf" value=(s.csrf);
+                                input type="hidden" name="csrf" value=(h.csrf);
                                 button.link type="submit" { "Sign out" }
                             }
                         }
@@ -187,10 +227,10 @@ pub(crate) fn sign_in(v: &SignInView<'_>) -> Markup {
     )
 }
 
-pub(crate) fn error_page(session: Option<&Session>, title: &str, text: &str) -> Markup {
+pub(crate) fn error_page(title: &str, text: &str) -> Markup {
     layout(
         title,
-        session,
+        None,
         Nav::None,
         html! {
             h1 { (title) }
@@ -201,6 +241,7 @@ pub(crate) fn error_page(session: Option<&Session>, title: &str, text: &str) -> 
 }
 
 pub(crate) struct OverviewView<'a> {
+    /// The schema's name, or serving many, the outbox's.
     pub schema: &'a str,
     pub counts: &'a StatusCounts,
     pub destinations: &'a [DestinationCounts],
@@ -216,21 +257,21 @@ pub(crate) struct OverviewView<'a> {
     pub refresh_ms: u64,
 }
 
-pub(crate) fn overview(session: &Session, v: &OverviewView<'_>) -> Markup {
+pub(crate) fn overview(here: &Frame<'_>, v: &OverviewView<'_>) -> Markup {
     let c = v.counts;
     let now = v.history.last().map(|s| s.backlog).unwrap_or_default();
     let delivered: i64 = v.rate.iter().map(|(_, n)| n).sum();
     let minutes = v.rate.len();
     layout(
         "Overview",
-        Some(session),
+        Some(here),
         Nav::Overview,
         html! {
-            h1 { "Overview " span.sub { "schema " (v.schema) } }
+            h1 { "Overview " span.sub { @if here.many { "outbox " } @else { "schema " } (v.schema) } }
             (live_status(v.refresh_ms))
             div #overview-live data-live {
             div.cards {
-                a.card href="/events?status=pending" {
+                a.card href=(here.at("/events?status=pending")) {
                     span.label { "Pending" } span.value #pending { (c.pending) }
                     span.hint { (now.retrying) " of them retrying" }
                 }
@@ -250,13 +291,13 @@ pub(crate) fn overview(session: &Session, v: &OverviewView<'_>) -> Markup {
                         (c.oldest_pending_age_seconds.map_or_else(|| "—".to_owned(), age))
                     }
                 }
-                a.card href="/events?status=processing" {
+                a.card href=(here.at("/events?status=processing")) {
                     span.label { "Claimed by a relay" } span.value #processing { (c.processing) }
                 }
-                a.card href="/events?status=sent" {
+                a.card href=(here.at("/events?status=sent")) {
                     span.label { "Sent" } span.value { (c.sent) }
                 }
-                a.card.(if c.failed > 0 { "bad" } else { "" }) href="/dead-letters" {
+                a.card.(if c.failed > 0 { "bad" } else { "" }) href=(here.at("/dead-letters")) {
                     span.label { "Dead letters" } span.value #dead-letters { (c.failed) }
                 }
                 div.card {
@@ -352,10 +393,163 @@ pub(crate) fn overview(session: &Session, v: &OverviewView<'_>) -> Markup {
             @if !v.jobs.is_empty() {
                 section {
                     h2 { "Recent bulk actions" }
-                    (jobs_table(v.jobs))
+                    (jobs_table(here, v.jobs))
                 }
             }
             }
+        },
+    )
+}
+
+/// How the all-outboxes overview is ordered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OutboxOrder {
+    /// Most dead letters first (the default).
+    DeadLetters,
+    Pending,
+    Retrying,
+    OldestPending,
+    Name,
+}
+
+impl OutboxOrder {
+    pub const ALL: [OutboxOrder; 5] = [
+        OutboxOrder::DeadLetters,
+        OutboxOrder::Pending,
+        OutboxOrder::Retrying,
+        OutboxOrder::OldestPending,
+        OutboxOrder::Name,
+    ];
+
+    pub fn key(self) -> &'static str {
+        match self {
+            OutboxOrder::DeadLetters => "dead",
+            OutboxOrder::Pending => "pending",
+            OutboxOrder::Retrying => "retrying",
+            OutboxOrder::OldestPending => "age",
+            OutboxOrder::Name => "name",
+        }
+    }
+
+    pub fn parse(key: Option<&str>) -> Self {
+        Self::ALL
+            .into_iter()
+            .find(|o| Some(o.key()) == key)
+            .unwrap_or(OutboxOrder::DeadLetters)
+    }
+}
+
+pub(crate) struct OutboxesView<'a> {
+    /// This page's lines, in order.
+    pub lines: &'a [crate::outboxes::Line],
+    /// Servers or databases whose outboxes could not be listed.
+    pub problems: &'a [crate::outboxes::Problem],
+    /// Outboxes in all, and how many could not be read.
+    pub outboxes: usize,
+    pub unreadable: usize,
+    /// The backlog of every readable outbox together.
+    pub total: Backlog,
+    pub order: OutboxOrder,
+    /// 1-based.
+    pub page: usize,
+    pub pages: usize,
+    /// How long reading every outbox's backlog took.
+    pub took: std::time::Duration,
+    pub refresh_ms: u64,
+}
+
+fn outboxes_link(order: OutboxOrder, page: usize) -> String {
+    let mut q = url::form_urlencoded::Serializer::new(String::new());
+    if order != OutboxOrder::DeadLetters {
+        q.append_pair("sort", order.key());
+    }
+    if page > 1 {
+        q.append_pair("page", &page.to_string());
+    }
+    let q = q.finish();
+    if q.is_empty() {
+        "/".to_owned()
+    } else {
+        format!("/?{q}")
+    }
+}
+
+/// The landing page of a console serving many outboxes: one line per
+/// outbox, those that cannot be read first, then by the chosen order.
+pub(crate) fn outboxes(here: &Frame<'_>, v: &OutboxesView<'_>) -> Markup {
+    let heading = |order: OutboxOrder, label: &str, num: bool| {
+        html! {
+            th.num[num] {
+                @if v.order == order {
+                    span aria-current="true" { (label) " ▾" }
+                } @else {
+                    a href=(outboxes_link(order, 1)) { (label) }
+                }
+            }
+        }
+    };
+    layout(
+        "All outboxes",
+        Some(here),
+        Nav::Outboxes,
+        html! {
+            h1 { "All outboxes" }
+            (live_status(v.refresh_ms))
+            div #outboxes-live data-live {
+                p #outboxes-summary {
+                    strong { (v.outboxes) } " outbox(es)"
+                    @if v.unreadable > 0 { ", " strong.warn-text { (v.unreadable) } " that cannot be read" }
+                    ": " strong { (v.total.pending) } " pending (" (v.total.retrying) " retrying), "
+                    strong { (v.total.dead_letters) } " dead letter(s). "
+                    span.muted.small { "Read in " (v.took.as_millis()) " ms." }
+                }
+                @for p in v.problems {
+                    p.error.problem role="alert" { strong { (p.what) } ": " (p.why) }
+                }
+                @if v.lines.is_empty() {
+                    p.muted { "No outbox matches the console's selection (yet): outboxes are listed again every few seconds." }
+                } @else {
+                    div.scroll { table.outboxes.stack #outboxes {
+                        thead { tr {
+                            (heading(OutboxOrder::Name, "Outbox", false))
+                            (heading(OutboxOrder::Pending, "Pending", true))
+                            (heading(OutboxOrder::Retrying, "Retrying", true))
+                            (heading(OutboxOrder::DeadLetters, "Dead letters", true))
+                            (heading(OutboxOrder::OldestPending, "Oldest pending", false))
+                        } }
+                        tbody {
+                            @for line in v.lines {
+                                @let o = &line.outbox;
+                                @match &line.backlog {
+                                    Ok(b) => {
+                                        tr data-outbox=(o.name) class=[(b.dead_letters > 0).then_some("bad")] {
+                                            td { a href=(o.at("/")) { (o.name) } }
+                                            td.num.pending { a href=(o.at("/events?status=pending")) { (b.pending + b.retrying) } }
+                                            td.num.retrying { (b.retrying) }
+                                            td.num.dead { a href=(o.at("/dead-letters")) { (b.dead_letters) } }
+                                            td.age { (b.oldest_pending_age_seconds.map_or_else(|| "—".to_owned(), age)) }
+                                        }
+                                    }
+                                    Err(why) => {
+                                        tr.error data-outbox=(o.name) {
+                                            td { a href=(o.at("/")) { (o.name) } }
+                                            td.error-text colspan="4" { "Cannot be read: " (why) }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    } }
+                }
+                @if v.pages > 1 {
+                    p.pager {
+                        @if v.page > 1 { a href=(outboxes_link(v.order, v.page - 1)) { "← Previous" } " " }
+                        "Page " (v.page) " of " (v.pages)
+                        @if v.page < v.pages { " " a href=(outboxes_link(v.order, v.page + 1)) { "Next →" } }
+                    }
+                }
+            }
+            p.muted.small { "Pending counts every due event (retrying ones included); scheduled events are left out until due. Outboxes that cannot be read are listed first." }
         },
     )
 }
@@ -522,14 +716,14 @@ fn rate_chart(rate: &[(DateTime<Utc>, i64)]) -> Markup {
     }
 }
 
-fn jobs_table(jobs: &[Job]) -> Markup {
+fn jobs_table(here: &Frame<'_>, jobs: &[Job]) -> Markup {
     html! {
         div.scroll { table {
             thead { tr { th { "Started" } th { "By" } th { "Action" } th { "Progress" } th { "State" } } }
             tbody {
                 @for j in jobs {
                     tr {
-                        td { a href={"/jobs/" (j.id)} { (time(j.started_at)) } }
+                        td { a href=(here.at(&format!("/jobs/{}", j.id))) { (time(j.started_at)) } }
                         td { (j.owner) }
                         td { (j.verb) " " (j.what) }
                         td.num { (j.done) " / " (j.total) }
@@ -586,7 +780,7 @@ const STATUSES: &[(&str, &str)] = &[
 ];
 
 pub(crate) fn events(
-    session: &Session,
+    here: &Frame<'_>,
     search: &EventSearch,
     rows: &[EventRow],
     next: Option<String>,
@@ -595,11 +789,11 @@ pub(crate) fn events(
 ) -> Markup {
     layout(
         "Events",
-        Some(session),
+        Some(here),
         Nav::Events,
         html! {
             h1 { "Events" }
-            form.search method="get" action="/events" {
+            form.search method="get" action=(here.at("/events")) {
                 div.fields {
                     label.wide { "Event id" input type="text" name="event_id" value=(search.event_id) placeholder="0190f3c2-…" autocapitalize="none"; }
                     label { "Event type" input type="text" name="type" value=(search.event_type) autocapitalize="none"; }
@@ -616,7 +810,7 @@ pub(crate) fn events(
                     label { "Created before" input type="text" name="to" value=(search.to) placeholder="UTC"; }
                 }
                 button.primary type="submit" { "Search" }
-                " " a href="/events" { "Clear" }
+                " " a href=(here.at("/events")) { "Clear" }
             }
             @if let Some(e) = error {
                 p.error role="alert" { (e) }
@@ -626,7 +820,7 @@ pub(crate) fn events(
                 @if rows.is_empty() {
                     p.muted { "No events match." }
                 } @else {
-                    (event_table(rows))
+                    (event_table(here, rows))
                 }
                 @if let Some(n) = next {
                     p.pager { a href=(n) { "Older events →" } }
@@ -636,7 +830,7 @@ pub(crate) fn events(
     )
 }
 
-fn event_table(rows: &[EventRow]) -> Markup {
+fn event_table(here: &Frame<'_>, rows: &[EventRow]) -> Markup {
     html! {
         div.scroll { table.events.stack {
             thead { tr { th { "Created" } th { "Event" } th { "Aggregate" } th { "Status" } th.num { "Attempts" } th { "Last error" } } }
@@ -644,7 +838,7 @@ fn event_table(rows: &[EventRow]) -> Markup {
                 @for r in rows {
                     tr {
                         td.nowrap { (time(r.created_at)) }
-                        td { a href={"/events/" (r.event_id)} { (r.event_type) } br; span.id { (r.event_id) } }
+                        td { a href=(here.at(&format!("/events/{}", r.event_id))) { (r.event_type) } br; span.id { (r.event_id) } }
                         td { (r.aggregate_type) "/" (r.aggregate_id) }
                         td.state { (row_state(r)) }
                         td.num.attempts { (r.attempts) }
@@ -793,15 +987,15 @@ fn diagnosis(e: &EventRecord) -> String {
     }
 }
 
-pub(crate) fn event(session: &Session, v: &EventView<'_>) -> Markup {
+pub(crate) fn event(here: &Frame<'_>, v: &EventView<'_>) -> Markup {
     let e = v.event;
     let pretty = |value: &Value| serde_json::to_string_pretty(value).unwrap_or_default();
     layout(
         &format!("Event {}", e.event_id),
-        Some(session),
+        Some(here),
         Nav::Events,
         html! {
-            p.crumbs { a href="/events" { "Events" } " / " span.id { (e.event_id) } }
+            p.crumbs { a href=(here.at("/events")) { "Events" } " / " span.id { (e.event_id) } }
             h1 { (e.event_type) " " (status_badge(e.status, e.resolution.as_deref())) }
             (notice(v.notice))
             p.diagnosis #diagnosis { (diagnosis(e)) }
@@ -811,15 +1005,15 @@ pub(crate) fn event(session: &Session, v: &EventView<'_>) -> Markup {
                     pre #last-error { (err) }
                 }
             }
-            @if e.is_dead_letter() && session.is_operator() {
+            @if e.is_dead_letter() && here.is_operator() {
                 div.actions {
-                    form method="post" action={"/events/" (e.event_id) "/replay"} {
-                        input type="hidden" name="csrf" value=(session.csrf);
+                    form method="post" action=(here.at(&format!("/events/{}/replay", e.event_id))) {
+                        input type="hidden" name="csrf" value=(here.csrf);
                         button.primary #replay type="submit" { "Replay" }
                         span.muted.small { " same event id, attempts reset, due now" }
                     }
-                    form.discard method="post" action={"/events/" (e.event_id) "/discard"} {
-                        input type="hidden" name="csrf" value=(session.csrf);
+                    form.discard method="post" action=(here.at(&format!("/events/{}/discard", e.event_id))) {
+                        input type="hidden" name="csrf" value=(here.csrf);
                         input type="text" name="reason" placeholder="Why discard it?" required maxlength="2000";
                         button.danger type="submit" { "Discard" }
                     }
@@ -831,7 +1025,7 @@ pub(crate) fn event(session: &Session, v: &EventView<'_>) -> Markup {
                     dt { "Event id" } dd.id { (e.event_id) }
                     dt { "Type" } dd { (e.event_type) " (schema version " (e.schema_version) ")" }
                     dt { "Aggregate" } dd {
-                        a href={"/events?" (agg_query(&e.aggregate_type, &e.aggregate_id))} { (e.aggregate_type) "/" (e.aggregate_id) }
+                        a href=(here.at(&format!("/events?{}", agg_query(&e.aggregate_type, &e.aggregate_id)))) { (e.aggregate_type) "/" (e.aggregate_id) }
                         @if let Some(n) = e.sequence { " · number " (n) }
                     }
                     dt { "Status" } dd #status { (e.status) @if let Some(r) = &e.resolution { " (" (r) ")" } }
@@ -843,8 +1037,8 @@ pub(crate) fn event(session: &Session, v: &EventView<'_>) -> Markup {
                     @if let Some(t) = e.lease_expires_at { dt { "Lease until" } dd { (time(t)) } }
                     @if let Some(t) = e.resolved_at { dt { "Resolved" } dd { (time(t)) } }
                     @if let Some(n) = &e.resolution_note { dt { "Reason" } dd { (n) } }
-                    @if let Some(id) = e.replaced_by { dt { "Replaced by" } dd { a href={"/events/" (id)} { (id) } } }
-                    @if let Some(id) = e.replay_of { dt { "Replay of" } dd { a href={"/events/" (id)} { (id) } } }
+                    @if let Some(id) = e.replaced_by { dt { "Replaced by" } dd { a href=(here.at(&format!("/events/{}", id))) { (id) } } }
+                    @if let Some(id) = e.replay_of { dt { "Replay of" } dd { a href=(here.at(&format!("/events/{}", id))) { (id) } } }
                 }
             }
             section {
@@ -886,7 +1080,7 @@ pub(crate) fn event(session: &Session, v: &EventView<'_>) -> Markup {
             @if !v.audit.is_empty() {
                 section {
                     h2 { "Audit entries" }
-                    (audit_table(v.audit, true))
+                    (audit_table(here, v.audit, true))
                 }
             }
         },
@@ -911,26 +1105,26 @@ pub(crate) struct DeadLettersView<'a> {
     pub refresh_ms: u64,
 }
 
-pub(crate) fn dead_letters(session: &Session, v: &DeadLettersView<'_>) -> Markup {
+pub(crate) fn dead_letters(here: &Frame<'_>, v: &DeadLettersView<'_>) -> Markup {
     layout(
         "Dead letters",
-        Some(session),
+        Some(here),
         Nav::DeadLetters,
         html! {
             h1 { "Dead letters" }
             p.tabs {
-                a href="/dead-letters" aria-current="page" { "All dead letters" } " · "
-                a href="/groups" { "Dead letters by cause" } " · "
-                a href="/groups?status=retrying" { "Retrying by cause" }
+                a href=(here.at("/dead-letters")) aria-current="page" { "All dead letters" } " · "
+                a href=(here.at("/groups")) { "Dead letters by cause" } " · "
+                a href=(here.at("/groups?status=retrying")) { "Retrying by cause" }
             }
             (notice(v.notice))
-            form.search method="get" action="/dead-letters" {
+            form.search method="get" action=(here.at("/dead-letters")) {
                 div.fields {
                     label { "Event type" input type="text" name="type" value=(v.event_type) autocapitalize="none"; }
                     label { "Created since" input type="text" name="since" value=(v.since) placeholder="2h or 2026-05-01T12:00"; }
                 }
                 button.primary type="submit" { "Filter" }
-                " " a href="/dead-letters" { "Clear" }
+                " " a href=(here.at("/dead-letters")) { "Clear" }
             }
             @if let Some(e) = v.error {
                 p.error role="alert" { (e) }
@@ -938,11 +1132,11 @@ pub(crate) fn dead_letters(session: &Session, v: &DeadLettersView<'_>) -> Markup
             (live_status(v.refresh_ms))
             p #matching data-live { strong { (v.matching) } " unresolved dead letter(s) match." }
             @if !v.rows.is_empty() {
-                form #bulk method="post" action="/dead-letters/action" {
-                    input type="hidden" name="csrf" value=(session.csrf);
+                form #bulk method="post" action=(here.at("/dead-letters/action")) {
+                    input type="hidden" name="csrf" value=(here.csrf);
                     input type="hidden" name="type" value=(v.event_type);
                     input type="hidden" name="since" value=(v.since);
-                    @if session.is_operator() {
+                    @if here.is_operator() {
                         fieldset.bulk.toolbar #bulk-toolbar {
                             legend { "Act on dead letters " span.muted.small #selected-count data-of="ids" {} }
                             div.row {
@@ -959,19 +1153,19 @@ pub(crate) fn dead_letters(session: &Session, v: &DeadLettersView<'_>) -> Markup
                     }
                     div.scroll { table.events.stack {
                         thead { tr {
-                            @if session.is_operator() {
+                            @if here.is_operator() {
                                 th { input type="checkbox" data-select-all="ids" aria-label="Select all on this page"; }
                             }
                             th { "Created" } th { "Event" } th { "Aggregate" } th.num { "Attempts" } th { "Last error" }
                         } }
                         tbody #dead-letter-rows data-live {
                             @for r in v.rows {
-                                tr.has-select[session.is_operator()] {
-                                    @if session.is_operator() {
+                                tr.has-select[here.is_operator()] {
+                                    @if here.is_operator() {
                                         td.select { input type="checkbox" name="ids" value=(r.event_id) aria-label={"Select " (r.event_id)}; }
                                     }
                                     td.nowrap { (time(r.created_at)) }
-                                    td { a href={"/events/" (r.event_id)} { (r.event_type) } br; span.id { (r.event_id) } }
+                                    td { a href=(here.at(&format!("/events/{}", r.event_id))) { (r.event_type) } br; span.id { (r.event_id) } }
                                     td { (r.aggregate_type) "/" (r.aggregate_id) }
                                     td.num.attempts { (r.attempts) }
                                     td.error-text { (clip(r.last_error.as_deref().unwrap_or(""), 160)) }
@@ -999,19 +1193,19 @@ pub(crate) struct GroupsView<'a> {
 
 /// Events grouped by cause: one line per (last error, destinations), with
 /// its count and, for dead letters, a replay or discard of the whole group.
-pub(crate) fn groups(session: &Session, v: &GroupsView<'_>) -> Markup {
+pub(crate) fn groups(here: &Frame<'_>, v: &GroupsView<'_>) -> Markup {
     let dead = v.of == GroupOf::DeadLetters;
     let total: i64 = v.groups.iter().map(|g| g.events).sum();
     layout(
         "By cause",
-        Some(session),
+        Some(here),
         Nav::DeadLetters,
         html! {
             h1 { @if dead { "Dead letters by cause" } @else { "Retrying events by cause" } }
             p.tabs {
-                a href="/dead-letters" { "All dead letters" } " · "
-                a href="/groups" aria-current=[current(dead)] { "Dead letters by cause" } " · "
-                a href="/groups?status=retrying" aria-current=[current(!dead)] { "Retrying by cause" }
+                a href=(here.at("/dead-letters")) { "All dead letters" } " · "
+                a href=(here.at("/groups")) aria-current=[current(dead)] { "Dead letters by cause" } " · "
+                a href=(here.at("/groups?status=retrying")) aria-current=[current(!dead)] { "Retrying by cause" }
             }
             (notice(v.notice))
             (live_status(v.refresh_ms))
@@ -1026,7 +1220,7 @@ pub(crate) fn groups(session: &Session, v: &GroupsView<'_>) -> Markup {
                     div.scroll { table.groups.stack #groups {
                         thead { tr {
                             th.num { "Events" } th { "Last error" } th { "Destination" } th { "Types" } th { "Created" }
-                            @if dead && session.is_operator() { th { "Act on the whole group" } }
+                            @if dead && here.is_operator() { th { "Act on the whole group" } }
                         } }
                         tbody {
                             @for g in v.groups {
@@ -1034,21 +1228,21 @@ pub(crate) fn groups(session: &Session, v: &GroupsView<'_>) -> Markup {
                                     td.num.count { (g.events) }
                                     td.error-text title=(g.last_error.as_deref().unwrap_or("")) {
                                         (clip(g.last_error.as_deref().unwrap_or("(no error recorded)"), 200))
-                                        br; a.small href={"/events/" (g.example)} { "oldest event" }
+                                        br; a.small href=(here.at(&format!("/events/{}", g.example))) { "oldest event" }
                                     }
                                     td { (g.destinations.as_deref().unwrap_or("—")) }
                                     td { (g.event_types.as_deref().unwrap_or("")) }
                                     td.nowrap { (time(g.oldest)) br; "to " (time(g.newest)) }
-                                    @if dead && session.is_operator() {
+                                    @if dead && here.is_operator() {
                                         td.group-actions {
-                                            form method="post" action="/groups/action" {
-                                                input type="hidden" name="csrf" value=(session.csrf);
+                                            form method="post" action=(here.at("/groups/action")) {
+                                                input type="hidden" name="csrf" value=(here.csrf);
                                                 input type="hidden" name="key" value=(g.key);
                                                 button.primary type="submit" name="do" value="replay"
                                                     data-confirm={"Replay the " (g.events) " dead letters of this group?"} { "Replay " (g.events) }
                                             }
-                                            form method="post" action="/groups/action" {
-                                                input type="hidden" name="csrf" value=(session.csrf);
+                                            form method="post" action=(here.at("/groups/action")) {
+                                                input type="hidden" name="csrf" value=(here.csrf);
                                                 input type="hidden" name="key" value=(g.key);
                                                 input type="text" name="reason" placeholder="Reason to discard" required maxlength="2000" aria-label="Reason to discard this group";
                                                 button.danger type="submit" name="do" value="discard"
@@ -1073,7 +1267,7 @@ pub(crate) fn groups(session: &Session, v: &GroupsView<'_>) -> Markup {
     )
 }
 
-pub(crate) fn job(session: &Session, job: &Job) -> Markup {
+pub(crate) fn job(here: &Frame<'_>, job: &Job) -> Markup {
     let running = job.state == JobState::Running;
     let verb = if job.verb == "discard" {
         "Discarding"
@@ -1082,11 +1276,11 @@ pub(crate) fn job(session: &Session, job: &Job) -> Markup {
     };
     layout(
         "Bulk action",
-        Some(session),
+        Some(here),
         Nav::DeadLetters,
         html! {
             h1 { (verb) " " (job.what) }
-            div.job #job data-progress-url=(format!("/jobs/{}/progress", job.id)) data-state=(job.state.as_str()) {
+            div.job #job data-progress-url=(here.at(&format!("/jobs/{}/progress", job.id))) data-state=(job.state.as_str()) {
                 progress #job-progress value=(job.done) max=(job.total.max(1)) {}
                 p { span #job-done { (job.done) } " of " span #job-total { (job.total) } " done · "
                     strong #job-state { (job.state.as_str()) } }
@@ -1096,16 +1290,16 @@ pub(crate) fn job(session: &Session, job: &Job) -> Markup {
                 }
             }
             div.actions {
-                @if running && session.is_operator() {
-                    form method="post" action={"/jobs/" (job.id) "/cancel"} {
-                        input type="hidden" name="csrf" value=(session.csrf);
+                @if running && here.is_operator() {
+                    form method="post" action=(here.at(&format!("/jobs/{}/cancel", job.id))) {
+                        input type="hidden" name="csrf" value=(here.csrf);
                         button.danger #cancel type="submit" { "Cancel" }
                         span.muted.small { " stops after the current batch" }
                     }
                 }
-                @if running { a.noscript-refresh href={"/jobs/" (job.id)} { "Refresh" } }
+                @if running { a.noscript-refresh href=(here.at(&format!("/jobs/{}", job.id))) { "Refresh" } }
             }
-            p { a href="/dead-letters" { "Dead letters" } " · " a href="/audit" { "Audit log" } }
+            p { a href=(here.at("/dead-letters")) { "Dead letters" } " · " a href=(here.at("/audit")) { "Audit log" } }
         },
     )
 }
@@ -1130,10 +1324,10 @@ const ACTIONS: &[&str] = &[
     "console.sign_out",
 ];
 
-pub(crate) fn audit(session: &Session, v: &AuditView<'_>) -> Markup {
+pub(crate) fn audit(here: &Frame<'_>, v: &AuditView<'_>) -> Markup {
     layout(
         "Audit log",
-        Some(session),
+        Some(here),
         Nav::Audit,
         html! {
             h1 { "Audit log" }
@@ -1141,7 +1335,7 @@ pub(crate) fn audit(session: &Session, v: &AuditView<'_>) -> Markup {
             @if !v.sign_in_details {
                 p.muted.small #sign-in-details-hidden { "Failed sign-ins are listed without the name tried, the address or the reason: operators see those." }
             }
-            form.search method="get" action="/audit" {
+            form.search method="get" action=(here.at("/audit")) {
                 div.fields {
                     label { "Action"
                         select name="action" {
@@ -1157,7 +1351,7 @@ pub(crate) fn audit(session: &Session, v: &AuditView<'_>) -> Markup {
             @if v.entries.is_empty() {
                 p.muted { "No entries." }
             } @else {
-                (audit_table(v.entries, v.sign_in_details))
+                (audit_table(here, v.entries, v.sign_in_details))
             }
             @if let Some(n) = &v.next {
                 p.pager { a href=(n) { "Older entries →" } }
@@ -1166,7 +1360,7 @@ pub(crate) fn audit(session: &Session, v: &AuditView<'_>) -> Markup {
     )
 }
 
-fn audit_table(entries: &[AuditEntry], sign_in_details: bool) -> Markup {
+fn audit_table(here: &Frame<'_>, entries: &[AuditEntry], sign_in_details: bool) -> Markup {
     html! {
         div.scroll { table.audit.stack #audit {
             thead { tr { th { "When" } th { "Actor" } th { "Action" } th.num { "Count" } th { "What" } th { "Reason" } } }
@@ -1185,7 +1379,7 @@ fn audit_table(entries: &[AuditEntry], sign_in_details: bool) -> Markup {
                         @if hidden {
                             td.muted { "details for operators" }
                         } @else {
-                            td { (audit_what(a)) }
+                            td { (audit_what(here, a)) }
                         }
                         td.reason { (a.reason.as_deref().unwrap_or("")) }
                     }
@@ -1196,7 +1390,7 @@ fn audit_table(entries: &[AuditEntry], sign_in_details: bool) -> Markup {
 }
 
 /// The selection, and up to five of the events an entry touched, linked.
-fn audit_what(a: &AuditEntry) -> Markup {
+fn audit_what(here: &Frame<'_>, a: &AuditEntry) -> Markup {
     let events: Vec<Uuid> = a
         .details
         .as_array()
@@ -1221,7 +1415,7 @@ fn audit_what(a: &AuditEntry) -> Markup {
     html! {
         @if !selection.is_empty() { code { (selection) } br; }
         @for id in events.iter().take(5) {
-            a.id href={"/events/" (id)} { (id) } br;
+            a.id href=(here.at(&format!("/events/{}", id))) { (id) } br;
         }
         @if events.len() > 5 { span.muted { "and " (events.len() - 5) " more" } }
         @if events.is_empty() && other != "[]" && other != "{}" { span.details { (other) } }
@@ -1242,7 +1436,7 @@ mod tests {
 
     #[test]
     fn user_data_is_escaped() {
-        let page = error_page(None, "<b>x</b>", "\"quoted\" & <script>alert(1)</script>");
+        let page = error_page("<b>x</b>", "\"quoted\" & <script>alert(1)</script>");
         let s = page.into_string();
         assert!(!s.contains("<script>alert"), "{s}");
         assert!(s.contains("&lt;script&gt;"), "{s}");

@@ -1,9 +1,10 @@
 //! The operator console against a real PostgreSQL: HTTP-level tests of access
 //! control, CSRF and rate limits, the pages and bulk actions, and end-to-end
-//! tests in headless Chromium.
+//! tests in headless Chromium; one console over many outboxes.
 
 mod access;
 mod browser;
 mod guard;
+mod outboxes;
 mod pages;
 mod support;

@@ -233,6 +233,9 @@ pub struct DeadLetters {
     pool: PgPool,
     sql: Arc<Queries>,
     events: Events,
+    /// Recorded as `outbox` in each audit entry's selection (see
+    /// [`DeadLetters::naming`]).
+    outbox: Option<String>,
 }
 
 impl DeadLetters {
@@ -241,7 +244,16 @@ impl DeadLetters {
             events: Events::new(pool.clone(), schema),
             pool,
             sql: Arc::new(Queries::new(schema)),
+            outbox: None,
         }
+    }
+
+    /// The same operations, each audit entry naming `outbox` (e.g.
+    /// `<database>/<schema>`) in its selection, for a reader of many
+    /// outboxes' logs.
+    pub fn naming(mut self, outbox: impl Into<String>) -> Self {
+        self.outbox = Some(outbox.into());
+        self
     }
 
     /// Unresolved dead letters matching `filter`, oldest first, at most `limit`.
@@ -338,7 +350,11 @@ impl DeadLetters {
             }
             Selection::All(f) => self.count(f).await?,
         };
-        let selection_json = selection.to_json().to_string();
+        let mut selection_json = selection.to_json();
+        if let (Some(name), Value::Object(map)) = (&self.outbox, &mut selection_json) {
+            map.insert("outbox".to_owned(), Value::String(name.clone()));
+        }
+        let selection_json = selection_json.to_string();
         let mut after = 0_i64;
         loop {
             if stop() {

@@ -41,6 +41,11 @@ pub struct ServeArgs {
     /// A proxy (address or network, e.g. 10.0.0.0/8) whose X-Forwarded-For is believed; repeat for several [config: console.trusted_proxies]
     #[arg(long = "trusted-proxy", value_name = "CIDR")]
     pub trusted_proxies: Vec<Cidr>,
+
+    /// Serve many outboxes, each under /o/<database>/<schema>/, with an
+    /// overview of them all at / (users and sessions stay in --schema)
+    #[command(flatten)]
+    pub select: crate::tenants::SelectArgs,
 }
 
 /// `[console]` of the config file.
@@ -137,6 +142,11 @@ async fn serve(settings: &Settings, args: ServeArgs) -> Result<ExitCode, AnyErro
     settings.warn_if_unredacted("the console");
     let pool = settings.pool("postbox-console").await?;
     let mut config = ConsoleConfig::new(settings.schema.clone());
+    if crate::tenants::many(settings, &args.select) {
+        config.outboxes = crate::tenants::console_sources(settings, &args.select)?;
+        config.pool_size = settings.file.tenants.pool_size;
+        config.rediscover_every = settings.file.tenants.rediscover_interval;
+    }
     config.redactor = redactor;
     config.secure_cookies = args.secure_cookies;
     config.batch_size = args.batch_size;

@@ -1,0 +1,457 @@
+//! The outboxes a console serves: its home schema's alone, at `/` (the
+//! default), or many — the schemas and databases an outbox selection names,
+//! each under `/o/<database>/<schema>/`.
+//!
+//! Serving many, the [`Directory`] keeps one small pool per database (never
+//! one per outbox) and the outboxes found in each, listed again when the list
+//! is older than [`crate::ConsoleConfig::rediscover_every`] (checked by the
+//! all-outboxes overview and the backlog sampler) and when a request names an
+//! outbox the list does not hold (at most every few seconds). A database
+//! that cannot be listed keeps the outboxes found in it before, so they show
+//! as error rows rather than vanish.
+
+use crate::samples::Samples;
+use postbox::Schema;
+use postbox_store::{discovery, Backlog, ConsoleStore, DeadLetters, Store};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+/// A name filter (`--schemas`, `--databases`): true for the names to serve.
+#[derive(Clone)]
+pub struct NameMatch(Arc<dyn Fn(&str) -> bool + Send + Sync>);
+
+impl NameMatch {
+    pub fn new(matches: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
+        Self(Arc::new(matches))
+    }
+
+    pub fn matches(&self, name: &str) -> bool {
+        (self.0)(name)
+    }
+}
+
+impl std::fmt::Debug for NameMatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NameMatch(..)")
+    }
+}
+
+/// Where the outboxes of a console serving many are.
+#[derive(Clone, Debug)]
+pub enum OutboxSource {
+    /// One outbox: `schema` in the database `connect` points to (shown as an
+    /// error row when it is missing).
+    Outbox {
+        connect: PgConnectOptions,
+        schema: Schema,
+    },
+    /// Every schema `schemas` matches that holds a migrated outbox, in the
+    /// database `connect` points to or, with `databases`, in every database
+    /// of that server it matches (`connect`'s own database only lists them).
+    Discover {
+        connect: PgConnectOptions,
+        databases: Option<NameMatch>,
+        schemas: NameMatch,
+    },
+}
+
+/// One outbox the console shows, with its stores and its backlog history.
+pub(crate) struct Outbox {
+    /// `<database>/<schema>` (serving one outbox: the schema's name).
+    pub name: String,
+    pub schema: Schema,
+    /// Every page of this outbox is under this path (no trailing slash;
+    /// empty when the console serves one outbox at `/`).
+    pub base: String,
+    pub store: Store,
+    pub console: ConsoleStore,
+    pub dlq: DeadLetters,
+    pub samples: Samples,
+    database: String,
+    /// Which source found it.
+    source: usize,
+}
+
+impl Outbox {
+    /// The home schema's outbox, served at `/`.
+    pub fn home(pool: PgPool, schema: Schema) -> Self {
+        let store = Store::new(pool, schema.clone());
+        Self {
+            name: schema.name().to_owned(),
+            base: String::new(),
+            console: store.console(),
+            dlq: store.dead_letters(),
+            store,
+            samples: Samples::default(),
+            database: String::new(),
+            schema,
+            source: 0,
+        }
+    }
+
+    fn served(database: &str, schema: Schema, pool: PgPool, source: usize) -> Self {
+        let name = format!("{database}/{}", schema.name());
+        let store = Store::new(pool, schema.clone());
+        Self {
+            base: format!("/o/{}/{}", segment(database), segment(schema.name())),
+            console: store.console(),
+            dlq: store.dead_letters().naming(name.clone()),
+            store,
+            samples: Samples::default(),
+            database: database.to_owned(),
+            name,
+            schema,
+            source,
+        }
+    }
+
+    /// `path` (starting with `/`) inside this outbox's pages.
+    pub fn at(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+}
+
+/// A path segment: unreserved characters as they are, every other byte `%XX`.
+pub(crate) fn segment(name: &str) -> String {
+    percent_encoding::utf8_percent_encode(name, SEGMENT).to_string()
+}
+
+const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+/// A path segment decoded; `None` when it is not UTF-8.
+pub(crate) fn unsegment(s: &str) -> Option<String> {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .ok()
+        .map(|c| c.into_owned())
+}
+
+/// Something wrong above a single outbox: a server or database that cannot
+/// be listed.
+#[derive(Clone, Debug)]
+pub(crate) struct Problem {
+    pub what: String,
+    pub why: &'static str,
+}
+
+/// What the last discovery found.
+#[derive(Default)]
+pub(crate) struct Known {
+    /// By name.
+    pub outboxes: Vec<Arc<Outbox>>,
+    pub problems: Vec<Problem>,
+    listed_at: Option<Instant>,
+}
+
+impl Known {
+    fn find(&self, database: &str, schema: &str) -> Option<Arc<Outbox>> {
+        self.outboxes
+            .iter()
+            .find(|o| o.database == database && o.schema.name() == schema)
+            .cloned()
+    }
+}
+
+/// How soon a request naming an unknown outbox may list the outboxes again.
+const UNKNOWN_RELIST: Duration = Duration::from_secs(5);
+
+/// The outboxes of a console serving many, and a pool per database.
+pub(crate) struct Directory {
+    sources: Vec<OutboxSource>,
+    pool_size: u32,
+    rediscover: Duration,
+    pools: Mutex<HashMap<String, PgPool>>,
+    known: RwLock<Arc<Known>>,
+    listing: tokio::sync::Mutex<()>,
+}
+
+impl Directory {
+    pub fn new(sources: Vec<OutboxSource>, pool_size: u32, rediscover: Duration) -> Self {
+        Self {
+            sources,
+            pool_size: pool_size.max(1),
+            rediscover,
+            pools: Mutex::default(),
+            known: RwLock::default(),
+            listing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn known(&self) -> Arc<Known> {
+        match self.known.read() {
+            Ok(k) => k.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// The outboxes, listed again first when the list is older than the
+    /// rediscovery interval.
+    pub async fn current(&self) -> Arc<Known> {
+        self.listed_within(self.rediscover).await
+    }
+
+    /// The outbox `<database>/<schema>`, listing the outboxes again if it is
+    /// not known and the list is older than a few seconds.
+    pub async fn find(&self, database: &str, schema: &str) -> Option<Arc<Outbox>> {
+        if let Some(o) = self.known().find(database, schema) {
+            return Some(o);
+        }
+        self.listed_within(UNKNOWN_RELIST)
+            .await
+            .find(database, schema)
+    }
+
+    async fn listed_within(&self, age: Duration) -> Arc<Known> {
+        let _one_at_a_time = self.listing.lock().await;
+        let known = self.known();
+        if known.listed_at.is_some_and(|at| at.elapsed() < age) {
+            return known;
+        }
+        let fresh = Arc::new(self.list(&known).await);
+        match self.known.write() {
+            Ok(mut k) => *k = fresh.clone(),
+            Err(poisoned) => *poisoned.into_inner() = fresh.clone(),
+        }
+        fresh
+    }
+
+    /// The pool of `database` (made on first use; it connects lazily).
+    fn pool(&self, database: &str, connect: &PgConnectOptions) -> PgPool {
+        let mut pools = match self.pools.lock() {
+            Ok(p) => p,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        pools
+            .entry(database.to_owned())
+            .or_insert_with(|| {
+                PgPoolOptions::new()
+                    .max_connections(self.pool_size)
+                    .min_connections(0)
+                    .idle_timeout(Some(Duration::from_secs(10)))
+                    .acquire_timeout(Duration::from_secs(5))
+                    .connect_lazy_with(connect.clone())
+            })
+            .clone()
+    }
+
+    /// List every source's outboxes. What cannot be listed keeps what the
+    /// previous list (`before`) found there.
+    async fn list(&self, before: &Known) -> Known {
+        let mut found = Listing {
+            before,
+            known: Known::default(),
+        };
+        for (i, source) in self.sources.iter().enumerate() {
+            match source {
+                OutboxSource::Outbox { connect, schema } => {
+                    let database = database_of(connect);
+                    let pool = self.pool(&database, connect);
+                    found.add(&database, schema.clone(), pool, i);
+                }
+                OutboxSource::Discover {
+                    connect,
+                    databases,
+                    schemas,
+                } => {
+                    let own = database_of(connect);
+                    let targets = match databases {
+                        None => vec![(own, connect.clone())],
+                        Some(wanted) => {
+                            match discovery::databases(&self.pool(&own, connect)).await {
+                                Ok(names) => names
+                                    .into_iter()
+                                    .filter(|n| wanted.matches(n))
+                                    .map(|n| {
+                                        let options = connect.clone().database(&n);
+                                        (n, options)
+                                    })
+                                    .collect(),
+                                Err(e) => {
+                                    found.failed(
+                                        i,
+                                        None,
+                                        format!("the server of database {own}"),
+                                        &e,
+                                    );
+                                    continue;
+                                }
+                            }
+                        }
+                    };
+                    for (database, options) in targets {
+                        let pool = self.pool(&database, &options);
+                        match discovery::outbox_schemas(&pool).await {
+                            Ok(names) => {
+                                for name in names.iter().filter(|n| schemas.matches(n)) {
+                                    if let Ok(schema) = Schema::new(name) {
+                                        found.add(&database, schema, pool.clone(), i);
+                                    }
+                                }
+                            }
+                            Err(e) => {
+                                found.failed(i, Some(&database), format!("database {database}"), &e)
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let mut known = found.known;
+        known.outboxes.sort_by(|a, b| a.name.cmp(&b.name));
+        known.listed_at = Some(Instant::now());
+        known
+    }
+}
+
+/// A list being made.
+struct Listing<'a> {
+    before: &'a Known,
+    known: Known,
+}
+
+impl Listing<'_> {
+    fn add(&mut self, database: &str, schema: Schema, pool: PgPool, source: usize) {
+        if self.known.find(database, schema.name()).is_some() {
+            return;
+        }
+        // An outbox found again keeps its stores and its backlog history.
+        let outbox = self
+            .before
+            .find(database, schema.name())
+            .unwrap_or_else(|| Arc::new(Outbox::served(database, schema, pool, source)));
+        self.known.outboxes.push(outbox);
+    }
+
+    /// Source `source` (its `database`, or all of it) could not be listed:
+    /// say so, and keep what it held before.
+    fn failed(&mut self, source: usize, database: Option<&str>, what: String, e: &sqlx::Error) {
+        let why = unreadable(e).unwrap_or(CANNOT_LIST);
+        tracing::warn!(
+            what = %what,
+            error = %postbox::redact::sanitize_error(&e.to_string()),
+            "console: cannot list the outboxes"
+        );
+        self.known.problems.push(Problem { what, why });
+        let kept: Vec<Arc<Outbox>> = self
+            .before
+            .outboxes
+            .iter()
+            .filter(|o| o.source == source && database.is_none_or(|d| o.database == d))
+            .cloned()
+            .collect();
+        for o in kept {
+            if self.known.find(&o.database, o.schema.name()).is_none() {
+                self.known.outboxes.push(o);
+            }
+        }
+    }
+}
+
+const CANNOT_LIST: &str = "Its outboxes could not be listed; the console's log says why.";
+
+/// The database `connect` points to (PostgreSQL's default: the user's name).
+fn database_of(connect: &PgConnectOptions) -> String {
+    connect
+        .get_database()
+        .unwrap_or_else(|| connect.get_username())
+        .to_owned()
+}
+
+/// Why an outbox cannot be read, in a fixed phrase, when the error says it
+/// is missing or out of reach (not for other failures).
+pub(crate) fn unreadable(e: &sqlx::Error) -> Option<&'static str> {
+    match e {
+        sqlx::Error::Database(db) => {
+            let code = db.code();
+            let code = code.as_deref().unwrap_or("");
+            match code {
+                "42P01" | "3F000" => {
+                    Some("Its tables are missing: the schema was dropped, or is not migrated.")
+                }
+                "3D000" => Some("Its database does not exist (any more)."),
+                "42501" => Some("The console's database role may not read it."),
+                c if c.starts_with("28") => Some("Its database refused the console's credentials."),
+                c if c.starts_with("08") || c.starts_with("57P") || c.starts_with("53") => {
+                    Some("Its database does not answer.")
+                }
+                _ => None,
+            }
+        }
+        sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_) => Some("Its database does not answer."),
+        _ => None,
+    }
+}
+
+/// One outbox's line on the all-outboxes overview.
+pub(crate) struct Line {
+    pub outbox: Arc<Outbox>,
+    /// The backlog now, or why it cannot be read.
+    pub backlog: Result<Backlog, &'static str>,
+}
+
+/// The backlog of every outbox in `known`: per database, one outbox after
+/// the other over its pool (a connection at a time, whatever the number of
+/// schemas); databases side by side. Each backlog read is also kept as the
+/// outbox's sample for its charts.
+pub(crate) async fn backlogs(known: &Known) -> Vec<Line> {
+    let mut by_database: HashMap<&str, Vec<Arc<Outbox>>> = HashMap::new();
+    for o in &known.outboxes {
+        by_database.entry(&o.database).or_default().push(o.clone());
+    }
+    let reads = by_database.into_values().map(|outboxes| async move {
+        let mut lines = Vec::with_capacity(outboxes.len());
+        for outbox in outboxes {
+            let backlog = match outbox.samples.take(&outbox.console).await {
+                Ok(sample) => Ok(sample.backlog),
+                Err(e) => {
+                    tracing::warn!(
+                        outbox = %outbox.name,
+                        error = %postbox::redact::sanitize_error(&e.to_string()),
+                        "console: cannot read the outbox's backlog"
+                    );
+                    Err(unreadable(&e).unwrap_or("Reading it failed; the console's log says why."))
+                }
+            };
+            lines.push(Line { outbox, backlog });
+        }
+        lines
+    });
+    futures::future::join_all(reads)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_survive_the_path() {
+        for name in ["app", "app db", "a/b", "münchen", "x%41"] {
+            let s = segment(name);
+            assert!(!s.contains('/') && !s.contains(' '), "{s}");
+            assert_eq!(unsegment(&s).as_deref(), Some(name));
+        }
+        assert_eq!(segment("tenant_a-1.x"), "tenant_a-1.x");
+        assert_eq!(unsegment("%FF"), None);
+    }
+
+    #[test]
+    fn missing_tables_and_silent_databases_are_told_apart_from_other_failures() {
+        assert!(unreadable(&sqlx::Error::PoolTimedOut).is_some());
+        assert!(unreadable(&sqlx::Error::RowNotFound).is_none());
+    }
+}
