@@ -375,14 +375,22 @@ async fn bench_runs_on_tiny_inputs() {
         r["drain"]["log_ceiling_events_per_s"].as_f64().unwrap() > 0.0,
         "the pure-SQL log ceiling ran: {r}"
     );
-    assert_eq!(r["latency"].as_array().unwrap().len(), 5, "{r}");
+    assert_eq!(r["latency"].as_array().unwrap().len(), 6, "{r}");
     assert_eq!(
-        r["latency"][4]["mode"], "logical mode (emit, replication slot)",
+        r["latency"][5]["mode"], "logical mode (emit, replication slot)",
+        "{r}"
+    );
+    assert!(
+        r["latency"][5]["events"].as_u64().unwrap() > 0,
+        "logical mode delivered: {r}"
+    );
+    assert_eq!(
+        r["latency"][4]["mode"], "log mode, LISTEN/NOTIFY, asynchronous relay commits",
         "{r}"
     );
     assert!(
         r["latency"][4]["events"].as_u64().unwrap() > 0,
-        "logical mode delivered: {r}"
+        "log mode delivered with asynchronous cursor moves: {r}"
     );
     assert!(
         r["drain"]["logical_relay_events_per_s"].as_f64().unwrap() > 0.0,

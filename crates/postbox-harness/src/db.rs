@@ -111,3 +111,28 @@ fn retryable(e: &sqlx::Error) -> bool {
         _ => false,
     }
 }
+
+/// How long the workloads wait for a replication slot to be let go.
+pub const SLOT_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Drop logical mode's `slot` (true when it existed) once no session reads
+/// it: a relay that has just stopped leaves its server process behind for a
+/// moment, and PostgreSQL refuses to drop a slot in use (SQLSTATE 55006).
+/// Waits at most `patience` for that; any other error returns at once.
+pub async fn drop_slot_when_free(
+    logical: &postbox_store::Logical,
+    slot: &str,
+    patience: Duration,
+) -> Result<bool, sqlx::Error> {
+    let until = Instant::now() + patience;
+    loop {
+        match logical.drop_slot(slot).await {
+            Err(sqlx::Error::Database(e))
+                if e.code().as_deref() == Some("55006") && Instant::now() < until =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => return other,
+        }
+    }
+}

@@ -119,7 +119,8 @@ async fn run_on(
     );
     let result = run_shop(&pool, &schema, &shop, options).await;
     if options.mode == ReadMode::Logical {
-        if let Err(e) = shop.store.logical().drop_slot(SLOT).await {
+        let logical = shop.store.logical();
+        if let Err(e) = db::drop_slot_when_free(&logical, SLOT, db::SLOT_PATIENCE).await {
             tracing::warn!(error = %error_chain(&e), slot = SLOT, "could not drop the demo's replication slot: drop it with `postbox slot drop`");
         }
     }
@@ -398,7 +399,7 @@ impl Shop {
             ReadMode::Logical => {
                 // Before anyone emits: the slot decodes only what follows it.
                 let logical = self.store.logical();
-                logical.drop_slot(SLOT).await?;
+                db::drop_slot_when_free(&logical, SLOT, db::SLOT_PATIENCE).await?;
                 logical.ensure_slot(&mut conn, SLOT).await?;
             }
         }

@@ -1087,3 +1087,50 @@ async fn ordered_stream_order_holds_through_random_failures_and_a_restart() {
 async fn ordered_sql_order_holds_through_random_failures_and_a_restart() {
     order_holds_through_random_failures_and_a_restart(LogicalTransport::Sql).await;
 }
+
+/// Creating a slot waits for the transactions in progress to end; the
+/// creation then succeeds (PostgreSQL 15 failed it, after creating the slot,
+/// when it ran inside a PL/pgSQL function).
+#[tokio::test]
+async fn a_slot_is_created_while_another_transaction_is_open() {
+    let db = TestDb::new().await;
+    let (pool, schema) = (db.pool.clone(), db.schema.clone());
+    with_slot(db, move |slot| async move {
+        let mut open = pool.begin().await.unwrap();
+        let xid: String = sqlx::query_scalar("SELECT pg_current_xact_id()::text")
+            .fetch_one(&mut *open)
+            .await
+            .unwrap();
+        let logical = postbox_store::Store::new(pool.clone(), schema.clone()).logical();
+        let creating = {
+            let (pool, slot, logical) = (pool.clone(), slot.clone(), logical.clone());
+            tokio::spawn(async move {
+                let mut conn = pool.acquire().await.unwrap();
+                logical.ensure_slot(&mut conn, &slot).await
+            })
+        };
+        wait_for(
+            "the creation waits for the open transaction",
+            Duration::from_secs(60),
+            || async {
+                let waiting: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' \
+                 AND transactionid::text = $1 AND NOT granted",
+                )
+                .bind(&xid)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+                waiting > 0
+            },
+        )
+        .await;
+        open.commit().await.unwrap();
+        let created = creating.await.unwrap();
+        assert!(matches!(created, Ok(true)), "{created:?}");
+        let mut conn = pool.acquire().await.unwrap();
+        let again = logical.ensure_slot(&mut conn, &slot).await.unwrap();
+        assert!(!again, "an existing slot is not created again");
+    })
+    .await;
+}

@@ -9,10 +9,20 @@
 -- holder's session ends.
 SELECT pg_try_advisory_lock(hashtextextended('postbox.logical.' || $1, 0)) AS held;
 
+-- name: create_slot
+-- Create the slot when wal_level allows it and it does not exist yet, as a
+-- statement of its own (the first thing its transaction does): one row,
+-- true, when it was created; no row otherwise. Not through a PL/pgSQL
+-- function: PostgreSQL 15 fails a slot created inside one ("snapshot
+-- reference … is not owned by resource owner") whenever the creation had to
+-- wait for a concurrent transaction, after creating it.
+SELECT pg_create_logical_replication_slot($1, 'pgoutput') IS NOT NULL AS created
+WHERE current_setting('wal_level') = 'logical'
+  AND NOT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = $1);
+
 -- name: ensure_slot
--- Create the slot if it does not exist (the first thing its transaction
--- does); true when it was created. Fails naming wal_level when it is not
--- logical.
+-- When create_slot made nothing: false for an existing slot, or the error
+-- naming wal_level when it is not logical (SQLSTATE 55000).
 SELECT {schema}.logical_ensure_slot($1) AS created;
 
 -- name: ensure_publication

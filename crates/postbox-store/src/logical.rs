@@ -225,6 +225,7 @@ pub struct LogicalHandoff<'a> {
 struct Queries {
     prefix: Vec<u8>,
     lock: String,
+    create_slot: String,
     ensure_slot: String,
     ensure_publication: String,
     flush_lsn: String,
@@ -243,6 +244,7 @@ impl Queries {
         let queries = Self {
             prefix: format!("postbox.{}", schema.name()).into_bytes(),
             lock: file.render("lock", schema),
+            create_slot: file.render("create_slot", schema),
             ensure_slot: file.render("ensure_slot", schema),
             ensure_publication: file.render("ensure_publication", schema),
             flush_lsn: file.render("flush_lsn", schema),
@@ -304,10 +306,19 @@ impl Logical {
             .bind(slot)
             .execute(&mut *conn)
             .await?;
-        sqlx::query_scalar(trusted(&self.sql.ensure_slot))
+        let created: Option<bool> = sqlx::query_scalar(trusted(&self.sql.create_slot))
             .bind(slot)
-            .fetch_one(conn)
-            .await
+            .fetch_optional(&mut *conn)
+            .await?;
+        match created {
+            Some(created) => Ok(created),
+            None => {
+                sqlx::query_scalar(trusted(&self.sql.ensure_slot))
+                    .bind(slot)
+                    .fetch_one(conn)
+                    .await
+            }
+        }
     }
 
     /// The WAL position decoding may read up to now.

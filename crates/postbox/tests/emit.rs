@@ -23,7 +23,9 @@ where
     .execute(&db.pool)
     .await
     .unwrap();
-    sqlx::query(trusted(&db.sql("SELECT {schema}.logical_ensure_slot($1)")))
+    // A statement of its own, not through a PL/pgSQL function (see the
+    // store's create_slot).
+    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
         .bind(&slot)
         .execute(&db.pool)
         .await

@@ -26,7 +26,7 @@ pub struct VerifyArgs {
     /// How the relays read committed events: claim (the outbox), log (the
     /// append-only log; verify points the producers at it) or logical (the
     /// producers emit into the WAL; the relays read a replication slot)
-    #[arg(long, default_value = "claim", value_parser = parse_mode)]
+    #[arg(long, default_value = "claim", value_parser = super::parse_mode)]
     pub mode: ReadMode,
     /// The relays' relay.synchronous_commit: whether their claims and
     /// acknowledgements wait for the WAL flush
@@ -122,10 +122,6 @@ pub enum Plant {
     /// The consumer commits its inbox with synchronous_commit = off, then
     /// acknowledges the broker (lost only in a PostgreSQL crash)
     ConsumerAsyncCommit,
-}
-
-fn parse_mode(s: &str) -> Result<ReadMode, String> {
-    s.parse()
 }
 
 /// Exit status when a check fails (setup errors exit with 2).

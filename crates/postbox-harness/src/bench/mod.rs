@@ -463,7 +463,8 @@ impl Bench<'_> {
             logical.ensure_slot(&mut conn, &slot).await?;
         }
         let result = body.await;
-        let dropped = logical.drop_slot(&slot).await;
+        let dropped =
+            crate::db::drop_slot_when_free(&logical, &slot, crate::db::SLOT_PATIENCE).await;
         let value = result?;
         dropped?;
         Ok(value)

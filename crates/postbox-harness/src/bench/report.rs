@@ -326,10 +326,11 @@ pub(super) fn print_table(r: &BenchReport) {
     if let Some(s) = &r.log_sustained {
         crate::outln!();
         crate::outln!(
-            "sustained, log mode ({} events/s for {:.0} s, {} events, {} delivered; autovacuum off, no vacuum; relay peak RSS {:.1} MB)",
+            "sustained, log mode ({} events/s asked for {:.0} s, {} events produced ({:.0}/s reached), {} delivered; autovacuum off, no vacuum; relay peak RSS {:.1} MB)",
             s.rate,
             s.duration_s,
             s.events,
+            s.events as f64 / s.duration_s.max(1.0),
             s.delivered,
             s.relay_peak_rss_mb
         );

@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 
-const PRODUCERS: u64 = 4;
+/// Producer tasks sharing the rate: enough that a slow commit (a WAL flush,
+/// a busy core) does not hold the rate back.
+const PRODUCERS: u64 = 8;
 /// Events per producer transaction.
 const BATCH: u64 = 100;
 
