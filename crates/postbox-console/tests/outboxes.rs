@@ -554,7 +554,7 @@ async fn a_hundred_outboxes_overview_timing() {
         assert!(pages.iter().all(|p| p.body.contains(&listed)));
         println!(
             "overview of {n} outboxes, {label}: one viewer after the other {one_by_one:?} \
-             (the first lists them); ten viewers at once {ten_at_once:?}"
+             (after the sign-in page read them); ten viewers at once {ten_at_once:?}"
         );
         m.finish().await;
     }
