@@ -1,5 +1,6 @@
 //! `postbox console`: the real binary — users from standard input, serving,
-//! the config file's redaction, and a graceful stop on SIGTERM.
+//! the config file's redaction, a graceful stop on SIGTERM, and one console
+//! over the outboxes `--schemas` matches.
 
 use postbox::statements::trusted;
 use postbox_testkit::TestDb;
@@ -285,4 +286,105 @@ fn a_trusted_proxy_that_is_not_an_address_is_refused_by_its_flag() {
         err.contains("--trusted-proxy") && err.contains("not an IP address or network"),
         "{err}"
     );
+}
+
+#[tokio::test]
+async fn with_schemas_one_console_serves_every_matching_outbox() {
+    let home = TestDb::new().await;
+    let created = add_user(&home, "victor", "viewer", "correct horse battery");
+    assert!(created.status.success(), "{}", text(&created.stderr));
+    let prefix = postbox_testkit::unique("cnsl");
+    let (a, b) = (format!("{prefix}_a"), format!("{prefix}_b"));
+    let glob = format!("{prefix}_*");
+    for s in [&a, &b] {
+        sqlx::raw_sql(trusted(&format!("CREATE SCHEMA {s}")))
+            .execute(&home.pool)
+            .await
+            .unwrap();
+    }
+    let migrated = Command::new(env!("CARGO_BIN_EXE_postbox"))
+        .args(["migrate", "--schemas", &glob])
+        .env("DATABASE_URL", &home.url)
+        .env("POSTBOX_LOG", "warn")
+        .env_remove("POSTBOX_SCHEMA")
+        .env_remove("POSTBOX_CONFIG")
+        .output()
+        .unwrap();
+    assert!(migrated.status.success(), "{}", text(&migrated.stderr));
+    sqlx::query(trusted(&format!(
+        "SELECT {b}.enqueue('order.placed', 'order', '1', '{{}}')"
+    )))
+    .execute(&home.pool)
+    .await
+    .unwrap();
+    let database: String = sqlx::query_scalar(trusted("SELECT current_database()"))
+        .fetch_one(&home.pool)
+        .await
+        .unwrap();
+
+    let mut child = console(&home, &["--listen", "127.0.0.1:0", "--schemas", &glob])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        line
+    })
+    .await
+    .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("postbox console listening on http://")
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_owned();
+
+    // Signed in once, in the home schema.
+    let (head, body) = http(&addr, get("/sign-in", "")).await;
+    let form_cookie = set_cookie(&head, "postbox_sign_in=");
+    let token = hidden(&body, "csrf");
+    let sign_in = post(
+        "/sign-in",
+        &form_cookie,
+        &format!("csrf={token}&name=victor&password=correct+horse+battery&next=%2F"),
+    );
+    let (head, _) = http(&addr, sign_in).await;
+    assert!(head.starts_with("http/1.1 303"), "{head}");
+    let session = set_cookie(&head, "postbox_session=");
+
+    let (head, body) = http(&addr, get("/", &session)).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(body.contains("All outboxes"), "{body}");
+    assert!(body.contains("<strong>2</strong> outbox(es)"), "{body}");
+    for s in [&a, &b] {
+        assert!(
+            body.contains(&format!("data-outbox=\"{database}/{s}\"")),
+            "{s} is listed: {body}"
+        );
+    }
+    assert!(
+        !body.contains(&format!("data-outbox=\"{database}/{}\"", home.schema)),
+        "the home schema is not among them"
+    );
+    let (head, body) = http(&addr, get(&format!("/o/{database}/{b}/events"), &session)).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(body.contains("order.placed"), "{body}");
+
+    // SAFETY: signalling our own child process.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    for s in [&a, &b] {
+        sqlx::raw_sql(trusted(&format!("DROP SCHEMA {s} CASCADE")))
+            .execute(&home.pool)
+            .await
+            .unwrap();
+    }
+    home.drop_schema().await;
 }

@@ -282,6 +282,25 @@ async fn dlq_lists_and_replays_across_outboxes() {
         .unwrap();
         assert_eq!(failed, 0, "{s}: every dead letter is pending again");
     }
+    // Each outbox's audit entry names the outbox, as the console's do.
+    for (s, name, n) in [(&a, &name_a, 2_i64), (&b, &name_b, 1)] {
+        let entries: Vec<(String, String, i64, Option<String>)> = sqlx::query_as(trusted(
+            &format!("SELECT actor, action, count, selection->>'outbox' FROM {s}.audit_log"),
+        ))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            entries,
+            [(
+                "ops".to_owned(),
+                "dlq.replay".to_owned(),
+                n,
+                Some(name.clone())
+            )],
+            "{s}"
+        );
+    }
     let none = ok(postbox(&["dlq", "list", "--schemas", &glob])
         .output()
         .unwrap());

@@ -129,6 +129,8 @@ async fn choose_outbox(State(console): State<Console>, mut req: Request, next: N
         return Fail::NoOutbox.into_response();
     };
     *req.uri_mut() = uri;
+    // Its backlog is sampled for its charts while someone looks at it.
+    outbox.viewed();
     req.extensions_mut().insert(Chosen(outbox));
     next.run(req).await
 }
@@ -678,10 +680,10 @@ async fn overview(
     )))
 }
 
-/// The all-outboxes overview: every outbox's backlog, read now (a database's
-/// outboxes one after the other over its pool), those that cannot be read
-/// first, then ordered as asked (most dead letters first by default), a page
-/// at a time.
+/// The all-outboxes overview: every outbox's backlog (a database's outboxes
+/// read one after the other over its pool; one read shared by every viewer
+/// for `overview_cache_for`), those that cannot be read first, then ordered
+/// as asked (most dead letters first by default), a page at a time.
 async fn all_outboxes(
     console: &Console,
     session: &Session,
@@ -692,10 +694,9 @@ async fn all_outboxes(
     };
     let q = FormData::parse(query.unwrap_or_default().as_bytes());
     let order = views::OutboxOrder::parse(q.get("sort"));
-    let started = std::time::Instant::now();
-    let known = directory.current().await;
-    let mut lines = outboxes::backlogs(&known).await;
-    let took = started.elapsed();
+    let read = directory.overview().await;
+    let known = &read.known;
+    let mut lines = read.lines.to_vec();
     let mut total = postbox_store::Backlog::default();
     for b in lines.iter().filter_map(|l| l.backlog.as_ref().ok()) {
         total.pending += b.pending;
@@ -753,7 +754,8 @@ async fn all_outboxes(
             order,
             page: page_no,
             pages,
-            took,
+            took: read.took,
+            age: read.read_at.elapsed(),
             refresh_ms: refresh_ms(console),
         },
     )))

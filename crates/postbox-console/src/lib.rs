@@ -137,6 +137,14 @@ pub struct ConsoleConfig {
     /// How often the console samples the backlog for the overview's history
     /// chart (the last 30 minutes are kept, in memory).
     pub sample_every: Duration,
+    /// Serving many outboxes: an outbox's backlog is sampled for its charts
+    /// only while a page of it was viewed within this time (its charts show
+    /// the history since it was first viewed). Serving one, it always is.
+    pub watch_for: Duration,
+    /// Serving many outboxes: how long one read of every outbox's counts is
+    /// shown on the all-outboxes overview, to every viewer, before the next
+    /// request reads them again (zero: every request reads them).
+    pub overview_cache_for: Duration,
 }
 
 impl ConsoleConfig {
@@ -144,7 +152,9 @@ impl ConsoleConfig {
     /// a protected name), no trusted proxy, 20 replay or discard requests a
     /// minute, batches of 500, pages of 50, pages refreshed every 5 s, the
     /// backlog sampled every 10 s; serving many outboxes, 3 connections per
-    /// database and the outboxes listed again every 30 s.
+    /// database, the outboxes listed again every 30 s, an outbox sampled
+    /// for 10 minutes after its last page view and the overview's counts
+    /// read at most every 3 s.
     pub fn new(schema: Schema) -> Self {
         Self {
             schema,
@@ -162,6 +172,8 @@ impl ConsoleConfig {
             page_size: 50,
             refresh_every: Duration::from_secs(5),
             sample_every: Duration::from_secs(10),
+            watch_for: Duration::from_secs(10 * 60),
+            overview_cache_for: Duration::from_secs(3),
         }
     }
 }
@@ -188,7 +200,7 @@ pub(crate) enum Served {
     /// The home schema's outbox, at `/`.
     One(Arc<Outbox>),
     /// Many outboxes, each under its prefix.
-    Many(Directory),
+    Many(Box<Directory>),
 }
 
 /// The console application: its home schema over `pool`, and the outboxes
@@ -203,11 +215,12 @@ impl Console {
         let served = if config.outboxes.is_empty() {
             Served::One(Arc::new(Outbox::home(pool.clone(), config.schema.clone())))
         } else {
-            Served::Many(Directory::new(
+            Served::Many(Box::new(Directory::new(
                 config.outboxes.clone(),
                 config.pool_size,
                 config.rediscover_every,
-            ))
+                config.overview_cache_for,
+            )))
         };
         let inner = Inner {
             home: ConsoleStore::new(pool, &config.schema),
@@ -233,10 +246,32 @@ impl Console {
         handlers::router(self.clone())
     }
 
+    /// Take one backlog sample for the charts, as the sampler does every
+    /// [`ConsoleConfig::sample_every`] while the console serves: serving one
+    /// outbox, its backlog; serving many, the backlog of each outbox a page
+    /// of which was viewed within [`ConsoleConfig::watch_for`]. Returns the
+    /// names of the outboxes sampled (`<database>/<schema>`; serving one,
+    /// the schema's), those that could not be read left out.
+    pub async fn sample(&self) -> Vec<String> {
+        match &self.inner.served {
+            Served::One(outbox) => match outbox.samples.take(&outbox.console).await {
+                Ok(_) => vec![outbox.name.clone()],
+                Err(e) => {
+                    tracing::warn!(
+                        error = %postbox::redact::sanitize_error(&e.to_string()),
+                        "console: cannot sample the backlog for the overview chart"
+                    );
+                    Vec::new()
+                }
+            },
+            Served::Many(directory) => directory.sample_watched(self.inner.config.watch_for).await,
+        }
+    }
+
     /// Serve on `listener` until `shutdown` is cancelled; bulk actions still
     /// running are cancelled too (each stops after its current batch). The
     /// backlog is sampled for the overview's chart meanwhile (serving many
-    /// outboxes: every outbox's, a database's one after the other).
+    /// outboxes: the outboxes being viewed, see [`Console::sample`]).
     pub async fn serve(
         self,
         listener: tokio::net::TcpListener,
@@ -253,7 +288,7 @@ impl Console {
                 ));
             }
             Served::Many(_) => {
-                tokio::spawn(sample_all(self.clone(), every, shutdown.child_token()));
+                tokio::spawn(sample_watched(self.clone(), every, shutdown.child_token()));
             }
         }
         let app = self
@@ -268,12 +303,9 @@ impl Console {
     }
 }
 
-/// Serving many outboxes: sample every outbox's backlog every `every`
-/// (listing the outboxes again when the list is old) until `stop`.
-async fn sample_all(console: Console, every: Duration, stop: CancellationToken) {
-    let Served::Many(directory) = &console.inner.served else {
-        return;
-    };
+/// Serving many outboxes: sample the backlog of the outboxes being viewed
+/// every `every` until `stop`.
+async fn sample_watched(console: Console, every: Duration, stop: CancellationToken) {
     let mut tick = tokio::time::interval(every.max(Duration::from_millis(100)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -281,8 +313,7 @@ async fn sample_all(console: Console, every: Duration, stop: CancellationToken) 
             () = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let known = directory.current().await;
-        outboxes::backlogs(&known).await;
+        console.sample().await;
     }
 }
 

@@ -9,6 +9,13 @@
 //! outbox the list does not hold (at most every few seconds). A database
 //! that cannot be listed keeps the outboxes found in it before, so they show
 //! as error rows rather than vanish.
+//!
+//! Two things keep a console over hundreds of outboxes frugal: the overview's
+//! counts are read once for every viewer within
+//! [`crate::ConsoleConfig::overview_cache_for`] ([`Directory::overview`]), and
+//! the backlog sampler reads only the outboxes whose pages someone viewed
+//! within [`crate::ConsoleConfig::watch_for`] ([`Directory::sample_watched`]);
+//! nobody looking, the console sends no query at all.
 
 use crate::samples::Samples;
 use postbox::Schema;
@@ -73,6 +80,8 @@ pub(crate) struct Outbox {
     database: String,
     /// Which source found it.
     source: usize,
+    /// When a page of this outbox was last asked for.
+    viewed: Mutex<Option<Instant>>,
 }
 
 impl Outbox {
@@ -89,6 +98,7 @@ impl Outbox {
             database: String::new(),
             schema,
             source: 0,
+            viewed: Mutex::new(None),
         }
     }
 
@@ -105,12 +115,30 @@ impl Outbox {
             name,
             schema,
             source,
+            viewed: Mutex::new(None),
         }
+    }
+
+    /// Someone asked for a page of this outbox now.
+    pub fn viewed(&self) {
+        *lock(&self.viewed) = Some(Instant::now());
+    }
+
+    /// Whether a page of this outbox was asked for within `window`.
+    pub fn watched_within(&self, window: Duration) -> bool {
+        lock(&self.viewed).is_some_and(|at| at.elapsed() < window)
     }
 
     /// `path` (starting with `/`) inside this outbox's pages.
     pub fn at(&self, path: &str) -> String {
         format!("{}{path}", self.base)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
     }
 }
 
@@ -170,10 +198,29 @@ pub(crate) struct Directory {
     pools: Mutex<HashMap<String, PgPool>>,
     known: RwLock<Arc<Known>>,
     listing: tokio::sync::Mutex<()>,
+    /// The overview's last read, and how long it is shown to every viewer.
+    overview: tokio::sync::Mutex<Option<Overview>>,
+    cache_for: Duration,
+}
+
+/// Every outbox's backlog as one read of the overview found it.
+#[derive(Clone)]
+pub(crate) struct Overview {
+    /// The list of outboxes read.
+    pub known: Arc<Known>,
+    pub lines: Arc<[Line]>,
+    pub read_at: Instant,
+    /// How long the read took.
+    pub took: Duration,
 }
 
 impl Directory {
-    pub fn new(sources: Vec<OutboxSource>, pool_size: u32, rediscover: Duration) -> Self {
+    pub fn new(
+        sources: Vec<OutboxSource>,
+        pool_size: u32,
+        rediscover: Duration,
+        cache_for: Duration,
+    ) -> Self {
         Self {
             sources,
             pool_size: pool_size.max(1),
@@ -181,7 +228,62 @@ impl Directory {
             pools: Mutex::default(),
             known: RwLock::default(),
             listing: tokio::sync::Mutex::new(()),
+            overview: tokio::sync::Mutex::new(None),
+            cache_for,
         }
+    }
+
+    /// Every outbox's backlog for the overview: the last read while it is
+    /// younger than the cache time and the list of outboxes has not been
+    /// made again since, else a new read. Requests that arrive during a
+    /// read wait for it and share it, so any number of viewers cost one
+    /// read per cache time.
+    pub async fn overview(&self) -> Overview {
+        let known = self.current().await;
+        let mut last = self.overview.lock().await;
+        if let Some(o) = last.as_ref() {
+            if Arc::ptr_eq(&o.known, &known) && o.read_at.elapsed() < self.cache_for {
+                return o.clone();
+            }
+        }
+        let started = Instant::now();
+        let lines = backlogs(&known.outboxes).await;
+        let read = Overview {
+            known,
+            lines: lines.into(),
+            read_at: Instant::now(),
+            took: started.elapsed(),
+        };
+        *last = Some(read.clone());
+        read
+    }
+
+    /// Take a backlog sample of every outbox a page of which was asked for
+    /// within `window` (per database one after the other, databases side by
+    /// side); the names of those sampled. The outboxes are not listed again
+    /// for this: an idle console sends no query.
+    pub async fn sample_watched(&self, window: Duration) -> Vec<String> {
+        let watched: Vec<Arc<Outbox>> = self
+            .known()
+            .outboxes
+            .iter()
+            .filter(|o| o.watched_within(window))
+            .cloned()
+            .collect();
+        let mut sampled: Vec<String> = backlogs(&watched)
+            .await
+            .into_iter()
+            .filter_map(|line| {
+                let sample = crate::samples::Sample {
+                    at: chrono::Utc::now(),
+                    backlog: line.backlog.ok()?,
+                };
+                line.outbox.samples.push(sample);
+                Some(line.outbox.name.clone())
+            })
+            .collect();
+        sampled.sort();
+        sampled
     }
 
     fn known(&self) -> Arc<Known> {
@@ -394,26 +496,26 @@ pub(crate) fn unreadable(e: &sqlx::Error) -> Option<&'static str> {
 }
 
 /// One outbox's line on the all-outboxes overview.
+#[derive(Clone)]
 pub(crate) struct Line {
     pub outbox: Arc<Outbox>,
     /// The backlog now, or why it cannot be read.
     pub backlog: Result<Backlog, &'static str>,
 }
 
-/// The backlog of every outbox in `known`: per database, one outbox after
+/// The backlog of each of `outboxes` now: per database, one outbox after
 /// the other over its pool (a connection at a time, whatever the number of
-/// schemas); databases side by side. Each backlog read is also kept as the
-/// outbox's sample for its charts.
-pub(crate) async fn backlogs(known: &Known) -> Vec<Line> {
+/// schemas); databases side by side.
+pub(crate) async fn backlogs(outboxes: &[Arc<Outbox>]) -> Vec<Line> {
     let mut by_database: HashMap<&str, Vec<Arc<Outbox>>> = HashMap::new();
-    for o in &known.outboxes {
+    for o in outboxes {
         by_database.entry(&o.database).or_default().push(o.clone());
     }
     let reads = by_database.into_values().map(|outboxes| async move {
         let mut lines = Vec::with_capacity(outboxes.len());
         for outbox in outboxes {
-            let backlog = match outbox.samples.take(&outbox.console).await {
-                Ok(sample) => Ok(sample.backlog),
+            let backlog = match outbox.console.backlog().await {
+                Ok(backlog) => Ok(backlog),
                 Err(e) => {
                     tracing::warn!(
                         outbox = %outbox.name,

@@ -455,6 +455,9 @@ pub(crate) struct OutboxesView<'a> {
     pub pages: usize,
     /// How long reading every outbox's backlog took.
     pub took: std::time::Duration,
+    /// How long ago that read was (the overview's counts are shared for a
+    /// few seconds).
+    pub age: std::time::Duration,
     pub refresh_ms: u64,
 }
 
@@ -501,7 +504,11 @@ pub(crate) fn outboxes(here: &Frame<'_>, v: &OutboxesView<'_>) -> Markup {
                     @if v.unreadable > 0 { ", " strong.warn-text { (v.unreadable) } " that cannot be read" }
                     ": " strong { (v.total.pending) } " pending (" (v.total.retrying) " retrying), "
                     strong { (v.total.dead_letters) } " dead letter(s). "
-                    span.muted.small { "Read in " (v.took.as_millis()) " ms." }
+                    span.muted.small {
+                        "Read in " (v.took.as_millis()) " ms"
+                        @if v.age.as_secs() >= 1 { ", " (v.age.as_secs()) " s ago" }
+                        "."
+                    }
                 }
                 @for p in v.problems {
                     p.error.problem role="alert" { strong { (p.what) } ": " (p.why) }

@@ -4,7 +4,7 @@
 use crate::support::{dead_letters, Agent, Harness};
 use postbox::statements::trusted;
 use postbox::{NewEvent, Schema};
-use postbox_console::{NameMatch, OutboxSource, Role};
+use postbox_console::{ConsoleConfig, NameMatch, OutboxSource, Role};
 use postbox_testkit::{wait_for, TestDb};
 use reqwest::StatusCode;
 use sqlx::postgres::PgConnectOptions;
@@ -23,15 +23,26 @@ struct Many {
 
 impl Many {
     async fn start(n: usize) -> Many {
+        Self::start_with(n, |_| {}).await
+    }
+
+    /// `n` tenants, the console's config adjusted by `tune`.
+    async fn start_with(n: usize, tune: impl FnOnce(&mut ConsoleConfig)) -> Many {
         let mut tenants = Vec::new();
         for _ in 0..n {
             tenants.push(TestDb::new().await);
         }
         let names: HashSet<String> = tenants.iter().map(|t| t.schema.name().to_owned()).collect();
-        Self::serving(tenants, names).await
+        Self::serving(tenants, names, tune).await
     }
 
-    async fn serving(tenants: Vec<TestDb>, names: HashSet<String>) -> Many {
+    /// A console serving the schemas `names`; unless `tune` says otherwise,
+    /// the overview reads the counts on every request.
+    async fn serving(
+        tenants: Vec<TestDb>,
+        names: HashSet<String>,
+        tune: impl FnOnce(&mut ConsoleConfig),
+    ) -> Many {
         let connect = PgConnectOptions::from_str(&postbox_testkit::database_url())
             .unwrap()
             .application_name("postbox-console");
@@ -43,6 +54,8 @@ impl Many {
             }];
             // Listed once: a schema dropped during a test stays known.
             c.rediscover_every = Duration::from_secs(3600);
+            c.overview_cache_for = Duration::ZERO;
+            tune(c);
         })
         .await;
         let database: String = sqlx::query_scalar(trusted("SELECT current_database()"))
@@ -405,42 +418,150 @@ async fn a_dropped_schema_is_an_error_row_while_the_other_outboxes_still_work() 
     m.finish().await;
 }
 
-/// How long the all-outboxes overview takes over 100 outboxes (one database,
-/// so one pool): `cargo test -p postbox-console --test main -- --ignored
-/// a_hundred_outboxes --nocapture`.
+/// The points of the pending line of an outbox overview's backlog chart.
+fn chart_points(page: &str) -> usize {
+    let chart = &page[page.find("id=\"backlog-chart\"").expect("a backlog chart")..];
+    let series = &chart[chart.find("data-series=\"pending\"").unwrap()..];
+    let tag = &series[..series.find('>').unwrap()];
+    match tag.find("points=\"") {
+        Some(at) => {
+            let points = &tag[at + 8..];
+            points[..points.find('"').unwrap()].split(' ').count()
+        }
+        None => 1,
+    }
+}
+
+#[tokio::test]
+async fn only_the_outboxes_someone_views_are_sampled_for_their_charts() {
+    // The test takes every sample itself.
+    let m = Many::start_with(3, |c| c.sample_every = Duration::from_secs(3600)).await;
+    let mut viewer = m.h.signed_in("victor", Role::Viewer).await;
+    assert_eq!(m.h.console.sample().await, Vec::<String>::new());
+    // The overview of them all views none of them.
+    assert_eq!(viewer.get("/").await.status, StatusCode::OK);
+    assert_eq!(m.h.console.sample().await, Vec::<String>::new());
+
+    assert_eq!(viewer.get(&m.at(1, "/")).await.status, StatusCode::OK);
+    assert_eq!(m.h.console.sample().await, [m.name(1)]);
+    // Any page of an outbox counts; a viewed outbox stays sampled.
+    assert_eq!(viewer.get(&m.at(0, "/events")).await.status, StatusCode::OK);
+    let mut both = vec![m.name(0), m.name(1)];
+    both.sort();
+    assert_eq!(m.h.console.sample().await, both);
+    // Its chart shows the samples taken since (two, and the backlog now);
+    // the other's one, and the backlog now.
+    assert_eq!(chart_points(&viewer.get(&m.at(1, "/")).await.body), 3);
+    assert_eq!(chart_points(&viewer.get(&m.at(0, "/")).await.body), 2);
+    assert_eq!(chart_points(&viewer.get(&m.at(2, "/")).await.body), 1);
+    m.finish().await;
+
+    // Viewed longer ago than `watch_for`: no longer sampled.
+    let m = Many::start_with(1, |c| c.watch_for = Duration::ZERO).await;
+    let mut viewer = m.h.signed_in("victor", Role::Viewer).await;
+    assert_eq!(viewer.get(&m.at(0, "/")).await.status, StatusCode::OK);
+    assert_eq!(m.h.console.sample().await, Vec::<String>::new());
+    m.finish().await;
+
+    // Serving one outbox, it is always sampled.
+    let one = crate::support::Harness::start().await;
+    assert_eq!(
+        one.console.sample().await,
+        [one.db.schema.name().to_owned()]
+    );
+    one.finish().await;
+}
+
+#[tokio::test]
+async fn every_viewer_shares_one_read_of_the_overview_for_a_few_seconds() {
+    let m = Many::start_with(2, |c| c.overview_cache_for = Duration::from_secs(5)).await;
+    let mut victor = m.h.signed_in("victor", Role::Viewer).await;
+    let mut vera = m.h.signed_in("vera", Role::Viewer).await;
+    let dead = |page: &str| cell(row(page, &m.name(0)), "num dead");
+    assert_eq!(dead(&victor.get("/").await.body), "0");
+    dead_letters(&m.tenants[0], "invoice.sent", 2).await;
+    // Within the cache time, every viewer sees the same read.
+    assert_eq!(dead(&vera.get("/").await.body), "0");
+    assert_eq!(dead(&victor.get("/").await.body), "0");
+    // An outbox's own pages read it now.
+    let own = victor.get(&m.at(0, "/dead-letters")).await.body;
+    assert!(own.contains("<strong>2</strong> unresolved"), "{own}");
+    // Then the overview reads the counts again.
+    let vera = tokio::sync::Mutex::new(vera);
+    wait_for(
+        "the overview's next read",
+        Duration::from_secs(30),
+        || async { dead(&vera.lock().await.get("/").await.body) == "2" },
+    )
+    .await;
+    m.finish().await;
+}
+
+/// How long the all-outboxes overview takes over many outboxes in one
+/// database (one pool), read on every request and shared for 3 s (the
+/// default), one viewer after the other and ten at once:
+/// `POSTBOX_OUTBOXES=520 cargo test --workspace --test main -- --ignored
+/// a_hundred_outboxes --nocapture` (100 outboxes without the variable).
 #[tokio::test]
 #[ignore = "a measurement: prints how long the overview of 100 outboxes takes"]
 async fn a_hundred_outboxes_overview_timing() {
+    let n: usize = std::env::var("POSTBOX_OUTBOXES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
     let seed = TestDb::new().await;
     let prefix = postbox_testkit::unique("m_");
-    let mut names = HashSet::new();
-    let mut conn = seed.pool.acquire().await.unwrap();
-    for i in 0..100 {
-        let schema = Schema::new(&format!("{prefix}_{i:03}")).unwrap();
-        postbox::sqlx::migrate(&mut conn, &schema).await.unwrap();
-        names.insert(schema.name().to_owned());
-    }
-    drop(conn);
-    let m = Many::serving(Vec::new(), names.clone()).await;
-    let mut viewer = m.h.signed_in("victor", Role::Viewer).await;
-    let mut took = Vec::new();
-    for _ in 0..6 {
+    let names: Vec<String> = (0..n).map(|i| format!("{prefix}_{i:03}")).collect();
+    let migrations = names.chunks(n.div_ceil(3)).map(|chunk| {
+        let pool = seed.pool.clone();
+        async move {
+            let mut conn = pool.acquire().await.unwrap();
+            for name in chunk {
+                let schema = Schema::new(name).unwrap();
+                postbox::sqlx::migrate(&mut conn, &schema).await.unwrap();
+            }
+        }
+    });
+    futures::future::join_all(migrations).await;
+    let names: HashSet<String> = names.into_iter().collect();
+    let listed = format!("<strong>{n}</strong> outbox(es)");
+    for (label, cache) in [
+        ("read on every request", Duration::ZERO),
+        ("shared for 3 s", Duration::from_secs(3)),
+    ] {
+        let m = Many::serving(Vec::new(), names.clone(), |c| {
+            c.overview_cache_for = cache;
+            // Eleven viewers sign in from one address.
+            c.sign_in_limit = postbox_console::RateLimit::per_minute(60);
+        })
+        .await;
+        let mut viewer = m.h.signed_in("victor", Role::Viewer).await;
+        let mut one_by_one = Vec::new();
+        for _ in 0..6 {
+            let started = std::time::Instant::now();
+            let page = viewer.get("/").await;
+            one_by_one.push(started.elapsed());
+            assert_eq!(page.status, StatusCode::OK);
+            assert!(page.body.contains(&listed), "{}", page.body);
+        }
+        let mut viewers = Vec::new();
+        for i in 0..10 {
+            viewers.push(m.h.signed_in(&format!("viewer{i}"), Role::Viewer).await);
+        }
         let started = std::time::Instant::now();
-        let page = viewer.get("/").await;
-        took.push(started.elapsed());
-        assert_eq!(page.status, StatusCode::OK);
-        assert!(
-            page.body.contains("<strong>100</strong> outbox(es)"),
-            "{}",
-            page.body
+        let pages = futures::future::join_all(viewers.iter_mut().map(|v| v.get("/"))).await;
+        let ten_at_once = started.elapsed();
+        assert!(pages.iter().all(|p| p.body.contains(&listed)));
+        println!(
+            "overview of {n} outboxes, {label}: one viewer after the other {one_by_one:?} \
+             (after the sign-in page read them); ten viewers at once {ten_at_once:?}"
         );
+        m.finish().await;
     }
-    println!("overview of 100 outboxes: {took:?} (the first lists them)");
     for n in &names {
         let _ = sqlx::raw_sql(trusted(&format!("DROP SCHEMA {n} CASCADE")))
             .execute(&seed.pool)
             .await;
     }
-    m.finish().await;
     seed.drop_schema().await;
 }

@@ -16,6 +16,8 @@ pub const PASSWORD: &str = "correct horse battery";
 pub struct Harness {
     pub db: TestDb,
     pub addr: SocketAddr,
+    /// The console being served (for what its API offers besides HTTP).
+    pub console: Console,
     stop: CancellationToken,
 }
 
@@ -38,7 +40,12 @@ impl Harness {
         let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
         tokio::spawn(console.clone().serve(listener, stop.clone()));
-        Harness { db, addr, stop }
+        Harness {
+            db,
+            addr,
+            console,
+            stop,
+        }
     }
 
     pub fn url(&self, path: &str) -> String {

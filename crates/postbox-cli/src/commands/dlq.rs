@@ -416,7 +416,8 @@ async fn act(dlq: &DeadLetters, target: &TargetArgs, action: Action) -> Result<E
 }
 
 /// `dlq replay|discard --schemas GLOB`: the action on every matching outbox
-/// in turn, each audited in its own schema. An event id is skipped only if no
+/// in turn, each audited in its own schema with `"outbox": "<database>/<schema>"`
+/// in the entry's selection. An event id is skipped only if no
 /// outbox holds it as an unresolved dead letter.
 async fn act_many(
     settings: &Settings,
@@ -433,7 +434,10 @@ async fn act_many(
     let (mut count, mut batches) = (0, 0);
     let mut taken = std::collections::HashSet::new();
     for outbox in &found {
-        let dlq = Store::new(outbox.pool.clone(), outbox.schema.clone()).dead_letters();
+        // Each audit entry names its outbox, as the console's do.
+        let dlq = Store::new(outbox.pool.clone(), outbox.schema.clone())
+            .dead_letters()
+            .naming(outbox.name.clone());
         let applied = dlq
             .apply(&selection, &action, &actor, target.batch_size, |_| {})
             .await
