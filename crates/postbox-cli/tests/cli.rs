@@ -625,6 +625,59 @@ async fn log_mode_from_migrate_to_a_drained_relay_and_back() {
 }
 
 #[tokio::test]
+async fn emit_sequence_round_trips_and_ordered_logical_relays_need_it() {
+    let db = TestDb::empty().await;
+    ok(postbox(&db, &["migrate"]));
+    let numbered = || async {
+        db.count("SELECT count(*) FROM {schema}.logical_settings WHERE numbered_emits")
+            .await
+            == 1
+    };
+    assert!(!numbered().await, "off by default");
+    let status = ok(postbox(&db, &["status"]));
+    assert!(status.contains("emits       not numbered"), "{status}");
+    // An ordered relay in logical mode refuses to start, saying what to run.
+    let refused = postbox(
+        &db,
+        &[
+            "relay",
+            "--mode",
+            "logical",
+            "--ordered",
+            "--sink",
+            "stdout",
+            "--slot",
+            "never_created",
+        ],
+    );
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("run `postbox migrate --emit-sequence on`"),
+        "{}",
+        stderr(&refused)
+    );
+    for _ in 0..2 {
+        let on = ok(postbox(&db, &["migrate", "--emit-sequence", "on"]));
+        assert!(on.contains("emits are numbered"), "{on}");
+        assert!(numbered().await);
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(postbox(&db, &["status", "--json"]))).unwrap();
+    assert_eq!(json["numbered_emits"], true, "{json}");
+    let off = ok(postbox(&db, &["migrate", "--emit-sequence", "off"]));
+    assert!(off.contains("emits are not numbered"), "{off}");
+    assert!(!numbered().await);
+    let bad = postbox(&db, &["migrate", "--emit-sequence", "maybe"]);
+    assert!(!bad.status.success());
+    assert!(
+        stderr(&bad).contains("--emit-sequence") && stderr(&bad).contains("on or off"),
+        "{}",
+        stderr(&bad)
+    );
+    db.drop_schema().await;
+}
+
+#[tokio::test]
 async fn enqueue_schedules_events_and_status_counts_them_apart() {
     let db = TestDb::new().await;
     let args = |extra: &[&str]| {

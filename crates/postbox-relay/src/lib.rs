@@ -40,7 +40,7 @@ pub use postbox::redact;
 pub use config::{ConfigError, LogicalTransport, ReadMode, RelayConfig};
 pub use health::HealthConfig;
 pub use postbox_store::Store;
-pub use relay::{Relay, RunMode, Stats, StatsSnapshot};
+pub use relay::{Relay, RunMode, StartError, Stats, StatsSnapshot};
 pub use retention::RetentionConfig;
 pub use router::{Destination, PoisonPolicy, RouteConfig, Router};
 pub use sink::{Message, Outcome, Sink, SinkError};

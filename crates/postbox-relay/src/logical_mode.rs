@@ -25,7 +25,7 @@
 //! so the slot never waits for it.
 
 use crate::backoff;
-use crate::config::LogicalTransport;
+use crate::config::{LogicalTransport, ReadMode};
 use crate::metrics as m;
 use crate::page::{Item, Outbox};
 use crate::redact::sanitize_error;
@@ -114,6 +114,8 @@ pub(crate) async fn read_loop(shared: Arc<Shared>, mode: RunMode) {
                 if let ReadError::Lost { .. } = e {
                     metrics::gauge!(m::SLOT_INVALIDATED, "slot" => slot.clone()).set(1.0);
                     tracing::error!(%slot, %error, retry_in = ?delay, "the replication slot is invalidated: the relay does not read on until it is dropped and re-created");
+                } else if let ReadError::Unnumbered(_) = e {
+                    tracing::error!(%slot, %error, retry_in = ?delay, "logical mode does not read with ordered routes while emits are not numbered");
                 } else if let ReadError::Refused { .. } = e {
                     tracing::error!(%slot, %error, retry_in = ?delay, "logical mode cannot open a replication connection: the server refused it");
                 } else if error.contains("wal_level") {
@@ -137,6 +139,9 @@ pub(crate) enum ReadError {
     /// The replication stream failed (connection lost, server error).
     #[error("the replication stream failed: {0}")]
     Stream(String),
+    /// Ordered routes, and the schema's emits are not numbered.
+    #[error(transparent)]
+    Unnumbered(#[from] crate::relay::StartError),
     /// The server refused the replication connection; `what` says what to
     /// set.
     #[error("the server refused the replication connection ({error}): {what}")]
@@ -165,6 +170,9 @@ pub(crate) async fn open(
     logical: &Logical,
     slot: &str,
 ) -> Result<Option<Opened>, ReadError> {
+    // Ordered routes order an aggregate's events by their sequence: read
+    // nothing while the schema's emits carry none.
+    crate::relay::check_numbered_emits(&shared.store, &shared.router, ReadMode::Logical).await?;
     let mut conn = shared.store.pool().acquire().await?.detach();
     if !logical.lock(&mut conn, slot).await? {
         return Ok(None);

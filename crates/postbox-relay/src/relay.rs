@@ -157,6 +157,53 @@ impl Shared {
 #[derive(Debug)]
 pub(crate) struct Stopped;
 
+/// Why a relay refuses to start (see [`Relay::check_start`]).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Ordered routes in logical mode, and the schema's emits carry no
+    /// sequence to order by.
+    #[error(
+        "schema {schema}: ordered routes in logical mode need numbered emits: run `postbox \
+         migrate --emit-sequence on` (each emit then updates its aggregate's counter row)"
+    )]
+    UnnumberedEmits { schema: String },
+    /// The database could not be asked.
+    #[error("schema {schema}: cannot read logical mode's settings (is the schema migrated?)")]
+    Settings {
+        schema: String,
+        #[source]
+        source: sqlx::Error,
+    },
+}
+
+/// Ordered routes in logical mode need the schema's emits numbered
+/// (migration 17): `Ok` when they are, or when the relay has no ordered
+/// routes or does not read in logical mode.
+pub(crate) async fn check_numbered_emits(
+    store: &Store,
+    router: &Router,
+    mode: ReadMode,
+) -> Result<(), StartError> {
+    if mode != ReadMode::Logical || router.claim_order().is_none() {
+        return Ok(());
+    }
+    let schema = || store.schema().name().to_owned();
+    let numbered =
+        store
+            .logical()
+            .numbered_emits()
+            .await
+            .map_err(|source| StartError::Settings {
+                schema: schema(),
+                source,
+            })?;
+    if numbered {
+        Ok(())
+    } else {
+        Err(StartError::UnnumberedEmits { schema: schema() })
+    }
+}
+
 const DB_RETRY_BASE: Duration = Duration::from_millis(100);
 const DB_RETRY_MAX: Duration = Duration::from_secs(10);
 const RESCUE_LIMIT: i64 = 1000;
@@ -256,6 +303,15 @@ impl Relay {
         config.validate()?;
         self.health = config.enabled.then_some(config);
         Ok(self)
+    }
+
+    /// What the relay checks in the database before it starts: with
+    /// ordered routes in logical mode, that the schema's emits are numbered
+    /// (`postbox migrate --emit-sequence on`; without a sequence an emitted
+    /// event is delivered unordered). `run` checks it too, each time its
+    /// logical reader opens the slot, and reads nothing while it fails.
+    pub async fn check_start(&self) -> Result<(), StartError> {
+        check_numbered_emits(&self.store, &self.router, self.config.mode).await
     }
 
     /// Live counters (for progress reports and metrics).

@@ -237,7 +237,7 @@ async fn emitted_events_are_delivered_in_commit_order_and_rolled_back_ones_never
         );
         assert_eq!(stats.delivered, n as u64);
         let first = sink.seen.lock().unwrap().messages[0].clone();
-        assert_eq!(first.sequence, Some(1), "its aggregate's first event");
+        assert_eq!(first.sequence, None, "emits are not numbered by default");
         assert_eq!(first.payload.get(), r#"{"i": 1}"#);
         let rows: i64 = sqlx::query_scalar(trusted(
             &schema.render("SELECT count(*) FROM {schema}.outbox"),
@@ -712,7 +712,7 @@ async fn draining_stops_once_it_has_read_what_was_committed_before_it_started() 
 }
 
 // Ordered routes in logical mode: emitted events carry their aggregate's
-// sequence (migration 16); an aggregate's events the destination has not
+// sequence once emits are numbered (migrations 16 and 17); an aggregate's events the destination has not
 // taken wait in the outbox, where the ordered claim delivers them, and its
 // later events join them there.
 
@@ -743,6 +743,85 @@ async fn emit_aggregates(
 
 fn ordered(sink: Arc<OrderSink>, poison: PoisonPolicy) -> Router {
     Router::single(sink).all_ordered(poison)
+}
+
+/// `postbox migrate --emit-sequence on`: ordered routes in logical mode
+/// need it.
+async fn number_emits(pool: &sqlx::PgPool, schema: &postbox::Schema) {
+    postbox_relay::Store::new(pool.clone(), schema.clone())
+        .logical()
+        .set_numbered_emits(true)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn ordered_routes_refuse_to_read_until_emits_are_numbered() {
+    let db = TestDb::new().await;
+    let (pool, schema) = (db.pool.clone(), db.schema.clone());
+    with_slot(db, |slot| async move {
+        let store = postbox_relay::Store::new(pool.clone(), schema.clone());
+        assert!(
+            !store.logical().numbered_emits().await.unwrap(),
+            "off by default"
+        );
+        let sink = OrderSink::new(|_| Outcome::Delivered);
+        let relay =
+            |router: Router| Relay::with_router(store.clone(), router, config(&slot)).unwrap();
+        let refused = relay(ordered(sink.clone(), PoisonPolicy::Block))
+            .check_start()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(refused, postbox_relay::StartError::UnnumberedEmits { .. }),
+            "{refused:?}"
+        );
+        let said = refused.to_string();
+        assert!(
+            said.contains("ordered routes in logical mode need numbered emits")
+                && said.contains("postbox migrate --emit-sequence on"),
+            "{said}"
+        );
+        // Unordered routes need no number.
+        relay(Router::single(sink.clone()))
+            .check_start()
+            .await
+            .unwrap();
+        // A relay run anyway does not open the slot while emits are not
+        // numbered, and reads once they are.
+        let stop = CancellationToken::new();
+        let running = spawn_routed(
+            &pool,
+            &schema,
+            ordered(sink.clone(), PoisonPolicy::Block),
+            config(&slot),
+            stop.clone(),
+        );
+        let slots = || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1",
+            )
+            .bind(&slot)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        };
+        assert_eq!(slots().await, 0);
+        number_emits(&pool, &schema).await;
+        relay(ordered(sink.clone(), PoisonPolicy::Block))
+            .check_start()
+            .await
+            .unwrap();
+        wait_for_slot(&pool, &slot, true).await;
+        emit_aggregates(&pool, &schema, 2, 3).await;
+        wait_for("numbered deliveries", Duration::from_secs(60), || async {
+            (0..2).all(|a| sink.delivered(&format!("acc-{a}")) == vec![1, 2, 3])
+        })
+        .await;
+        stop.cancel();
+        running.await.unwrap();
+    })
+    .await;
 }
 
 async fn count(pool: &sqlx::PgPool, schema: &postbox::Schema, sql: &str) -> i64 {
@@ -788,6 +867,7 @@ async fn ordered_a_retry_holds_back_only_its_own_aggregate_then_it_flows_from_th
             ..config(&slot)
         };
         let stop = CancellationToken::new();
+        number_emits(&pool, &schema).await;
         let router = ordered(sink.clone(), PoisonPolicy::Block);
         let relay = started_routed(&pool, &schema, &slot, router, config, stop.clone()).await;
         emit_aggregates(&pool, &schema, 10, 3).await;
@@ -902,6 +982,7 @@ async fn ordered_over_sql_a_blocking_dead_letter_holds_its_aggregate_until_disca
             ..config(&slot)
         };
         let stop = CancellationToken::new();
+        number_emits(&pool, &schema).await;
         let router = ordered(sink.clone(), PoisonPolicy::Block);
         let relay = started_routed(&pool, &schema, &slot, router, config, stop.clone()).await;
         emit_aggregates(&pool, &schema, 10, 5).await;
@@ -970,6 +1051,7 @@ async fn ordered_skip_lets_the_aggregate_go_on_from_the_slot() {
     with_slot(db, |slot| async move {
         let sink = poisoning("acc-2", 2);
         let stop = CancellationToken::new();
+        number_emits(&pool, &schema).await;
         let router = ordered(sink.clone(), PoisonPolicy::Skip);
         let relay =
             started_routed(&pool, &schema, &slot, router, config(&slot), stop.clone()).await;
@@ -1018,6 +1100,7 @@ async fn order_holds_through_random_failures_and_a_restart(transport: LogicalTra
             publish_timeout: Duration::from_secs(1),
             ..config(&slot)
         };
+        number_emits(&pool, &schema).await;
         let router = || ordered(sink.clone(), PoisonPolicy::Block);
         let first = started_routed(
             &pool,

@@ -1050,3 +1050,68 @@ async fn running_the_script_again_takes_back_broader_grants() {
     relay.pool().close().await;
     r.finish().await;
 }
+
+/// Logical mode's numbered emits (migration 17): the producer emits in
+/// either setting (the counter row only when on) and cannot change it; the
+/// relay reads it, as its start-up check for ordered routes does.
+#[tokio::test]
+async fn the_producer_emits_in_either_setting_and_the_relay_reads_it() {
+    let r = RoleDb::new().await;
+    let producer = r.producer().await;
+    let relay = r.relay().await;
+    let outbox = r.outbox();
+    for (numbered, aggregate) in [(false, "o-off"), (true, "o-on")] {
+        store(&r.db)
+            .logical()
+            .set_numbered_emits(numbered)
+            .await
+            .unwrap();
+        let mut tx = producer.begin().await.unwrap();
+        postbox::sqlx::emit(&outbox, &mut tx, &events(1, aggregate)[0])
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(relay.logical().numbered_emits().await.unwrap(), numbered);
+        let router = Router::single(ScriptedSink::delivering()).all_ordered(Default::default());
+        let config = RelayConfig {
+            mode: postbox_relay::ReadMode::Logical,
+            ..fast_config()
+        };
+        let checked = Relay::with_router(relay.clone(), router, config)
+            .unwrap()
+            .check_start()
+            .await;
+        assert_eq!(checked.is_ok(), numbered, "{checked:?}");
+    }
+    assert_eq!(
+        r.db.count("SELECT count(*) FROM {schema}.aggregate_sequences WHERE aggregate_id = 'o-on'")
+            .await,
+        1
+    );
+    assert_eq!(
+        r.db.count("SELECT count(*) FROM {schema}.aggregate_sequences")
+            .await,
+        1,
+        "the emit that was not numbered wrote no counter"
+    );
+    assert_denied(
+        "the producer changes the setting",
+        try_exec(
+            &r,
+            &producer,
+            "UPDATE {schema}.logical_settings SET numbered_emits = false",
+        )
+        .await,
+    );
+    assert_denied(
+        "the relay changes the setting",
+        sqlx::query(trusted(
+            &r.db
+                .sql("UPDATE {schema}.logical_settings SET numbered_emits = false"),
+        ))
+        .execute(relay.pool())
+        .await,
+    );
+    producer.close().await;
+    r.finish().await;
+}

@@ -104,3 +104,10 @@ SELECT {schema}.logical_drop_slot($1) AS existed;
 -- given.
 SELECT {schema}.logical_handoff($1, $2, $3, $4, $5, $6, $7::text[]::jsonb[], $8::text[]::jsonb[],
                                 $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) AS found;
+
+-- name: numbered_emits
+-- Whether emit numbers each event within its aggregate (migration 17).
+SELECT numbered_emits FROM {schema}.logical_settings;
+
+-- name: set_numbered_emits
+UPDATE {schema}.logical_settings SET numbered_emits = $1;

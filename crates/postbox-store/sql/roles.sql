@@ -97,6 +97,11 @@ GRANT EXECUTE ON FUNCTION
 GRANT EXECUTE ON FUNCTION {schema}.logical_read_now(text) TO {relay};
 -- …and reads those notes with its slot's status (lag, time unread).
 GRANT SELECT ON {schema}.logical_readers TO {relay};
+-- …and whether emits are numbered (migration 17): with ordered routes it
+-- refuses to read a schema whose emits carry no sequence. The producer
+-- needs no grant: emit_one reads the setting as its owner, and only the
+-- owner changes it (postbox migrate --emit-sequence).
+GRANT SELECT ON {schema}.logical_settings TO {relay};
 
 -- Monitor: read-only, for `postbox status` and dashboards (every table of
 -- the schema as of this run: run it again after an upgrade).

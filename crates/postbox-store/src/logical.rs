@@ -236,6 +236,8 @@ struct Queries {
     drop_slot: String,
     handoff: String,
     read_now: String,
+    numbered_emits: String,
+    set_numbered_emits: String,
 }
 
 impl Queries {
@@ -255,6 +257,8 @@ impl Queries {
             drop_slot: file.render("drop_slot", schema),
             handoff: file.render("handoff", schema),
             read_now: file.render("read_now", schema),
+            numbered_emits: file.render("numbered_emits", schema),
+            set_numbered_emits: file.render("set_numbered_emits", schema),
         };
         file.finish();
         queries
@@ -402,6 +406,24 @@ impl Logical {
             .bind(slot)
             .fetch_all(&self.pool)
             .await
+    }
+
+    /// Whether `emit` numbers each event within its aggregate (migration
+    /// 17; off by default). Ordered routes in logical mode need it.
+    pub async fn numbered_emits(&self) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar(trusted(&self.sql.numbered_emits))
+            .fetch_one(&self.pool)
+            .await
+    }
+
+    /// Turn numbered emits on or off. On, every emit bumps its aggregate's
+    /// counter row (a row update per event); off, emit writes no row.
+    pub async fn set_numbered_emits(&self, on: bool) -> Result<(), sqlx::Error> {
+        sqlx::query(trusted(&self.sql.set_numbered_emits))
+            .bind(on)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     /// Drop `slot` and its publication; true when the slot existed.

@@ -102,6 +102,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "emit_sequence",
         sql: include_str!("../migrations/0016_emit_sequence.sql"),
     },
+    Migration {
+        version: 17,
+        name: "emit_numbering",
+        sql: include_str!("../migrations/0017_emit_numbering.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.

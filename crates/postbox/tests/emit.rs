@@ -12,7 +12,7 @@ use std::future::Future;
 /// them whatever happened.
 async fn with_slot<F, Fut>(db: &TestDb, body: F)
 where
-    F: FnOnce(sqlx::PgPool, postbox::Schema, String) -> Fut,
+    F: FnOnce(sqlx::PgPool, postbox::Schema, String) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let slot = postbox_testkit::unique("pbx_emit_");
@@ -24,13 +24,18 @@ where
     .await
     .unwrap();
     // A statement of its own, not through a PL/pgSQL function (see the
-    // store's create_slot).
-    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
-        .bind(&slot)
-        .execute(&db.pool)
-        .await
-        .unwrap();
-    let outcome = tokio::spawn(body(db.pool.clone(), db.schema.clone(), slot.clone())).await;
+    // store's create_slot); inside the task, so that the slot is dropped
+    // below whatever happens.
+    let (pool, schema, name) = (db.pool.clone(), db.schema.clone(), slot.clone());
+    let outcome = tokio::spawn(async move {
+        sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+            .bind(&name)
+            .execute(&pool)
+            .await
+            .unwrap();
+        body(pool, schema, name).await
+    })
+    .await;
     sqlx::query(trusted(&db.sql("SELECT {schema}.logical_drop_slot($1)")))
         .bind(&slot)
         .execute(&db.pool)
@@ -116,13 +121,8 @@ async fn emitted_events_reach_the_wal_only_when_committed_and_write_no_row() {
         assert!(got[0]["created_at_us"].as_i64().unwrap() > 0);
         assert_eq!(got[2]["event_type"], "order.paid");
         assert_eq!(got[2]["headers"], json!({}));
-        // Each numbered within its aggregate (migration 16): order 1's
-        // second event comes from the SQL function.
-        let sequences: Vec<i64> = got
-            .iter()
-            .map(|m| m["sequence"].as_i64().unwrap())
-            .collect();
-        assert_eq!(sequences, [1, 1, 2]);
+        // Not numbered by default (migration 17): no sequence in the message.
+        assert!(got.iter().all(|m| m.get("sequence").is_none()), "{got:?}");
         let rows: i64 = sqlx::query_scalar(trusted(
             &schema.render("SELECT count(*) FROM {schema}.outbox"),
         ))
@@ -130,6 +130,104 @@ async fn emitted_events_reach_the_wal_only_when_committed_and_write_no_row() {
         .await
         .unwrap();
         assert_eq!(rows, 0, "emit writes no event row");
+    })
+    .await;
+    db.drop_schema().await;
+}
+
+/// Rows inserted, updated or deleted in `schema`'s tables, as PostgreSQL's
+/// own statistics count them for the connection's transaction (PostgreSQL
+/// 15 adds the counts of the session's earlier transactions it has not
+/// reported yet: compare two readings within one transaction).
+async fn rows_written(conn: &mut sqlx::PgConnection, schema: &postbox::Schema) -> i64 {
+    sqlx::query_scalar(
+        "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0)::int8 \
+         FROM pg_stat_xact_user_tables WHERE schemaname = $1",
+    )
+    .bind(schema.name())
+    .fetch_one(conn)
+    .await
+    .unwrap()
+}
+
+async fn counters(pool: &sqlx::PgPool, schema: &postbox::Schema) -> Vec<(String, i64)> {
+    sqlx::query_as(trusted(&schema.render(
+        "SELECT aggregate_id, last_sequence FROM {schema}.aggregate_sequences ORDER BY 1",
+    )))
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn by_default_emit_writes_no_table_row_at_all() {
+    let db = TestDb::new().await;
+    let outbox = Outbox::new(db.schema.clone());
+    let mut tx = db.pool.begin().await.unwrap();
+    let before = rows_written(&mut tx, &db.schema).await;
+    for n in 0..20 {
+        postbox::sqlx::emit(&outbox, &mut tx, &event(n % 3))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        rows_written(&mut tx, &db.schema).await - before,
+        0,
+        "20 emits inserted, updated or deleted rows"
+    );
+    tx.commit().await.unwrap();
+    assert!(counters(&db.pool, &db.schema).await.is_empty());
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn numbered_emits_carry_their_aggregates_sequence() {
+    let db = TestDb::new().await;
+    db.exec("UPDATE {schema}.logical_settings SET numbered_emits = true")
+        .await;
+    with_slot(&db, |pool, schema, slot| async move {
+        let outbox = Outbox::new(schema.clone());
+        let mut tx = pool.begin().await.unwrap();
+        let before = rows_written(&mut tx, &schema).await;
+        for n in [1, 2] {
+            postbox::sqlx::emit(&outbox, &mut tx, &event(n))
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            rows_written(&mut tx, &schema).await - before,
+            2,
+            "one counter row each"
+        );
+        tx.commit().await.unwrap();
+        // A rollback gives its number back.
+        let mut tx = pool.begin().await.unwrap();
+        postbox::sqlx::emit(&outbox, &mut tx, &event(1))
+            .await
+            .unwrap();
+        tx.rollback().await.unwrap();
+        // The SQL function numbers too: order 1's second event.
+        sqlx::query(trusted(&schema.render(
+            "SELECT {schema}.emit('order.paid', 'order', '1', '{\"n\": 4}')",
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+        let got = messages(&pool, &schema, &slot).await;
+        let numbered: Vec<(&str, i64)> = got
+            .iter()
+            .map(|m| {
+                (
+                    m["aggregate_id"].as_str().unwrap(),
+                    m["sequence"].as_i64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(numbered, [("1", 1), ("2", 1), ("1", 2)]);
+        assert_eq!(
+            counters(&pool, &schema).await,
+            [("1".to_owned(), 2), ("2".to_owned(), 1)]
+        );
     })
     .await;
     db.drop_schema().await;

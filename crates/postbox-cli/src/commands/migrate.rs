@@ -26,8 +26,15 @@ pub struct MigrateArgs {
     /// log holds events a relay has not read.
     #[arg(long, value_name = "MODE", value_parser = super::parse_mode)]
     pub mode: Option<ReadMode>,
+    /// Logical mode: whether emit numbers each event within its aggregate
+    /// (on: each emit updates its aggregate's counter row, and ordered
+    /// routes work; off, the default: emit writes no table row and its
+    /// events are delivered unordered). Unchanged when not given.
+    #[arg(long, value_name = "on|off", value_parser = super::parse_on_off)]
+    pub emit_sequence: Option<bool>,
     /// Migrate many schemas at once (and every `[[outboxes]]` entry): each
-    /// gets the same --mode and --create-roles; progress shows on a terminal
+    /// gets the same --mode, --emit-sequence and --create-roles; progress
+    /// shows on a terminal
     #[command(flatten)]
     pub select: crate::tenants::SelectArgs,
 }
@@ -89,8 +96,8 @@ async fn migrate_many(settings: &Settings, args: &MigrateArgs) -> Result<ExitCod
     Ok(ExitCode::SUCCESS)
 }
 
-/// Migrate one schema, then switch its producers' target and create its
-/// roles when asked; what it did goes into `lines` (printed once the progress
+/// Migrate one schema, then switch its producers' target, number its emits
+/// or not, and create its roles when asked; what it did goes into `lines` (printed once the progress
 /// line is cleared).
 async fn migrate_one(
     pool: &PgPool,
@@ -130,6 +137,25 @@ async fn migrate_one(
             "{label}: producers write into the {}",
             target.as_str()
         ));
+    }
+    if let Some(on) = args.emit_sequence {
+        let flag = if on { "on" } else { "off" };
+        Store::new(pool.clone(), schema.clone())
+            .logical()
+            .set_numbered_emits(on)
+            .await
+            .map_err(|e| format!("--emit-sequence {flag}: {}", error_chain(&e)))?;
+        lines.push(if on {
+            format!(
+                "{label}: emits are numbered (each emit updates its aggregate's counter row; \
+                 ordered routes work in logical mode)"
+            )
+        } else {
+            format!(
+                "{label}: emits are not numbered (emit writes no table row; a relay with \
+                 ordered routes in logical mode refuses to read)"
+            )
+        });
     }
     if args.create_roles {
         let roles = Store::new(pool.clone(), schema.clone())

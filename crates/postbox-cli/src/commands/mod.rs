@@ -21,3 +21,12 @@ pub mod verify;
 pub(crate) fn parse_mode(s: &str) -> Result<postbox_relay::ReadMode, String> {
     s.parse()
 }
+
+/// A switch given as `on` or `off`.
+pub(crate) fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("expected on or off, got {other:?}")),
+    }
+}

@@ -10,7 +10,8 @@ use postbox::Schema;
 use postbox_harness::db;
 use postbox_relay::sinks;
 use postbox_relay::{
-    Destination, PoisonPolicy, ReadMode, Relay, RelayConfig, Router, RunMode, SinkError, Store,
+    Destination, PoisonPolicy, ReadMode, Relay, RelayConfig, Router, RunMode, SinkError,
+    StartError, Store,
 };
 use std::process::ExitCode;
 use std::time::Duration;
@@ -207,6 +208,15 @@ pub async fn run(settings: &Settings, args: RelayArgs) -> Result<ExitCode, AnyEr
         .collect();
     let store = Store::new(pool, settings.schema.clone());
     let mut relay = Relay::with_router(store.clone(), router, config)?;
+    match relay.check_start().await {
+        Ok(()) => {}
+        Err(e @ StartError::UnnumberedEmits { .. }) => return Err(e.into()),
+        // Unreachable for now: the logical reader checks again before it
+        // reads.
+        Err(e) => {
+            tracing::warn!(error = %error_chain(&e), "cannot check logical mode's settings yet; the relay will retry the database");
+        }
+    }
     relay = relay.with_health(settings.file.health.clone())?;
     let retention = &settings.file.retention;
     if retention.enabled {

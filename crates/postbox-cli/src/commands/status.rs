@@ -15,7 +15,8 @@ use tokio_util::sync::CancellationToken;
 #[derive(Args, Debug)]
 pub struct StatusArgs {
     /// Print JSON: pending, scheduled, processing, sent, failed, oldest_pending_age_seconds,
-    /// next_scheduled_in_seconds, oldest_pending_event_id, dead_letters, pending_attempts
+    /// next_scheduled_in_seconds, oldest_pending_event_id, dead_letters, pending_attempts,
+    /// producers_write_into, numbered_emits, …
     #[arg(long)]
     pub json: bool,
     /// Refresh every INTERVAL [default: 2s] until interrupted (JSON: one line per refresh)
@@ -104,6 +105,9 @@ struct StatusReport {
     destinations: Vec<DestinationCounts>,
     /// Where producers write: `outbox` (claim mode) or `log`.
     producers_write_into: &'static str,
+    /// Logical mode: whether emit numbers each event within its aggregate
+    /// (`migrate --emit-sequence on`; ordered routes need it).
+    numbered_emits: bool,
     /// Log mode: each cursor's lag.
     log_cursors: Vec<CursorLag>,
     /// Logical mode: the replication slot this schema's relay reads
@@ -127,6 +131,7 @@ async fn status_report(
     let destinations = store.destination_counts().await?;
     let log = store.log();
     let producers_write_into = log.producer_target().await?.as_str();
+    let numbered_emits = store.logical().numbered_emits().await?;
     let log_cursors = log.cursor_lag().await?;
     let logical_slot = store.logical().status(Some(slot)).await?.into_iter().next();
     let logical_slot_unread_too_long = logical_slot
@@ -136,6 +141,7 @@ async fn status_report(
         logical_slot_unread_too_long,
         inactive_warn,
         producers_write_into,
+        numbered_emits,
         log_cursors,
         logical_slot,
         dead_letters: counts.failed,
@@ -159,6 +165,15 @@ fn render_status(schema: &Schema, r: &StatusReport) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "schema      {schema}");
     let _ = writeln!(out, "producers   write into the {}", r.producers_write_into);
+    let _ = writeln!(
+        out,
+        "emits       {}",
+        if r.numbered_emits {
+            "numbered (each updates its aggregate's counter row; ordered routes work)"
+        } else {
+            "not numbered (no table row written; delivered unordered)"
+        }
+    );
     let _ = writeln!(out, "pending     {}", c.pending);
     if c.scheduled > 0 {
         let _ = writeln!(

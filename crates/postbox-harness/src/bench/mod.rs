@@ -12,7 +12,9 @@
 //!   the WAL in transactions of 1,000, read from a replication slot), and one
 //!   transaction of 100,000 emitted events (the logical relay's peak RSS).
 //! - **producer**: producers committing one event per transaction, with
-//!   `enqueue` and then with `emit`: commits per second and table rows written.
+//!   `enqueue`, with `emit` (the default: the WAL only) and with `emit`
+//!   numbering its events (`migrate --emit-sequence on`), in the same run:
+//!   commits per second, against enqueue's, and table rows written.
 //! - **scale**: 1, 2 and 4 relay processes draining N events together; in
 //!   log mode (`--modes log`), relays sharing one log whose cursor is split
 //!   into partitions: the rate against one relay, and the duplicates the
@@ -484,19 +486,29 @@ impl Bench<'_> {
     }
 
     /// Producers committing one event per transaction as fast as they can
-    /// for the latency run's duration: with `enqueue`, then with `emit`.
+    /// for the latency run's duration: with `enqueue`, then with `emit`
+    /// (not numbered, the default), then with `emit` numbering each event
+    /// (`migrate --emit-sequence on`).
     async fn producer(&self) -> Result<Producer, AnyError> {
         const PRODUCERS: usize = 16;
         let duration = self.options.duration;
-        let mut rates = [0.0; 2];
-        let mut rows = [0; 2];
-        for (i, emit) in [false, true].into_iter().enumerate() {
+        let mut rates = [0.0; 3];
+        let mut rows = [0; 3];
+        let runs = [
+            (false, false, "enqueue"),
+            (true, false, "emit"),
+            (true, true, "emit, numbered"),
+        ];
+        for (i, (emit, numbered, name)) in runs.into_iter().enumerate() {
             crate::progressln!(
-                "producer: {PRODUCERS} producers committing one event per transaction with {} for {}…",
-                if emit { "emit" } else { "enqueue" },
+                "producer: {PRODUCERS} producers committing one event per transaction with {name} for {}…",
                 humantime::format_duration(duration)
             );
             self.reset().await?;
+            postbox_store::Store::new(self.pool.clone(), self.schema.clone())
+                .logical()
+                .set_numbered_emits(numbered)
+                .await?;
             let commits = self.commit_as_fast(PRODUCERS, duration, emit).await?;
             rates[i] = commits as f64 / duration.as_secs_f64();
             rows[i] = self.store.table_rows().await?;
@@ -507,8 +519,11 @@ impl Bench<'_> {
             enqueue_commits_per_s: rates[0].round(),
             emit_commits_per_s: rates[1].round(),
             emit_vs_enqueue: round2(rates[1] / rates[0]),
+            emit_numbered_commits_per_s: rates[2].round(),
+            emit_numbered_vs_enqueue: round2(rates[2] / rates[0]),
             enqueue_table_rows: rows[0],
             emit_table_rows: rows[1],
+            emit_numbered_table_rows: rows[2],
         })
     }
 

@@ -231,7 +231,7 @@ async fn run_on(
     let logs = std::env::temp_dir().join(format!("postbox-verify-{run_id}"));
     std::fs::create_dir_all(&logs)?;
 
-    let db = RunDatabase::prepare(url, &schema, options.mode).await?;
+    let db = RunDatabase::prepare(url, &schema, options.mode, options.ordered).await?;
     let result = run_in(
         &db, spec, options, crash, throwaway, interrupt, seed, &run_id, logs,
     )
@@ -373,8 +373,15 @@ struct RunDatabase {
 impl RunDatabase {
     /// Connect, and create the run's schema: postbox's tables and the run's
     /// own; in log mode, producers write into the log (`migrate --mode log`);
-    /// in logical mode, the replication slot exists before anyone emits.
-    async fn prepare(url: &str, schema: &Schema, mode: ReadMode) -> Result<Self, AnyError> {
+    /// in logical mode, the replication slot exists before anyone emits,
+    /// and with `ordered` emits are numbered (`migrate --emit-sequence on`,
+    /// which ordered routes in logical mode need).
+    async fn prepare(
+        url: &str,
+        schema: &Schema,
+        mode: ReadMode,
+        ordered: bool,
+    ) -> Result<Self, AnyError> {
         let db_url = url::Url::parse(url).map_err(|e| format!("DATABASE_URL: {e}"))?;
         let proxy = FaultProxy::start(&host_port(&db_url, 5432)?).await?;
         let proxied_url = through(&db_url, proxy.port())?.to_string();
@@ -397,11 +404,12 @@ impl RunDatabase {
         }
         let slot = schema.name().to_owned();
         if mode == ReadMode::Logical {
+            let logical = Store::new(direct.clone(), schema.clone()).logical();
+            if ordered {
+                logical.set_numbered_emits(true).await?;
+            }
             let mut conn = direct.acquire().await?;
-            Store::new(direct.clone(), schema.clone())
-                .logical()
-                .ensure_slot(&mut conn, &slot)
-                .await?;
+            logical.ensure_slot(&mut conn, &slot).await?;
         }
         Ok(Self {
             direct,
