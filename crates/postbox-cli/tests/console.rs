@@ -136,25 +136,8 @@ async fn users_come_from_standard_input_and_the_console_serves_them() {
     )
     .unwrap();
 
-    let mut child = console(&db, &["--listen", "127.0.0.1:0", "--config"])
-        .arg(&config)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).unwrap();
-        line
-    })
-    .await
-    .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("postbox console listening on http://")
-        .unwrap_or_else(|| panic!("{line}"))
-        .to_owned();
+    let (mut child, addr) =
+        listening(console(&db, &["--listen", "127.0.0.1:0", "--config"]).arg(&config)).await;
 
     let (head, _) = http(&addr, get("/", "")).await;
     assert!(head.starts_with("http/1.1 303"), "{head}");
@@ -322,24 +305,11 @@ async fn with_schemas_one_console_serves_every_matching_outbox() {
         .await
         .unwrap();
 
-    let mut child = console(&home, &["--listen", "127.0.0.1:0", "--schemas", &glob])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).unwrap();
-        line
-    })
-    .await
-    .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("postbox console listening on http://")
-        .unwrap_or_else(|| panic!("{line}"))
-        .to_owned();
+    let (mut child, addr) = listening(&mut console(
+        &home,
+        &["--listen", "127.0.0.1:0", "--schemas", &glob],
+    ))
+    .await;
 
     // Signed in once, in the home schema.
     let (head, body) = http(&addr, get("/sign-in", "")).await;
@@ -387,4 +357,27 @@ async fn with_schemas_one_console_serves_every_matching_outbox() {
             .unwrap();
     }
     home.drop_schema().await;
+}
+
+/// Start the console and read the address it says it listens on.
+async fn listening(command: &mut std::process::Command) -> (std::process::Child, String) {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        line
+    })
+    .await
+    .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("postbox console listening on http://")
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_owned();
+    (child, addr)
 }
