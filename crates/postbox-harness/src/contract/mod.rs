@@ -423,20 +423,14 @@ impl RunDatabase {
     }
 
     /// Drop logical mode's slot (waiting up to 30 s for a relay still
-    /// holding it to go).
+    /// holding it to go, or for a crashed server to be back).
     async fn drop_slot(&self) -> Result<(), AnyError> {
         if self.mode != ReadMode::Logical {
             return Ok(());
         }
         let logical = Store::new(self.direct.clone(), self.schema.clone()).logical();
-        let until = Instant::now() + Duration::from_secs(30);
-        loop {
-            match logical.drop_slot(&self.slot).await {
-                Ok(_) => return Ok(()),
-                Err(e) if Instant::now() > until => return Err(e.into()),
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-            }
-        }
+        db::drop_slot_when_free(&logical, &self.slot, db::SLOT_PATIENCE).await?;
+        Ok(())
     }
 
     /// Logical mode: whether the slot is confirmed past `lsn` (every emit
