@@ -6,18 +6,26 @@
 //! `Log::acquire`), so one aggregate is read by one reader, in order.
 //!
 //! Each round reads one page of the cursor's window, publishes the events
-//! that route to the destination, and then — in one transaction — moves the
-//! cursor past the page and hands the events the destination did not take to
-//! the outbox, where the claim loop (running alongside) retries them with
-//! backoff or keeps them as dead letters. So a poison event never stops the
-//! cursor, a slow destination never holds a fast one back, and a crash
-//! between publishing and moving redelivers at most one page. Within a
-//! window the reader keeps the window it moved (opening it once) and reads
-//! the next page while the current one publishes: the page read is the same
-//! whatever publishing does, since a window's events are fixed by its two
-//! snapshots. An event scheduled for later (`deliver_at` still ahead) is not
-//! published: it is handed to the outbox, due at its time, so the cursor
-//! never waits for it.
+//! that route to the destination, and then moves the cursor past the page.
+//! The events the destination did not take are handed to the outbox in the
+//! transaction that moves the cursor, where the claim loop (running
+//! alongside) retries them with backoff or keeps them as dead letters. So a
+//! poison event never stops the cursor, and a slow destination never holds
+//! a fast one back.
+//!
+//! Nothing an event waits for before it is read writes: a window is opened
+//! with its first page in one read (`Log::open`: its upper snapshot is
+//! taken, not stored); a page with nothing to hand off moves the cursor
+//! behind the reader (see [`Behind`]), committing while the next pages are
+//! read and published; a lease renewal commits without waiting for the WAL
+//! flush; and a new window with nothing in it is not written at all unless
+//! the cursor has stood still for a second. A crash between publishing and
+//! moving redelivers at most the pages whose moves were in flight — three
+//! pages at most. Within a window the reader reads the next page while the
+//! current one publishes: the page read is the same whatever publishing
+//! does, since a window's events are fixed by its two snapshots. An event
+//! scheduled for later (`deliver_at` still ahead) is not published: it is
+//! handed to the outbox, due at its time, so the cursor never waits for it.
 //!
 //! Under a relay serving many outboxes, each round takes one of the shared
 //! batch permits (see `crate::tenants::permits`) before it reads and gives it
@@ -43,6 +51,10 @@ const DB_RETRY_MAX: Duration = Duration::from_secs(10);
 /// soon a relay gives back partitions beyond its share when another joins.
 const RENEW_MAX: Duration = Duration::from_secs(1);
 
+/// How long an idle reader leaves its cursor unmoved at most: a window with
+/// nothing in it moves the cursor only when it last moved this long ago.
+const IDLE_MOVE: Duration = Duration::from_secs(1);
+
 /// Read partition `part` of destination `d`'s cursor until shutdown (or,
 /// draining, until a window comes back empty).
 pub(crate) async fn read_loop(
@@ -60,6 +72,9 @@ pub(crate) async fn read_loop(
         window: None,
         ahead: None,
         ordered: shared.router.claim_order().is_some(),
+        moved_at: None,
+        behind: None,
+        next_lo: None,
     };
     let mut failures = 0;
     let mut wake = shared.log_wake.subscribe();
@@ -107,6 +122,10 @@ pub(crate) async fn read_loop(
             }
         }
     }
+    // The last move first: the lease goes only once it is in.
+    if let Err(e) = reader.catch_up(&shared).await {
+        tracing::warn!(destination = %name, part, error = %sanitize_error(&e.to_string()), "the log cursor's last move failed; its page is delivered again");
+    }
     if let Err(e) = log.release(owner, &name, part).await {
         tracing::debug!(error = %sanitize_error(&e.to_string()), "could not release the log cursor's lease; it expires by itself");
     }
@@ -124,13 +143,78 @@ struct Reader {
     ahead: Option<Vec<LogEvent>>,
     /// The router has ordered routes.
     ordered: bool,
+    /// When this reader last moved the cursor.
+    moved_at: Option<Instant>,
+    /// The last page's cursor move, committing while the next page is read
+    /// and published (see [`Behind`]).
+    behind: Option<Behind>,
+    /// Where the next window starts (the last window's `hi`) while the move
+    /// that closed that window may not be committed yet.
+    next_lo: Option<String>,
 }
+
+/// Cursor moves committing in the background. A page that hands nothing
+/// off moves the cursor behind the reader: its move commits (and waits for
+/// its WAL flush) while the next pages are read and published, so no event
+/// waits for a flush before it is read. Moves commit one after another, in
+/// order: each waits for the one before it and is not made when that one
+/// failed. At most [`MOVES_IN_FLIGHT`] are in flight; everything that needs
+/// the cursor's row as committed (opening a window from it, renewing or
+/// giving back the lease, a page with hand-offs, which moves the cursor in
+/// the transaction that hands them off) waits for them first. So a crash
+/// redelivers at most the pages whose moves were in flight and the one
+/// published meanwhile.
+struct Behind {
+    /// The last move, which waits for the ones before it.
+    task: tokio::task::JoinHandle<Result<bool, sqlx::Error>>,
+    /// Events the moves in flight record as delivered.
+    delivered: usize,
+    /// Moves in flight (this one and those it waits for) when it was made.
+    moves: usize,
+}
+
+/// At most this many cursor moves of one reader are in flight.
+const MOVES_IN_FLIGHT: usize = 2;
 
 impl Reader {
     fn forget(&mut self) {
         self.held_until = None;
         self.window = None;
         self.ahead = None;
+        self.next_lo = None;
+    }
+
+    /// Wait for the cursor move in flight, if any: false when it found the
+    /// lease lost (or the cursor moved by someone else), and the reader
+    /// forgets its view.
+    async fn catch_up(&mut self, shared: &Shared) -> Result<bool, sqlx::Error> {
+        let Some(Behind {
+            task, delivered, ..
+        }) = self.behind.take()
+        else {
+            return Ok(true);
+        };
+        let moved = match task.await {
+            Ok(moved) => moved,
+            Err(joined) => Err(sqlx::Error::Protocol(format!(
+                "the log cursor's move did not finish: {joined}"
+            ))),
+        };
+        match moved {
+            Ok(true) => {
+                self.moved_at = Some(Instant::now());
+                count(shared, delivered, &[], 0);
+                Ok(true)
+            }
+            Ok(false) => {
+                self.forget();
+                Ok(false)
+            }
+            Err(e) => {
+                self.forget();
+                Err(e)
+            }
+        }
     }
 
     /// Read a page, publish it (reading the next page of the window
@@ -148,8 +232,12 @@ impl Reader {
         let name = &shared.router.destinations()[d].name;
         let batch = i64::from(config.batch_size);
         if self.held_until.is_none_or(|t| Instant::now() >= t) {
-            // Between pages: nothing of this cursor is in flight, so a
-            // partition beyond this relay's share may be given back here.
+            // Between pages, once the last move is committed: nothing of
+            // this cursor is in flight, so a partition beyond this relay's
+            // share may be given back here.
+            if !self.catch_up(shared).await? {
+                return Ok(lost(name, part));
+            }
             if !log.acquire(owner, name, part, config.lease).await? {
                 self.forget();
                 return Ok(Round::NotHeld);
@@ -166,21 +254,32 @@ impl Reader {
             }
             None => {
                 self.ahead = None;
-                let Some(w) = log.window(name, part, owner).await? else {
+                // The window and its first page in one read; a window read
+                // from its start begins at its first event. It starts where
+                // the last one ended, or, when this reader does not know
+                // that, where the cursor's row says once its move is in.
+                if self.next_lo.is_none() && !self.catch_up(shared).await? {
+                    return Ok(lost(name, part));
+                }
+                let from = self.next_lo.as_deref();
+                let Some(opened) = log.open(name, part, owner, from, batch).await? else {
                     self.forget();
                     return Ok(Round::NotHeld);
                 };
-                // A window read from its start begins at its first event;
-                // an empty one needs no read at all.
-                match log.from_floor(w.clone()).await? {
-                    Some(from) => {
-                        let page = log.page(&from, batch).await?;
-                        (from, page)
-                    }
-                    None => (w, Vec::new()),
-                }
+                opened
             }
         };
+        // A new window with nothing in it was only read (opening it wrote
+        // nothing): unless the cursor has not moved for a while (retention
+        // and the lag gauges go by its `lo`), leave the cursor where it is —
+        // the next window, from the same `lo`, holds whatever this one would
+        // have — and save the write an idle poll would cost.
+        if page.is_empty()
+            && window.after_id == 0
+            && self.moved_at.is_some_and(|t| t.elapsed() < IDLE_MOVE)
+        {
+            return Ok(Round::Idle);
+        }
         if !page.is_empty() {
             crate::otel::claimed(
                 &shared.store.schema(),
@@ -221,21 +320,63 @@ impl Reader {
             .into_iter()
             .map(|(i, h)| into_handoff(h, &page[i]))
             .collect();
+        m::record_commit_to_delivery(delivered_at.into_iter());
+        // This page's move: in line when it hands events off, behind the
+        // reader otherwise; either way after the moves in flight, which it
+        // waits for first when it hands events off or too many are in flight.
+        let wait = !handoffs.is_empty()
+            || self
+                .behind
+                .as_ref()
+                .is_some_and(|b| b.moves >= MOVES_IN_FLIGHT && !b.task.is_finished());
+        if wait && !self.catch_up(shared).await? {
+            return Ok(lost(name, part));
+        }
         let settled = crate::otel::settle_span(
             &shared.store.schema(),
             page.iter().map(|e| &e.event.headers),
         );
-        let kept = log
-            .settle_page(&window, owner, last, delivered as i64, done, &handoffs)
-            .instrument(settled)
-            .await?;
-        if !kept {
-            tracing::warn!(destination = %name, part, "lost the log cursor's lease; another relay reads it now");
-            self.forget();
-            return Ok(Round::NotHeld);
+        if handoffs.is_empty() {
+            let before = self.behind.take();
+            let (moves, delivered_before) = match &before {
+                Some(b) if !b.task.is_finished() => (b.moves + 1, b.delivered),
+                Some(b) => (1, b.delivered),
+                None => (1, 0),
+            };
+            let (log, window) = (log.clone(), window.clone());
+            let moving = async move {
+                if let Some(before) = before {
+                    match before.task.await {
+                        Ok(Ok(true)) => {}
+                        Ok(other) => return other,
+                        Err(joined) => {
+                            return Err(sqlx::Error::Protocol(format!(
+                                "the log cursor's move did not finish: {joined}"
+                            )))
+                        }
+                    }
+                }
+                log.advance(&window, owner, last, delivered as i64, done)
+                    .await
+            };
+            self.behind = Some(Behind {
+                task: tokio::spawn(crate::tenants::label::inherit(moving.instrument(settled))),
+                delivered: delivered_before + delivered,
+                moves,
+            });
+        } else {
+            let kept = log
+                .settle_page(&window, owner, last, delivered as i64, done, &handoffs)
+                .instrument(settled)
+                .await?;
+            if !kept {
+                self.forget();
+                return Ok(lost(name, part));
+            }
+            self.moved_at = Some(Instant::now());
+            count(shared, delivered, &handoffs, retried);
         }
-        count(shared, delivered, &handoffs, retried);
-        m::record_commit_to_delivery(delivered_at.into_iter());
+        self.next_lo = done.then(|| window.hi.clone());
         if !done {
             self.window = Some(next);
             self.ahead = ahead;
@@ -248,6 +389,13 @@ impl Reader {
             Round::WindowDone
         })
     }
+}
+
+/// The round's answer when the cursor's lease was lost (or the cursor was
+/// moved by another relay).
+fn lost(name: &str, part: i32) -> Round {
+    tracing::warn!(destination = %name, part, "lost the log cursor's lease; another relay reads it now");
+    Round::NotHeld
 }
 
 enum Round {

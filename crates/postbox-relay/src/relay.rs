@@ -106,6 +106,10 @@ pub struct Relay {
     source: Option<Arc<str>>,
 }
 
+/// The payload of the notification an insert into the log sends (the log's
+/// trigger, migration 18).
+const LOG_NOTIFY_PAYLOAD: &str = "log";
+
 /// Shared between the relay's tasks for one `run`.
 pub(crate) struct Shared {
     pub(crate) store: Store,
@@ -137,6 +141,18 @@ impl Shared {
     fn wake_all(&self) {
         self.wake.notify_one();
         self.log_wake.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// A notification with `payload` came on the schema's channel: an insert
+    /// into the log (payload `log`, migration 18) wakes only the log readers
+    /// — the claimer reads the outbox, which it did not touch — and anything
+    /// else (an outbox insert, an older schema's log) wakes everyone.
+    fn notified(&self, payload: &str) {
+        if payload == LOG_NOTIFY_PAYLOAD {
+            self.log_wake.send_modify(|n| *n = n.wrapping_add(1));
+        } else {
+            self.wake_all();
+        }
     }
 
     /// Before a batch (a claim, or a round of a log reader): the shared
@@ -1293,8 +1309,8 @@ async fn probe_listen(
                     tracing::debug!("LISTEN probe came back: notifications work");
                     return Ok(());
                 }
-                // Another relay's probe or a new event: wake the claimer, keep waiting.
-                Ok(Some(_)) => shared.wake_all(),
+                // Another relay's probe or a new event: wake who reads it, keep waiting.
+                Ok(Some(n)) => shared.notified(n.payload()),
                 Ok(None) | Err(_) => return Err("the LISTEN connection dropped during the probe".into()),
             },
             _ = tokio::time::sleep_until(deadline) => {
@@ -1362,7 +1378,7 @@ async fn listen_loop(shared: Arc<Shared>, stop: CancellationToken) {
         loop {
             tokio::select! {
                 n = listener.try_recv() => match n {
-                    Ok(Some(_)) => shared.wake_all(),
+                    Ok(Some(n)) => shared.notified(n.payload()),
                     Ok(None) => {
                         // Connection lost: notifications may have been missed.
                         shared.wake_all();

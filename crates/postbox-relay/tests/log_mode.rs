@@ -269,6 +269,32 @@ async fn producers_write_into_the_log_once_the_schema_is_in_log_mode() {
     db.drop_schema().await;
 }
 
+/// Inserts into the log say so on the relays' channel (migration 18), so a
+/// relay in log mode wakes only its log readers for them; the outbox's
+/// inserts (hand-offs, claim-mode producers) still wake everyone.
+#[tokio::test]
+async fn log_inserts_announce_themselves_apart_from_outbox_inserts() {
+    let db = TestDb::new().await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(&db.pool)
+        .await
+        .unwrap();
+    listener.listen(&db.schema.notify_channel()).await.unwrap();
+    append(&db, 1, "order.placed").await;
+    let n = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("a notification")
+        .unwrap();
+    assert_eq!(n.payload(), "log");
+    enqueue(&db, 1).await;
+    let n = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("a notification")
+        .unwrap();
+    assert_eq!(n.payload(), "", "the outbox's notification is unchanged");
+    drop(listener);
+    db.drop_schema().await;
+}
+
 #[tokio::test]
 async fn delivered_segments_are_emptied_without_vacuum() {
     let db = TestDb::new().await;

@@ -50,6 +50,13 @@ FROM generate_series(0, $2 - 1) AS p;
 -- its share of its others come before it, gives it back otherwise (called
 -- between pages, so nothing is in flight), and takes a free or expired one
 -- while it holds fewer than its share. Returns whether $1 holds it now.
+-- It commits without waiting for the WAL flush (synchronous_commit off for
+-- its own transaction, whatever relay.synchronous_commit says): a lease
+-- and a heartbeat carry no delivery state, and the reader renews them
+-- between pages, where a flush would hold up the next page; a PostgreSQL
+-- crash that loses a renewal can only let another relay take the
+-- partition early, which is a crash's redelivery, never a skip (the cursor
+-- moves only under a lease the move itself checks).
 WITH beat AS (
     INSERT INTO {schema}.log_readers AS r (destination, owner, seen_at)
     VALUES ($2, $1, now())
@@ -77,7 +84,8 @@ taken AS (
     WHERE c.destination = $2 AND c.part = $3
       AND (c.owner = $1 OR c.owner IS NULL OR c.lease_expires_at < now())
     RETURNING c.owner)
-SELECT EXISTS (SELECT 1 FROM taken WHERE owner = $1) AS held;
+SELECT EXISTS (SELECT 1 FROM taken WHERE owner = $1) AS held
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS without_flush;
 
 -- name: cursors_release
 -- Give up owner $1's lease on partition $3 of destination $2's cursor (on
@@ -94,16 +102,81 @@ WHERE r.owner = $1 AND r.destination = $2
                     AND c.lease_expires_at > now());
 
 -- name: window
--- The window partition $3 of cursor $1 reads now, opening one when none is
--- open: the events visible in `hi` (a snapshot taken here) and not in `lo`.
--- Only while owner $2 holds the cursor. {relay_commit}: relay.synchronous_commit
--- (see relay.sql).
-UPDATE {schema}.log_cursors
-SET hi = COALESCE(hi, pg_current_snapshot()),
-    after_id = CASE WHEN hi IS NULL THEN 0 ELSE after_id END
-WHERE destination = $1 AND part = $3 AND owner = $2 AND lease_expires_at > now()
-  AND {relay_commit}
-RETURNING destination, part, parts, lo::text AS lo, hi::text AS hi, after_id;
+-- The window partition $3 of cursor $1 reads now, while owner $2 holds the
+-- cursor: the open one, or, when none is open, a new one whose `hi` is a
+-- snapshot taken here — the events visible in `hi` and not in `lo`. A read:
+-- opening a window writes nothing (so it never waits for a WAL flush);
+-- `advance` stores the window's `hi` when it moves past a page of it, or
+-- moves `lo` to it. A window opened and never advanced is forgotten, and
+-- the next one (a later snapshot) holds all its events.
+SELECT destination, part, parts, lo::text AS lo,
+       COALESCE(hi, pg_current_snapshot())::text AS hi,
+       CASE WHEN hi IS NULL THEN 0 ELSE after_id END AS after_id
+FROM {schema}.log_cursors
+WHERE destination = $1 AND part = $3 AND owner = $2 AND lease_expires_at > now();
+
+-- name: open
+-- `window` and its first page in one statement (a read, like `window`):
+-- the window partition $3 of cursor $1 reads now while owner $2 holds it,
+-- then up to $4 of its events in id order, from its floor when it is new
+-- (as `window_floor`: found along the (txid, id) index) or after its stored
+-- `after_id`, as `page` reads them. The first row is the window (event
+-- columns NULL; `after_id` where its first page starts, 0 when it holds no
+-- event); the events follow (window columns NULL). No row at all when $2
+-- does not hold the cursor. One round trip where the three statements took
+-- three: a notification's events are read at once.
+-- With $5 (a snapshot) the window is a new one from $5, whatever the row
+-- says: the reader's move that closed the window before, ending at $5, may
+-- still be committing.
+WITH c AS MATERIALIZED (
+    SELECT destination, part, parts, COALESCE($5::text::pg_snapshot, lo) AS lo,
+           CASE WHEN $5 IS NULL THEN COALESCE(hi, pg_current_snapshot())
+                ELSE pg_current_snapshot() END AS hi,
+           CASE WHEN $5 IS NULL AND hi IS NOT NULL THEN after_id ELSE 0 END AS after_id
+    FROM {schema}.log_cursors
+    WHERE destination = $1 AND part = $3 AND owner = $2 AND lease_expires_at > now()),
+w AS MATERIALIZED (
+    SELECT c.*,
+           CASE WHEN c.after_id > 0 THEN c.after_id
+                ELSE LEAST(
+                  (SELECT min(l.id + 0) FROM {schema}.log l
+                   WHERE l.txid >= pg_snapshot_xmax(c.lo)
+                     AND l.txid < pg_snapshot_xmax(c.hi)
+                     AND pg_visible_in_snapshot(l.txid, c.hi)),
+                  (SELECT min(f.id)
+                   FROM unnest(ARRAY(SELECT pg_snapshot_xip(c.lo))) AS x(txid),
+                        LATERAL (SELECT l.txid, l.id FROM {schema}.log l
+                                 WHERE l.txid >= x.txid
+                                 ORDER BY l.txid, l.id LIMIT 1) f
+                   WHERE f.txid = x.txid AND pg_visible_in_snapshot(f.txid, c.hi))) - 1
+           END AS from_id
+    FROM c)
+SELECT w.destination, w.part, w.parts, w.lo::text AS lo, w.hi::text AS hi,
+       COALESCE(w.from_id, 0) AS after_id,
+       NULL::bigint AS id, NULL::uuid AS event_id, NULL::text AS event_type,
+       NULL::text AS aggregate_type, NULL::text AS aggregate_id,
+       NULL::integer AS schema_version, NULL::text AS payload, NULL::text AS headers,
+       NULL::timestamptz AS created_at, NULL::bigint AS sequence,
+       NULL::integer AS attempts, NULL::boolean AS scheduled
+FROM w
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL,
+       p.id, p.event_id, p.event_type, p.aggregate_type, p.aggregate_id,
+       p.schema_version, p.payload, p.headers, p.created_at, p.sequence,
+       1, p.scheduled
+FROM w, LATERAL (
+    SELECT l.id, l.event_id, l.event_type, l.aggregate_type, l.aggregate_id, l.schema_version,
+           l.payload::text AS payload, l.headers::text AS headers, l.created_at, l.sequence,
+           COALESCE(l.deliver_at > now(), false) AS scheduled
+    FROM {schema}.log l
+    WHERE l.id > w.from_id
+      AND pg_visible_in_snapshot(l.txid, w.hi)
+      AND (l.txid >= pg_snapshot_xmax(w.lo)
+           OR l.txid = ANY (ARRAY(SELECT pg_snapshot_xip(w.lo))))
+      AND (w.parts = 1 OR {schema}.log_part(l.aggregate_type, l.aggregate_id, w.parts) = w.part)
+    ORDER BY l.id
+    LIMIT $4) p
+ORDER BY id NULLS FIRST;
 
 -- name: window_floor
 -- The lowest id among the events of the window (lo $1, hi $2); NULL when it
@@ -111,15 +184,22 @@ RETURNING destination, part, parts, lo::text AS lo, hi::text AS hi, after_id;
 -- are the ones in progress at `lo` and those from `lo`'s xmax up to `hi`'s —
 -- so its cost is the window's size, not the log's: `id + 0` keeps the
 -- planner from answering min(id) by walking the id index from the log's
--- start. A window read from its floor skips every older event unread.
+-- start; each transaction in progress at `lo` is looked up as the first
+-- (txid, id) entry from its txid on, a shape only that index answers (an
+-- `= ANY` of them was planned as a scan of the whole log, which made every
+-- new window cost more as the log grew). A window read from its floor
+-- skips every older event unread.
 SELECT LEAST(
     (SELECT min(id + 0) FROM {schema}.log
      WHERE txid >= pg_snapshot_xmax($1::text::pg_snapshot)
        AND txid < pg_snapshot_xmax($2::text::pg_snapshot)
        AND pg_visible_in_snapshot(txid, $2::text::pg_snapshot)),
-    (SELECT min(id + 0) FROM {schema}.log
-     WHERE txid = ANY (ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot)))
-       AND pg_visible_in_snapshot(txid, $2::text::pg_snapshot))) AS floor;
+    (SELECT min(f.id)
+     FROM unnest(ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot))) AS x(txid),
+          LATERAL (SELECT l.txid, l.id FROM {schema}.log l
+                   WHERE l.txid >= x.txid
+                   ORDER BY l.txid, l.id LIMIT 1) f
+     WHERE f.txid = x.txid AND pg_visible_in_snapshot(f.txid, $2::text::pg_snapshot))) AS floor;
 
 -- name: page
 -- Up to $4 events of the window (lo $1, hi $2) after id $3, in id order.
@@ -146,18 +226,24 @@ ORDER BY id
 LIMIT $4;
 
 -- name: advance
--- Record that partition $6 of cursor $1 (owner $2) published its window up
--- to id $3 ($4 events); with $5 the window is done: `hi` becomes `lo`.
--- False (no row) when the lease was lost: the caller stops reading this
--- cursor. {relay_commit}: as in `window`; in a transaction that hands events
--- off too, it applies to the whole transaction.
+-- Record that partition $6 of cursor $1 (owner $2) published its window
+-- (lo $7, hi $8) up to id $3 ($4 events): with $5 the window is done and
+-- `lo` becomes its `hi`; otherwise the window stays open, stored at `hi`
+-- (the first page of a window stores it). Only while the cursor is where the
+-- window was read from (`lo` $7, and `hi` $8 when it stores one), so a
+-- reader whose view is stale (it lost the lease and took it back meanwhile)
+-- moves nothing. False (no row) then, or when the lease was lost: the
+-- caller stops reading this cursor. {relay_commit}: relay.synchronous_commit
+-- (see relay.sql); in a transaction that hands events off too, it applies
+-- to the whole transaction.
 UPDATE {schema}.log_cursors
-SET lo = CASE WHEN $5 THEN hi ELSE lo END,
-    hi = CASE WHEN $5 THEN NULL ELSE hi END,
+SET lo = CASE WHEN $5 THEN $8::text::pg_snapshot ELSE lo END,
+    hi = CASE WHEN $5 THEN NULL ELSE $8::text::pg_snapshot END,
     after_id = CASE WHEN $5 THEN 0 ELSE $3 END,
     delivered = delivered + $4,
     updated_at = now()
 WHERE destination = $1 AND part = $6 AND owner = $2 AND lease_expires_at > now()
+  AND lo::text = $7 AND (hi IS NULL OR hi::text = $8)
   AND {relay_commit}
 RETURNING true AS advanced;
 

@@ -4,7 +4,9 @@
 //! event visible in its `lo` snapshot is done; the open window is the events
 //! visible in `hi` and not in `lo`, read in id order up to `after_id`. The
 //! relay reads a page, publishes it, then advances the cursor: a crash
-//! between the two redelivers at most that page.
+//! between the two redelivers what was published since the cursor last
+//! moved. Reading writes nothing: a window's `hi` is stored only when the
+//! cursor moves past a page of it.
 
 use crate::catalog;
 use crate::relay::{ClaimedEvent, ClaimedRow, RelayCommit};
@@ -84,6 +86,69 @@ struct PageRow {
     scheduled: bool,
 }
 
+/// A row of `open`: the window (first row), or one of its events.
+#[derive(sqlx::FromRow)]
+struct OpenRow {
+    destination: Option<String>,
+    part: Option<i32>,
+    parts: Option<i32>,
+    lo: Option<String>,
+    hi: Option<String>,
+    after_id: Option<i64>,
+    id: Option<i64>,
+    event_id: Option<Uuid>,
+    event_type: Option<String>,
+    aggregate_type: Option<String>,
+    aggregate_id: Option<String>,
+    schema_version: Option<i32>,
+    payload: Option<String>,
+    headers: Option<String>,
+    created_at: Option<chrono::DateTime<chrono::Utc>>,
+    sequence: Option<i64>,
+    attempts: Option<i32>,
+    scheduled: Option<bool>,
+}
+
+impl OpenRow {
+    fn window(self) -> Option<LogWindow> {
+        Some(LogWindow {
+            destination: self.destination?,
+            part: self.part?,
+            parts: self.parts?,
+            lo: self.lo?,
+            hi: self.hi?,
+            after_id: self.after_id?,
+        })
+    }
+
+    fn event(self) -> Result<LogEvent, sqlx::Error> {
+        let missing = |column: &str| sqlx::Error::ColumnNotFound(format!("open: {column} is NULL"));
+        let row = ClaimedRow {
+            id: self.id.ok_or_else(|| missing("id"))?,
+            event_id: self.event_id.ok_or_else(|| missing("event_id"))?,
+            event_type: self.event_type.ok_or_else(|| missing("event_type"))?,
+            aggregate_type: self
+                .aggregate_type
+                .ok_or_else(|| missing("aggregate_type"))?,
+            aggregate_id: self.aggregate_id.ok_or_else(|| missing("aggregate_id"))?,
+            schema_version: self
+                .schema_version
+                .ok_or_else(|| missing("schema_version"))?,
+            payload: self.payload.ok_or_else(|| missing("payload"))?,
+            headers: self.headers.ok_or_else(|| missing("headers"))?,
+            created_at: self.created_at.ok_or_else(|| missing("created_at"))?,
+            attempts: self.attempts.ok_or_else(|| missing("attempts"))?,
+            sequence: self.sequence,
+        };
+        let scheduled = self.scheduled.unwrap_or(false);
+        row.decode().map(|(id, event)| LogEvent {
+            id,
+            event,
+            scheduled,
+        })
+    }
+}
+
 struct Queries {
     cursors_ensure: String,
     cursors_split: String,
@@ -93,6 +158,7 @@ struct Queries {
     cursors_acquire: String,
     cursors_release: String,
     window: String,
+    open: String,
     window_floor: String,
     page: String,
     held: String,
@@ -119,7 +185,8 @@ impl Queries {
             cursors_split_at: file.render("cursors_split_at", schema),
             cursors_acquire: file.render("cursors_acquire", schema),
             cursors_release: file.render("cursors_release", schema),
-            window: file.render_with("window", schema, &commit),
+            window: file.render("window", schema),
+            open: file.render("open", schema),
             window_floor: file.render("window_floor", schema),
             page: file.render("page", schema),
             held: file.render("held", schema),
@@ -301,7 +368,9 @@ impl Log {
     }
 
     /// The window partition `part` of `destination`'s cursor reads now
-    /// (opening one if needed); `None` when `owner` does not hold it.
+    /// (opening one if needed: a read, nothing is stored until
+    /// [`Log::advance`] moves past a page of it); `None` when `owner` does
+    /// not hold it.
     pub async fn window(
         &self,
         destination: &str,
@@ -314,6 +383,40 @@ impl Log {
             .bind(part)
             .fetch_optional(&self.pool)
             .await
+    }
+
+    /// [`Log::window`], [`Log::from_floor`] and the window's first
+    /// [`Log::page`] of up to `limit` events, in one statement (a read):
+    /// the window positioned where its first page starts (`after_id` 0 when
+    /// it holds no event), and that page; `None` when `owner` does not hold
+    /// the cursor. With `from` (a snapshot, as text) a new window starts
+    /// there, whatever the cursor's row says: the reader's last move, closing
+    /// the window before, may not be committed yet.
+    pub async fn open(
+        &self,
+        destination: &str,
+        part: i32,
+        owner: Uuid,
+        from: Option<&str>,
+        limit: i64,
+    ) -> Result<Option<(LogWindow, Vec<LogEvent>)>, sqlx::Error> {
+        let rows: Vec<OpenRow> = sqlx::query_as(trusted(&self.sql.open))
+            .bind(destination)
+            .bind(owner)
+            .bind(part)
+            .bind(limit)
+            .bind(from)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut rows = rows.into_iter();
+        let Some(first) = rows.next() else {
+            return Ok(None);
+        };
+        let window = first.window().ok_or_else(|| {
+            sqlx::Error::Protocol("open: its first row is not the window".to_owned())
+        })?;
+        let page = rows.map(OpenRow::event).collect::<Result<Vec<_>, _>>()?;
+        Ok(Some((window, page)))
     }
 
     /// `window` moved to just before its first event when it is at its
@@ -380,7 +483,9 @@ impl Log {
     }
 
     /// Record that `window` was published up to `last_id` (`count` events);
-    /// `done` closes the window. False when `owner` lost the cursor.
+    /// `done` closes the window (its `hi` becomes the cursor's `lo`),
+    /// otherwise the window is stored as open. False when `owner` lost the
+    /// cursor, or the cursor is no longer where `window` was read from.
     pub async fn advance(
         &self,
         window: &LogWindow,
@@ -411,6 +516,8 @@ impl Log {
             .bind(count)
             .bind(done)
             .bind(window.part)
+            .bind(&window.lo)
+            .bind(&window.hi)
     }
 
     /// Move the cursor past a published page as [`Log::advance`] does, and
@@ -565,15 +672,20 @@ mod tests {
         let flag = "set_config('synchronous_commit', 'off', true)";
         let sync = Queries::new(&schema, RelayCommit::Synchronous);
         let not_flushed = Queries::new(&schema, RelayCommit::Asynchronous);
-        for (sync, not_flushed) in [
-            (&sync.window, &not_flushed.window),
-            (&sync.advance, &not_flushed.advance),
-        ] {
-            assert!(
-                !sync.contains("{relay_commit}") && !sync.contains(flag),
-                "{sync}"
-            );
-            assert!(not_flushed.contains(flag), "{not_flushed}");
+        assert!(
+            !sync.advance.contains("{relay_commit}") && !sync.advance.contains(flag),
+            "{}",
+            sync.advance
+        );
+        assert!(
+            not_flushed.advance.contains(flag),
+            "{}",
+            not_flushed.advance
+        );
+        // Opening a window writes nothing; leases never wait for a flush.
+        for q in [&sync, &not_flushed] {
+            assert!(!q.window.contains("UPDATE"), "{}", q.window);
+            assert!(q.cursors_acquire.contains(flag), "{}", q.cursors_acquire);
         }
     }
 }

@@ -27,6 +27,7 @@ struct Reader {
 }
 
 impl Reader {
+    /// A reader under an owner of its own (the cursor must be free).
     async fn new(db: &TestDb) -> Reader {
         let log = Store::new(db.pool.clone(), db.schema.clone()).log();
         let destination = "default".to_owned();
@@ -93,6 +94,75 @@ impl Reader {
     }
 }
 
+/// How the relay reads: each window opened with its first page in one
+/// statement (`open`), the next window starting where the last one ended
+/// (`from`) while the move that closed the last one is still to be
+/// committed — moves are applied one window late, as a reader's move
+/// committing behind it would be.
+struct BehindReader {
+    reader: Reader,
+    /// Where the next window starts, once a window has been read.
+    next_lo: Option<String>,
+    /// The last window's move, not applied yet: (window, last id, count).
+    late: Option<(LogWindow, i64, i64)>,
+}
+
+impl BehindReader {
+    /// Read one window to its end (moves within it applied at once, the
+    /// one closing it left late); returns what it read.
+    async fn read_window(&mut self, page: i64) -> Vec<(Uuid, String, i64)> {
+        let log = self.reader.log.clone();
+        let owner = self.reader.owner;
+        let (mut window, mut events) = log
+            .open(
+                &self.reader.destination,
+                0,
+                owner,
+                self.next_lo.as_deref(),
+                page,
+            )
+            .await
+            .unwrap()
+            .expect("the reader holds its cursor");
+        // The window before this one is moved past only now.
+        self.apply_late().await;
+        let mut out = Vec::new();
+        loop {
+            let done = (events.len() as i64) < page;
+            let last = events.last().map_or(window.after_id, |e| e.id);
+            for e in &events {
+                out.push((
+                    e.event.event_id,
+                    e.event.aggregate_id.clone(),
+                    e.event.sequence.unwrap(),
+                ));
+            }
+            if done {
+                self.next_lo = Some(window.hi.clone());
+                self.late = Some((window, last, events.len() as i64));
+                return out;
+            }
+            assert!(log
+                .advance(&window, owner, last, events.len() as i64, false)
+                .await
+                .unwrap());
+            window.after_id = last;
+            events = log.page(&window, page).await.unwrap();
+        }
+    }
+
+    async fn apply_late(&mut self) {
+        if let Some((window, last, n)) = self.late.take() {
+            assert!(self
+                .reader
+                .log
+                .advance(&window, self.reader.owner, last, n, true)
+                .await
+                .unwrap());
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_transaction_held_open_is_read_when_it_commits_and_a_rollback_never() {
     let db = TestDb::new().await;
@@ -136,9 +206,20 @@ async fn a_transaction_held_open_is_read_when_it_commits_and_a_rollback_never() 
 
 #[tokio::test]
 async fn randomized_producers_are_read_exactly_once_in_aggregate_order() {
+    randomized_producers(false).await;
+}
+
+/// The same, read as the relay reads: windows opened with their first page,
+/// each from where the last one ended while its move commits behind.
+#[tokio::test]
+async fn randomized_producers_are_read_exactly_once_with_moves_behind_the_reader() {
+    randomized_producers(true).await;
+}
+
+async fn randomized_producers(behind: bool) {
     let db = TestDb::new().await;
     let append = db.sql(APPEND);
-    let reader = Reader::new(&db).await;
+    let mut reader = Windows::new(&db, behind).await;
     let producers = 8;
     let per_producer = 60;
     let pool = db.another_pool(producers + 2).await;
@@ -197,6 +278,14 @@ async fn randomized_producers_are_read_exactly_once_in_aggregate_order() {
     }
     // Everything committed is visible now: one last window takes the rest.
     read.extend(reader.read_window(7).await);
+    // And once every move is in, a reader that starts from the cursor's row
+    // (a relay taking over) finds nothing left.
+    reader.finish().await;
+    let fresh = Reader::new(&db).await;
+    assert!(
+        fresh.read_window(7).await.is_empty(),
+        "read again after the moves"
+    );
 
     let got: Vec<Uuid> = ids(&read);
     let unique: HashSet<Uuid> = got.iter().copied().collect();
@@ -250,6 +339,50 @@ async fn a_second_owner_cannot_read_a_held_cursor_until_its_lease_ends() {
         .unwrap();
     assert!(held, "released leases are taken at once");
     db.drop_schema().await;
+}
+
+/// One of the two readers.
+enum Windows {
+    Plain(Reader),
+    Behind(BehindReader),
+}
+
+impl Windows {
+    async fn new(db: &TestDb, behind: bool) -> Windows {
+        let reader = Reader::new(db).await;
+        if behind {
+            Windows::Behind(BehindReader {
+                reader,
+                next_lo: None,
+                late: None,
+            })
+        } else {
+            Windows::Plain(reader)
+        }
+    }
+
+    async fn read_window(&mut self, page: i64) -> Vec<(Uuid, String, i64)> {
+        match self {
+            Windows::Plain(r) => r.read_window(page).await,
+            Windows::Behind(r) => r.read_window(page).await,
+        }
+    }
+
+    /// Apply what is late, and give the cursor up.
+    async fn finish(&mut self) {
+        let reader = match self {
+            Windows::Plain(r) => r,
+            Windows::Behind(r) => {
+                r.apply_late().await;
+                &r.reader
+            }
+        };
+        reader
+            .log
+            .release(reader.owner, &reader.destination, 0)
+            .await
+            .unwrap();
+    }
 }
 
 fn ids(read: &[(Uuid, String, i64)]) -> Vec<Uuid> {
@@ -335,7 +468,11 @@ async fn a_handoff_of_an_event_not_in_the_log_moves_nothing() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(unmoved, window, "the cursor did not move past the page");
+    assert_eq!(
+        (&unmoved.lo, unmoved.after_id),
+        (&window.lo, window.after_id),
+        "the cursor did not move past the page"
+    );
     let again = reader.log.page(&unmoved, 10).await.unwrap();
     assert_eq!(again.len(), 2);
 

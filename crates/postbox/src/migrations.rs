@@ -107,6 +107,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "emit_numbering",
         sql: include_str!("../migrations/0017_emit_numbering.sql"),
     },
+    Migration {
+        version: 18,
+        name: "log_wake",
+        sql: include_str!("../migrations/0018_log_wake.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.

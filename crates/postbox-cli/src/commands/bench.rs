@@ -65,6 +65,17 @@ pub struct BenchArgs {
     /// one log; the log's segments with autovacuum off)
     #[arg(long, value_enum, value_delimiter = ',', default_value = "claim")]
     pub modes: Vec<Mode>,
+    /// Reading modes of the latency run (claim: LISTEN/NOTIFY, asynchronous
+    /// relay commits, polling; log: synchronous and asynchronous cursor
+    /// moves; logical: emitted events from a replication slot)
+    #[arg(
+        long,
+        value_name = "MODES",
+        value_delimiter = ',',
+        default_value = "claim,log,logical",
+        value_parser = super::parse_mode
+    )]
+    pub latency_modes: Vec<postbox_relay::ReadMode>,
     /// Schema the benchmark creates and drops (never your outbox's)
     #[arg(long, default_value = "postbox_bench")]
     pub bench_schema: String,
@@ -133,6 +144,7 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> Result<ExitCode, AnyEr
         tenant_drain_events: args.tenant_drain_events,
         parts: args.only.into_iter().map(bench::Part::from).collect(),
         modes: args.modes.into_iter().map(bench::Mode::from).collect(),
+        latency_modes: args.latency_modes,
         bench_schema: args.bench_schema,
         json: args.json,
     };

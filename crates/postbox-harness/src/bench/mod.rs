@@ -87,6 +87,8 @@ pub struct Options {
     pub parts: Vec<Part>,
     /// Reading modes of the scale-out and sustained runs.
     pub modes: Vec<Mode>,
+    /// Reading modes of the latency run.
+    pub latency_modes: Vec<ReadMode>,
     /// Schema the benchmark creates and drops (its name must contain "bench").
     pub bench_schema: String,
     /// Print the results as JSON rather than a table.
@@ -211,9 +213,11 @@ async fn run_on(url: &str, options: &Options) -> Result<BenchReport, AnyError> {
                 (true, false, ReadMode::Log),
                 (true, true, ReadMode::Logical),
             ] {
-                report
-                    .latency
-                    .push(bench.latency(listen, synchronous, mode).await?);
+                if options.latency_modes.contains(&mode) {
+                    report
+                        .latency
+                        .push(bench.latency(listen, synchronous, mode).await?);
+                }
             }
         } else {
             crate::errln!("latency: skipped (it reads the messages back from a Redis list sink)");
