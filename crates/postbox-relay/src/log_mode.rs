@@ -300,11 +300,18 @@ impl Reader {
                 None,
             )
         } else {
-            let (published, ahead) = tokio::join!(
-                publish_page(shared, log, d, &page, self.ordered),
-                log.page(&next, batch)
-            );
-            (published, ahead.ok())
+            // A task of its own, so that decoding the next page's rows runs
+            // on another worker thread while this one builds and sends the
+            // page's messages.
+            let reading = {
+                let (log, next) = (log.clone(), next.clone());
+                tokio::spawn(crate::tenants::label::inherit(async move {
+                    log.page(&next, batch).await
+                }))
+            };
+            let published = publish_page(shared, log, d, &page, self.ordered).await;
+            let ahead = reading.await.ok().and_then(Result::ok);
+            (published, ahead)
         };
         let Published {
             delivered,
