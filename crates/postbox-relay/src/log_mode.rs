@@ -18,7 +18,8 @@
 //! taken, not stored); a page with nothing to hand off moves the cursor
 //! behind the reader (see [`Behind`]), committing while the next pages are
 //! read and published; a lease renewal commits without waiting for the WAL
-//! flush; and a new window with nothing in it is not written at all unless
+//! flush, and without waiting for the moves in flight unless it gives the
+//! partition back to another relay (`Log::renew`, then `Log::acquire`); and a new window with nothing in it is not written at all unless
 //! the cursor has stood still for a second. A crash between publishing and
 //! moving redelivers at most the pages whose moves were in flight — three
 //! pages at most. Within a window the reader reads the next page while the
@@ -75,6 +76,7 @@ pub(crate) async fn read_loop(
         moved_at: None,
         behind: None,
         next_lo: None,
+        give_back: false,
     };
     let mut failures = 0;
     let mut wake = shared.log_wake.subscribe();
@@ -151,6 +153,9 @@ struct Reader {
     /// Where the next window starts (the last window's `hi`) while the move
     /// that closed that window may not be committed yet.
     next_lo: Option<String>,
+    /// Another relay is owed this partition: give it back once the moves in
+    /// flight are in.
+    give_back: bool,
 }
 
 /// Cursor moves committing in the background. A page that hands nothing
@@ -232,17 +237,36 @@ impl Reader {
         let name = &shared.router.destinations()[d].name;
         let batch = i64::from(config.batch_size);
         if self.held_until.is_none_or(|t| Instant::now() >= t) {
-            // Between pages, once the last move is committed: nothing of
-            // this cursor is in flight, so a partition beyond this relay's
-            // share may be given back here.
-            if !self.catch_up(shared).await? {
-                return Ok(lost(name, part));
+            let renew_every = (config.lease / 3).min(RENEW_MAX);
+            let moving = self.behind.as_ref().is_some_and(|b| !b.task.is_finished());
+            if moving && !self.give_back {
+                // Moves in flight: renew without giving the partition back
+                // (and without waiting for them), and learn whether another
+                // relay is owed it.
+                let lease = log.renew(owner, name, part, config.lease).await?;
+                if !lease.held {
+                    self.forget();
+                    return Ok(Round::NotHeld);
+                }
+                self.give_back = lease.beyond_share;
+            } else {
+                // Once the moves are in, nothing of this cursor is in flight:
+                // a partition beyond this relay's share is given back here.
+                if !self.catch_up(shared).await? {
+                    return Ok(lost(name, part));
+                }
+                self.give_back = false;
+                if !log.acquire(owner, name, part, config.lease).await? {
+                    self.forget();
+                    return Ok(Round::NotHeld);
+                }
             }
-            if !log.acquire(owner, name, part, config.lease).await? {
-                self.forget();
-                return Ok(Round::NotHeld);
-            }
-            self.held_until = Some(Instant::now() + (config.lease / 3).min(RENEW_MAX));
+            // A partition owed to another relay goes back at the next round.
+            self.held_until = Some(if self.give_back {
+                Instant::now()
+            } else {
+                Instant::now() + renew_every
+            });
         }
         let (window, page) = match self.window.take() {
             Some(w) => {

@@ -49,8 +49,11 @@ FROM generate_series(0, $2 - 1) AS p;
 -- younger than the lease): it keeps a partition it holds while fewer than
 -- its share of its others come before it, gives it back otherwise (called
 -- between pages, so nothing is in flight), and takes a free or expired one
--- while it holds fewer than its share. Returns whether $1 holds it now.
--- It commits without waiting for the WAL flush (synchronous_commit off for
+-- while it holds fewer than its share. With $5 (`keep`, a renewal while
+-- moves are in flight) it never gives one back: it keeps and renews a
+-- partition it holds beyond its share, and says so (`beyond`), so that the
+-- reader gives it back once its moves are in. Returns whether $1 holds it
+-- now, and whether beyond its share. It commits without waiting for the WAL flush (synchronous_commit off for
 -- its own transaction, whatever relay.synchronous_commit says): a lease
 -- and a heartbeat carry no delivery state, and the reader renews them
 -- between pages, where a flush would hold up the next page; a PostgreSQL
@@ -76,15 +79,17 @@ share AS (
     GROUP BY c.parts, c.part),
 taken AS (
     UPDATE {schema}.log_cursors c
-    SET owner = CASE WHEN (c.owner = $1 AND s.before < s.share) OR s.mine < s.share
+    SET owner = CASE WHEN (c.owner = $1 AND ($5 OR s.before < s.share)) OR s.mine < s.share
                      THEN $1 END,
-        lease_expires_at = CASE WHEN (c.owner = $1 AND s.before < s.share) OR s.mine < s.share
+        lease_expires_at = CASE WHEN (c.owner = $1 AND ($5 OR s.before < s.share))
+                                     OR s.mine < s.share
                                 THEN now() + make_interval(secs => $4) END
     FROM share s
     WHERE c.destination = $2 AND c.part = $3
       AND (c.owner = $1 OR c.owner IS NULL OR c.lease_expires_at < now())
-    RETURNING c.owner)
-SELECT EXISTS (SELECT 1 FROM taken WHERE owner = $1) AS held
+    RETURNING c.owner, s.before >= s.share AS beyond)
+SELECT EXISTS (SELECT 1 FROM taken WHERE owner = $1) AS held,
+       COALESCE((SELECT beyond FROM taken WHERE owner = $1), false) AS beyond
 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS without_flush;
 
 -- name: cursors_release
@@ -101,129 +106,23 @@ WHERE r.owner = $1 AND r.destination = $2
                   WHERE c.destination = $2 AND c.part <> $3 AND c.owner = $1
                     AND c.lease_expires_at > now());
 
--- name: window
--- The window partition $3 of cursor $1 reads now, while owner $2 holds the
--- cursor: the open one, or, when none is open, a new one whose `hi` is a
--- snapshot taken here — the events visible in `hi` and not in `lo`. A read:
--- opening a window writes nothing (so it never waits for a WAL flush);
--- `advance` stores the window's `hi` when it moves past a page of it, or
--- moves `lo` to it. A window opened and never advanced is forgotten, and
--- the next one (a later snapshot) holds all its events.
-SELECT destination, part, parts, lo::text AS lo,
-       COALESCE(hi, pg_current_snapshot())::text AS hi,
-       CASE WHEN hi IS NULL THEN 0 ELSE after_id END AS after_id
-FROM {schema}.log_cursors
-WHERE destination = $1 AND part = $3 AND owner = $2 AND lease_expires_at > now();
-
 -- name: open
--- `window` and its first page in one statement (a read, like `window`):
--- the window partition $3 of cursor $1 reads now while owner $2 holds it,
--- then up to $4 of its events in id order, from its floor when it is new
--- (as `window_floor`: found along the (txid, id) index) or after its stored
--- `after_id`, as `page` reads them. The first row is the window (event
--- columns NULL; `after_id` where its first page starts, 0 when it holds no
--- event); the events follow (window columns NULL). No row at all when $2
--- does not hold the cursor. One round trip where the three statements took
--- three: a notification's events are read at once.
--- With $5 (a snapshot) the window is a new one from $5, whatever the row
--- says: the reader's move that closed the window before, ending at $5, may
--- still be committing.
-WITH c AS MATERIALIZED (
-    SELECT destination, part, parts, COALESCE($5::text::pg_snapshot, lo) AS lo,
-           CASE WHEN $5 IS NULL THEN COALESCE(hi, pg_current_snapshot())
-                ELSE pg_current_snapshot() END AS hi,
-           CASE WHEN $5 IS NULL AND hi IS NOT NULL THEN after_id ELSE 0 END AS after_id
-    FROM {schema}.log_cursors
-    WHERE destination = $1 AND part = $3 AND owner = $2 AND lease_expires_at > now()),
-w AS MATERIALIZED (
-    SELECT c.*,
-           CASE WHEN c.after_id > 0 THEN c.after_id
-                ELSE LEAST(
-                  (SELECT min(l.id + 0) FROM {schema}.log l
-                   WHERE l.txid >= pg_snapshot_xmax(c.lo)
-                     AND l.txid < pg_snapshot_xmax(c.hi)
-                     AND pg_visible_in_snapshot(l.txid, c.hi)),
-                  (SELECT min(f.id)
-                   FROM unnest(ARRAY(SELECT pg_snapshot_xip(c.lo))) AS x(txid),
-                        LATERAL (SELECT l.txid, l.id FROM {schema}.log l
-                                 WHERE l.txid >= x.txid
-                                 ORDER BY l.txid, l.id LIMIT 1) f
-                   WHERE f.txid = x.txid AND pg_visible_in_snapshot(f.txid, c.hi))) - 1
-           END AS from_id
-    FROM c)
-SELECT w.destination, w.part, w.parts, w.lo::text AS lo, w.hi::text AS hi,
-       COALESCE(w.from_id, 0) AS after_id,
-       NULL::bigint AS id, NULL::uuid AS event_id, NULL::text AS event_type,
-       NULL::text AS aggregate_type, NULL::text AS aggregate_id,
-       NULL::integer AS schema_version, NULL::text AS payload, NULL::text AS headers,
-       NULL::timestamptz AS created_at, NULL::bigint AS sequence,
-       NULL::integer AS attempts, NULL::boolean AS scheduled
-FROM w
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL,
-       p.id, p.event_id, p.event_type, p.aggregate_type, p.aggregate_id,
-       p.schema_version, p.payload, p.headers, p.created_at, p.sequence,
-       1, p.scheduled
-FROM w, LATERAL (
-    SELECT l.id, l.event_id, l.event_type, l.aggregate_type, l.aggregate_id, l.schema_version,
-           l.payload::text AS payload, l.headers::text AS headers, l.created_at, l.sequence,
-           COALESCE(l.deliver_at > now(), false) AS scheduled
-    FROM {schema}.log l
-    WHERE l.id > w.from_id
-      AND pg_visible_in_snapshot(l.txid, w.hi)
-      AND (l.txid >= pg_snapshot_xmax(w.lo)
-           OR l.txid = ANY (ARRAY(SELECT pg_snapshot_xip(w.lo))))
-      AND (w.parts = 1 OR {schema}.log_part(l.aggregate_type, l.aggregate_id, w.parts) = w.part)
-    ORDER BY l.id
-    LIMIT $4) p
-ORDER BY id NULLS FIRST;
-
--- name: window_floor
--- The lowest id among the events of the window (lo $1, hi $2); NULL when it
--- has none. Found along the (txid, id) index — the window's transactions
--- are the ones in progress at `lo` and those from `lo`'s xmax up to `hi`'s —
--- so its cost is the window's size, not the log's: `id + 0` keeps the
--- planner from answering min(id) by walking the id index from the log's
--- start; each transaction in progress at `lo` is looked up as the first
--- (txid, id) entry from its txid on, a shape only that index answers (an
--- `= ANY` of them was planned as a scan of the whole log, which made every
--- new window cost more as the log grew). A window read from its floor
--- skips every older event unread.
-SELECT LEAST(
-    (SELECT min(id + 0) FROM {schema}.log
-     WHERE txid >= pg_snapshot_xmax($1::text::pg_snapshot)
-       AND txid < pg_snapshot_xmax($2::text::pg_snapshot)
-       AND pg_visible_in_snapshot(txid, $2::text::pg_snapshot)),
-    (SELECT min(f.id)
-     FROM unnest(ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot))) AS x(txid),
-          LATERAL (SELECT l.txid, l.id FROM {schema}.log l
-                   WHERE l.txid >= x.txid
-                   ORDER BY l.txid, l.id LIMIT 1) f
-     WHERE f.txid = x.txid AND pg_visible_in_snapshot(f.txid, $2::text::pg_snapshot))) AS floor;
+-- The window partition $3 of cursor $1 reads now while owner $2 holds it
+-- (with $5, a new window from that snapshot), and its first page of up to
+-- $4 events, from its floor when it is new or after its stored `after_id`
+-- (migration 18's `log_open`). A read: opening a window writes nothing;
+-- `advance` stores its `hi` when it moves past a page of it, or moves `lo`
+-- to it. The first row is the window (event columns NULL; `after_id` where
+-- its first page starts, 0 when it holds no event); the events follow
+-- (window columns NULL). No row at all when $2 does not hold the cursor.
+SELECT * FROM {schema}.log_open($1, $2, $3, $4, $5) ORDER BY id NULLS FIRST;
 
 -- name: page
--- Up to $4 events of the window (lo $1, hi $2) after id $3, in id order.
--- An event of the window either belongs to a transaction that was in
--- progress at `lo` (its xip list) or to one that started after `lo`
--- (txid >= xmax of lo); either way it must be visible in `hi`. Read along
--- the id index from $3: a page of a large window costs about a page of rows,
--- not the whole window.
--- A log event is on its first attempt (`attempts` 1): retries happen in the outbox.
--- `scheduled`: its delivery time (migration 12) is still ahead; the reader
--- hands it to the outbox rather than publish it.
--- A cursor split into $5 partitions (migration 14) reads only the events
--- of its partition $6.
-SELECT id, event_id, event_type, aggregate_type, aggregate_id, schema_version,
-       payload::text AS payload, headers::text AS headers, created_at, sequence,
-       1 AS attempts, COALESCE(deliver_at > now(), false) AS scheduled
-FROM {schema}.log
-WHERE id > $3
-  AND pg_visible_in_snapshot(txid, $2::text::pg_snapshot)
-  AND (txid >= pg_snapshot_xmax($1::text::pg_snapshot)
-       OR txid = ANY (ARRAY(SELECT pg_snapshot_xip($1::text::pg_snapshot))))
-  AND ($5 = 1 OR {schema}.log_part(aggregate_type, aggregate_id, $5) = $6)
-ORDER BY id
-LIMIT $4;
+-- Up to $4 events of the window (lo $1, hi $2) after id $3, in id order,
+-- of partition $6 of a cursor split into $5 (migration 18's `log_page`,
+-- which reads along the id index from $3 with one plan for any
+-- parameters: a page of a large window costs about a page of rows).
+SELECT * FROM {schema}.log_page($1, $2, $3, $4, $5, $6) ORDER BY id;
 
 -- name: advance
 -- Record that partition $6 of cursor $1 (owner $2) published its window

@@ -74,6 +74,8 @@ GRANT UPDATE (created_at) ON {schema}.idempotency_keys TO {relay};
 -- DEFINER functions of migration 10: rotating and truncating the ring, and
 -- handing events it did not deliver to the outbox (copied from the log, so
 -- it needs no INSERT on the outbox and cannot make up an event).
+-- Its pages are read through log_page and log_open (migration 18), which
+-- run with the caller's rights: this SELECT is what lets them read.
 GRANT SELECT ON {schema}.log, {schema}.log_settings TO {relay};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.log_cursors, {schema}.log_readers TO {relay};
 GRANT EXECUTE ON FUNCTION

@@ -43,7 +43,7 @@ pub use dead_letters::{
     MAX_REASON_BYTES,
 };
 pub use events::{DeliveryRecord, EventQuery, EventRecord, EventRow, Events, Status, StatusFilter};
-pub use log::{CursorLag, Handoff, HeldEvents, Log, LogEvent, LogWindow, ProducerTarget};
+pub use log::{CursorLag, Handoff, HeldEvents, Lease, Log, LogEvent, LogWindow, ProducerTarget};
 pub use logical::{
     decode_change, decode_event, rough_duration, Change, Logical, LogicalEvent, LogicalHandoff,
     Lsn, SlotStatus, Unread,

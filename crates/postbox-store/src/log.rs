@@ -52,6 +52,16 @@ pub struct LogWindow {
     pub after_id: i64,
 }
 
+/// A reader's lease on one partition after [`Log::renew`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct Lease {
+    /// The reader holds the partition.
+    pub held: bool,
+    /// It holds it beyond its fair share: another relay is waiting for it.
+    #[sqlx(rename = "beyond")]
+    pub beyond_share: bool,
+}
+
 /// How far one cursor is behind (for `postbox status` and the metrics).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, sqlx::FromRow)]
 pub struct CursorLag {
@@ -157,9 +167,7 @@ struct Queries {
     cursors_split_at: String,
     cursors_acquire: String,
     cursors_release: String,
-    window: String,
     open: String,
-    window_floor: String,
     page: String,
     held: String,
     advance: String,
@@ -185,9 +193,7 @@ impl Queries {
             cursors_split_at: file.render("cursors_split_at", schema),
             cursors_acquire: file.render("cursors_acquire", schema),
             cursors_release: file.render("cursors_release", schema),
-            window: file.render("window", schema),
             open: file.render("open", schema),
-            window_floor: file.render("window_floor", schema),
             page: file.render("page", schema),
             held: file.render("held", schema),
             advance: file.render_with("advance", schema, &commit),
@@ -332,7 +338,8 @@ impl Log {
     /// `destination`): an owner holds at most its fair share of the
     /// destination's partitions, ceil(parts / live readers), taking free
     /// ones below it and giving back the ones beyond it. Call it between
-    /// pages. Returns whether `owner` holds the partition now.
+    /// pages, with no cursor move of the partition in flight. Returns whether
+    /// `owner` holds the partition now.
     pub async fn acquire(
         &self,
         owner: Uuid,
@@ -340,11 +347,40 @@ impl Log {
         part: i32,
         lease: Duration,
     ) -> Result<bool, sqlx::Error> {
-        sqlx::query_scalar(trusted(&self.sql.cursors_acquire))
+        Ok(self
+            .lease(owner, destination, part, lease, false)
+            .await?
+            .held)
+    }
+
+    /// Renew `owner`'s lease (and heartbeat) as [`Log::acquire`] does, but
+    /// never give the partition back, so it may be called while moves of
+    /// the partition are in flight: the answer says whether `owner` holds it
+    /// beyond its share, to give it back with `acquire` once they are in.
+    pub async fn renew(
+        &self,
+        owner: Uuid,
+        destination: &str,
+        part: i32,
+        lease: Duration,
+    ) -> Result<Lease, sqlx::Error> {
+        self.lease(owner, destination, part, lease, true).await
+    }
+
+    async fn lease(
+        &self,
+        owner: Uuid,
+        destination: &str,
+        part: i32,
+        lease: Duration,
+        keep: bool,
+    ) -> Result<Lease, sqlx::Error> {
+        sqlx::query_as(trusted(&self.sql.cursors_acquire))
             .bind(owner)
             .bind(destination)
             .bind(part)
             .bind(lease.as_secs_f64())
+            .bind(keep)
             .fetch_one(&self.pool)
             .await
     }
@@ -369,27 +405,10 @@ impl Log {
 
     /// The window partition `part` of `destination`'s cursor reads now
     /// (opening one if needed: a read, nothing is stored until
-    /// [`Log::advance`] moves past a page of it); `None` when `owner` does
-    /// not hold it.
-    pub async fn window(
-        &self,
-        destination: &str,
-        part: i32,
-        owner: Uuid,
-    ) -> Result<Option<LogWindow>, sqlx::Error> {
-        sqlx::query_as(trusted(&self.sql.window))
-            .bind(destination)
-            .bind(owner)
-            .bind(part)
-            .fetch_optional(&self.pool)
-            .await
-    }
-
-    /// [`Log::window`], [`Log::from_floor`] and the window's first
-    /// [`Log::page`] of up to `limit` events, in one statement (a read):
-    /// the window positioned where its first page starts (`after_id` 0 when
-    /// it holds no event), and that page; `None` when `owner` does not hold
-    /// the cursor. With `from` (a snapshot, as text) a new window starts
+    /// [`Log::advance`] moves past a page of it) and its first [`Log::page`]
+    /// of up to `limit` events, in one statement: the window positioned where
+    /// its first page starts (`after_id` 0 when it holds no event), and that
+    /// page; `None` when `owner` does not hold the cursor. With `from` (a snapshot, as text) a new window starts
     /// there, whatever the cursor's row says: the reader's last move, closing
     /// the window before, may not be committed yet.
     pub async fn open(
@@ -417,24 +436,6 @@ impl Log {
         })?;
         let page = rows.map(OpenRow::event).collect::<Result<Vec<_>, _>>()?;
         Ok(Some((window, page)))
-    }
-
-    /// `window` moved to just before its first event when it is at its
-    /// start (`after_id` 0), so that reading it does not walk the log's older
-    /// events; `None` when the window holds no event at all.
-    pub async fn from_floor(&self, window: LogWindow) -> Result<Option<LogWindow>, sqlx::Error> {
-        if window.after_id != 0 {
-            return Ok(Some(window));
-        }
-        let floor: Option<i64> = sqlx::query_scalar(trusted(&self.sql.window_floor))
-            .bind(&window.lo)
-            .bind(&window.hi)
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(floor.map(|f| LogWindow {
-            after_id: f - 1,
-            ..window
-        }))
     }
 
     /// Up to `limit` events of `window` after its position, in id order.
@@ -684,7 +685,7 @@ mod tests {
         );
         // Opening a window writes nothing; leases never wait for a flush.
         for q in [&sync, &not_flushed] {
-            assert!(!q.window.contains("UPDATE"), "{}", q.window);
+            assert!(!q.open.contains("UPDATE"), "{}", q.open);
             assert!(q.cursors_acquire.contains(flag), "{}", q.cursors_acquire);
         }
     }

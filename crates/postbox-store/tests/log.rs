@@ -47,31 +47,20 @@ impl Reader {
         }
     }
 
-    /// Read one window to its end, page by page; returns (event id, aggregate, sequence).
+    /// Read one window to its end, page by page, moving the cursor past
+    /// each page at once; returns (event id, aggregate, sequence). The window
+    /// is opened with its first page from its floor, as the relay does: the
+    /// exactness tests below then check the floor too (a floor too high
+    /// skips events).
     async fn read_window(&self, page: i64) -> Vec<(Uuid, String, i64)> {
         let mut out = Vec::new();
-        let opened: LogWindow = self
+        let (mut window, mut events) = self
             .log
-            .window(&self.destination, 0, self.owner)
+            .open(&self.destination, 0, self.owner, None, page)
             .await
             .unwrap()
             .expect("the reader holds its cursor");
-        // Read from the window's floor, as the relay does: the exactness
-        // tests below then check the floor too (a floor too high skips events).
-        let Some(mut window) = self.log.from_floor(opened.clone()).await.unwrap() else {
-            assert!(
-                self.log.page(&opened, page).await.unwrap().is_empty(),
-                "no floor: the window must be empty"
-            );
-            assert!(self
-                .log
-                .advance(&opened, self.owner, 0, 0, true)
-                .await
-                .unwrap());
-            return out;
-        };
         loop {
-            let events = self.log.page(&window, page).await.unwrap();
             let done = (events.len() as i64) < page;
             let last = events.last().map_or(window.after_id, |e| e.id);
             for e in &events {
@@ -90,6 +79,7 @@ impl Reader {
                 return out;
             }
             window.after_id = last;
+            events = self.log.page(&window, page).await.unwrap();
         }
     }
 }
@@ -323,7 +313,7 @@ async fn a_second_owner_cannot_read_a_held_cursor_until_its_lease_ends() {
     assert!(!held, "the cursor is leased to the first reader");
     assert!(reader
         .log
-        .window(&reader.destination, 0, other)
+        .open(&reader.destination, 0, other, None, 10)
         .await
         .unwrap()
         .is_none());
@@ -385,6 +375,41 @@ impl Windows {
     }
 }
 
+/// A renewal never gives a partition back (moves of it may be in flight),
+/// but says when another relay is owed it; `acquire` then gives it back.
+#[tokio::test]
+async fn a_renewal_keeps_a_partition_owed_to_another_relay_and_says_so() {
+    let db = TestDb::new().await;
+    let log = Store::new(db.pool.clone(), db.schema.clone()).log();
+    let destination = "default".to_owned();
+    log.ensure_split(std::slice::from_ref(&destination), 2)
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(60);
+    let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+    // Alone, the first relay takes both partitions.
+    assert!(log.acquire(a, &destination, 0, lease).await.unwrap());
+    assert!(log.acquire(a, &destination, 1, lease).await.unwrap());
+    // A second relay arrives: its share is one, and nothing is free yet.
+    assert!(!log.acquire(b, &destination, 1, lease).await.unwrap());
+    let renewed = log.renew(a, &destination, 1, lease).await.unwrap();
+    assert_eq!(
+        renewed,
+        postbox_store::Lease {
+            held: true,
+            beyond_share: true
+        },
+        "kept, and owed to the other relay"
+    );
+    let first = log.renew(a, &destination, 0, lease).await.unwrap();
+    assert!(first.held && !first.beyond_share, "within its share");
+    assert!(!log.acquire(b, &destination, 1, lease).await.unwrap());
+    // Once its moves are in, the first relay gives it back.
+    assert!(!log.acquire(a, &destination, 1, lease).await.unwrap());
+    assert!(log.acquire(b, &destination, 1, lease).await.unwrap());
+    db.drop_schema().await;
+}
+
 fn ids(read: &[(Uuid, String, i64)]) -> Vec<Uuid> {
     read.iter().map(|(id, _, _)| *id).collect()
 }
@@ -431,13 +456,12 @@ async fn a_handoff_of_an_event_not_in_the_log_moves_nothing() {
             .await
             .unwrap();
     }
-    let window = reader
+    let (window, mut page) = reader
         .log
-        .window(&reader.destination, 0, reader.owner)
+        .open(&reader.destination, 0, reader.owner, None, 10)
         .await
         .unwrap()
         .unwrap();
-    let mut page = reader.log.page(&window, 10).await.unwrap();
     assert_eq!(page.len(), 2);
     let last = page[1].id;
     page[0].id += 1_000_000; // not this event's id
@@ -462,9 +486,9 @@ async fn a_handoff_of_an_event_not_in_the_log_moves_nothing() {
         0,
         "nothing handed off"
     );
-    let unmoved = reader
+    let (unmoved, again) = reader
         .log
-        .window(&reader.destination, 0, reader.owner)
+        .open(&reader.destination, 0, reader.owner, None, 10)
         .await
         .unwrap()
         .unwrap();
@@ -473,7 +497,6 @@ async fn a_handoff_of_an_event_not_in_the_log_moves_nothing() {
         (&window.lo, window.after_id),
         "the cursor did not move past the page"
     );
-    let again = reader.log.page(&unmoved, 10).await.unwrap();
     assert_eq!(again.len(), 2);
 
     // Named rightly, both are handed off and the cursor moves.

@@ -109,8 +109,8 @@ pub const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 18,
-        name: "log_wake",
-        sql: include_str!("../migrations/0018_log_wake.sql"),
+        name: "log_reading",
+        sql: include_str!("../migrations/0018_log_reading.sql"),
     },
 ];
 
