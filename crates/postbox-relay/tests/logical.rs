@@ -283,18 +283,34 @@ async fn a_poison_event_goes_to_the_outbox_and_does_not_hold_the_slot() {
             },
         )
         .await;
-        let rows: Vec<(Uuid, String)> = sqlx::query_as(trusted(
-            &schema.render("SELECT event_id, status::text FROM {schema}.outbox ORDER BY id"),
-        ))
-        .fetch_all(&pool)
-        .await
-        .unwrap();
+        // The sink took the retried event before the outbox row is marked
+        // sent: wait for the acknowledgement too.
+        let rows = || async {
+            sqlx::query_as::<_, (Uuid, String)>(trusted(
+                &schema.render("SELECT event_id, status::text FROM {schema}.outbox ORDER BY id"),
+            ))
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+        };
+        let want_rows = vec![
+            (poison[0], "failed".to_owned()),
+            (flaky[0], "sent".to_owned()),
+        ];
+        wait_for(
+            "the retried event acknowledged",
+            Duration::from_secs(30),
+            || async {
+                rows()
+                    .await
+                    .iter()
+                    .all(|(_, s)| s != "processing" && s != "pending")
+            },
+        )
+        .await;
         assert_eq!(
-            rows,
-            vec![
-                (poison[0], "failed".to_owned()),
-                (flaky[0], "sent".to_owned())
-            ],
+            rows().await,
+            want_rows,
             "a row only for failures: the dead letter and the retried event"
         );
         // The slot was confirmed past the poison event.
