@@ -283,11 +283,23 @@ pub(super) fn print_table(r: &BenchReport) {
     }
     if !r.latency.is_empty() {
         crate::outln!();
-        crate::outln!("commit-to-Redis latency (target rate)            committed/s   events   p50 ms   p95 ms   p99 ms   max ms");
+        let label = |l: &Latency| format!("{} ({}/s)", l.mode, l.rate);
+        let heading = "commit-to-Redis latency (target rate)";
+        // The label column is as wide as the longest label, so the figures
+        // line up under their headings.
+        let width = r
+            .latency
+            .iter()
+            .map(|l| label(l).len())
+            .fold(heading.len() - 2, usize::max);
+        crate::outln!(
+            "{heading:<w$}   committed/s   events   p50 ms   p95 ms   p99 ms   max ms",
+            w = width + 2
+        );
         for l in &r.latency {
             crate::outln!(
-                "  {:<46} {:>11.0} {:>8} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
-                format!("{} ({}/s)", l.mode, l.rate),
+                "  {:<width$} {:>13.0} {:>8} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
+                label(l),
                 l.achieved_rate,
                 l.events,
                 l.p50_ms,
