@@ -63,13 +63,7 @@ impl Reader {
         loop {
             let done = (events.len() as i64) < page;
             let last = events.last().map_or(window.after_id, |e| e.id);
-            for e in &events {
-                out.push((
-                    e.event.event_id,
-                    e.event.aggregate_id.clone(),
-                    e.event.sequence.unwrap(),
-                ));
-            }
+            out.extend(events.iter().map(seen));
             assert!(self
                 .log
                 .advance(&window, self.owner, last, events.len() as i64, done)
@@ -120,13 +114,7 @@ impl BehindReader {
         loop {
             let done = (events.len() as i64) < page;
             let last = events.last().map_or(window.after_id, |e| e.id);
-            for e in &events {
-                out.push((
-                    e.event.event_id,
-                    e.event.aggregate_id.clone(),
-                    e.event.sequence.unwrap(),
-                ));
-            }
+            out.extend(events.iter().map(seen));
             if done {
                 self.next_lo = Some(window.hi.clone());
                 self.late = Some((window, last, events.len() as i64));
@@ -408,6 +396,15 @@ async fn a_renewal_keeps_a_partition_owed_to_another_relay_and_says_so() {
     assert!(!log.acquire(a, &destination, 1, lease).await.unwrap());
     assert!(log.acquire(b, &destination, 1, lease).await.unwrap());
     db.drop_schema().await;
+}
+
+/// What a reader saw of an event: its id, aggregate and sequence.
+fn seen(e: &postbox_store::LogEvent) -> (Uuid, String, i64) {
+    (
+        e.event.event_id,
+        e.event.aggregate_id.clone(),
+        e.event.sequence.unwrap(),
+    )
 }
 
 fn ids(read: &[(Uuid, String, i64)]) -> Vec<Uuid> {
