@@ -77,6 +77,7 @@ pub(crate) async fn read_loop(
         behind: None,
         next_lo: None,
         give_back: false,
+        leases_seen: shared.log_leases.load(Ordering::Relaxed),
     };
     let mut failures = 0;
     let mut wake = shared.log_wake.subscribe();
@@ -156,6 +157,10 @@ struct Reader {
     /// Another relay is owed this partition: give it back once the moves in
     /// flight are in.
     give_back: bool,
+    /// `Shared::log_leases` when this reader last checked its lease: a
+    /// change (a reader joined, a partition was given back) brings the next
+    /// check forward to the next round.
+    leases_seen: u64,
 }
 
 /// Cursor moves committing in the background. A page that hands nothing
@@ -236,6 +241,11 @@ impl Reader {
         let config = &shared.config;
         let name = &shared.router.destinations()[d].name;
         let batch = i64::from(config.batch_size);
+        let leases = shared.log_leases.load(Ordering::Relaxed);
+        if leases != self.leases_seen {
+            self.leases_seen = leases;
+            self.held_until = None;
+        }
         if self.held_until.is_none_or(|t| Instant::now() >= t) {
             let renew_every = (config.lease / 3).min(RENEW_MAX);
             let moving = self.behind.as_ref().is_some_and(|b| !b.task.is_finished());

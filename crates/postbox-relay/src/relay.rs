@@ -110,6 +110,10 @@ pub struct Relay {
 /// trigger, migration 18).
 const LOG_NOTIFY_PAYLOAD: &str = "log";
 
+/// The payload of the notification a log cursor's lease sends when a reader
+/// joins a destination or gives a partition back (`cursors_acquire`).
+const LOG_LEASE_PAYLOAD: &str = "log-lease";
+
 /// Shared between the relay's tasks for one `run`.
 pub(crate) struct Shared {
     pub(crate) store: Store,
@@ -122,6 +126,10 @@ pub(crate) struct Shared {
     wake: Notify,
     /// Bumped by every notification, for log mode's readers (one per destination).
     pub(crate) log_wake: tokio::sync::watch::Sender<u64>,
+    /// Bumped when another reader joined a destination or a partition was
+    /// given back: log readers check their lease (and share) at their next
+    /// round instead of at the next renewal.
+    pub(crate) log_leases: AtomicU64,
     /// Batches claimed and not yet settled by this process.
     in_flight: AtomicUsize,
     /// Cancelled on SIGTERM: stop claiming, release what was not published.
@@ -143,12 +151,24 @@ impl Shared {
         self.log_wake.send_modify(|n| *n = n.wrapping_add(1));
     }
 
+    /// Notifications may have gone unheard (LISTEN began, or its connection
+    /// was lost): wake everyone, and have log readers check their leases.
+    fn missed_notifications(&self) {
+        self.log_leases.fetch_add(1, Ordering::Relaxed);
+        self.wake_all();
+    }
+
     /// A notification with `payload` came on the schema's channel: an insert
     /// into the log (payload `log`, migration 18) wakes only the log readers
     /// — the claimer reads the outbox, which it did not touch — and anything
     /// else (an outbox insert, an older schema's log) wakes everyone.
     fn notified(&self, payload: &str) {
         if payload == LOG_NOTIFY_PAYLOAD {
+            self.log_wake.send_modify(|n| *n = n.wrapping_add(1));
+        } else if payload == LOG_LEASE_PAYLOAD {
+            // Leases moved: readers holding a partition check their share,
+            // readers waiting for one try it now.
+            self.log_leases.fetch_add(1, Ordering::Relaxed);
             self.log_wake.send_modify(|n| *n = n.wrapping_add(1));
         } else {
             self.wake_all();
@@ -348,6 +368,7 @@ impl Relay {
             stats: self.stats.clone(),
             wake: Notify::new(),
             log_wake: tokio::sync::watch::channel(0).0,
+            log_leases: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             shutdown,
             trouble: self
@@ -1366,6 +1387,9 @@ async fn listen_loop(shared: Arc<Shared>, stop: CancellationToken) {
         };
         failures = 0;
         tracing::debug!(%channel, "listening for new events");
+        // What was committed, and any lease given back, before LISTEN began
+        // notified nobody here: look once now.
+        shared.missed_notifications();
         if !probed {
             probed = true;
             if let Err(e) = probe_listen(&shared, &mut listener, &stop).await {
@@ -1381,12 +1405,12 @@ async fn listen_loop(shared: Arc<Shared>, stop: CancellationToken) {
                     Ok(Some(n)) => shared.notified(n.payload()),
                     Ok(None) => {
                         // Connection lost: notifications may have been missed.
-                        shared.wake_all();
+                        shared.missed_notifications();
                         tracing::warn!("LISTEN connection lost; reconnecting");
                         break;
                     }
                     Err(e) => {
-                        shared.wake_all();
+                        shared.missed_notifications();
                         tracing::warn!(error = %sanitize_error(&e.to_string()), "LISTEN failed; reconnecting");
                         break;
                     }

@@ -53,7 +53,11 @@ FROM generate_series(0, $2 - 1) AS p;
 -- moves are in flight) it never gives one back: it keeps and renews a
 -- partition it holds beyond its share, and says so (`beyond`), so that the
 -- reader gives it back once its moves are in. Returns whether $1 holds it
--- now, and whether beyond its share. It commits without waiting for the WAL flush (synchronous_commit off for
+-- now, and whether beyond its share. A reader new to the destination (its
+-- first heartbeat) and a partition given back announce themselves on the
+-- schema's channel (payload `log-lease`), so that the other relays check
+-- their share at once rather than at their next renewal, and a relay
+-- waiting for a partition takes it at once. It commits without waiting for the WAL flush (synchronous_commit off for
 -- its own transaction, whatever relay.synchronous_commit says): a lease
 -- and a heartbeat carry no delivery state, and the reader renews them
 -- between pages, where a flush would hold up the next page; a PostgreSQL
@@ -63,20 +67,23 @@ FROM generate_series(0, $2 - 1) AS p;
 WITH beat AS (
     INSERT INTO {schema}.log_readers AS r (destination, owner, seen_at)
     VALUES ($2, $1, now())
-    ON CONFLICT (destination, owner) DO UPDATE SET seen_at = now()),
+    ON CONFLICT (destination, owner) DO UPDATE SET seen_at = now()
+    -- xmax is 0 on a row this statement inserted, not on one it updated.
+    RETURNING (r.xmax = 0) AS joined),
 share AS (
     SELECT ceil(c.parts::numeric / (1 + (
                SELECT count(*) FROM {schema}.log_readers r
                WHERE r.destination = $2 AND r.owner <> $1
                  AND r.seen_at > now() - make_interval(secs => $4))))::bigint AS share,
            count(*) FILTER (WHERE m.part < c.part) AS before,
-           count(m.part) AS mine
+           count(m.part) AS mine,
+           COALESCE(c.owner = $1 AND c.lease_expires_at > now(), false) AS was_mine
     FROM {schema}.log_cursors c
     LEFT JOIN {schema}.log_cursors m
       ON m.destination = c.destination AND m.part <> c.part
      AND m.owner = $1 AND m.lease_expires_at > now()
     WHERE c.destination = $2 AND c.part = $3
-    GROUP BY c.parts, c.part),
+    GROUP BY c.parts, c.part, c.owner, c.lease_expires_at),
 taken AS (
     UPDATE {schema}.log_cursors c
     SET owner = CASE WHEN (c.owner = $1 AND ($5 OR s.before < s.share)) OR s.mine < s.share
@@ -87,10 +94,15 @@ taken AS (
     FROM share s
     WHERE c.destination = $2 AND c.part = $3
       AND (c.owner = $1 OR c.owner IS NULL OR c.lease_expires_at < now())
-    RETURNING c.owner, s.before >= s.share AS beyond)
+    RETURNING c.owner, s.before >= s.share AS beyond),
+announced AS (
+    SELECT pg_notify({channel}, 'log-lease')
+    WHERE (SELECT joined FROM beat)
+       OR ((SELECT was_mine FROM share) AND NOT EXISTS (SELECT 1 FROM taken WHERE owner = $1)))
 SELECT EXISTS (SELECT 1 FROM taken WHERE owner = $1) AS held,
        COALESCE((SELECT beyond FROM taken WHERE owner = $1), false) AS beyond
-FROM (SELECT set_config('synchronous_commit', 'off', true)) AS without_flush;
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS without_flush,
+     (SELECT count(*) FROM announced) AS announcing;
 
 -- name: cursors_release
 -- Give up owner $1's lease on partition $3 of destination $2's cursor (on

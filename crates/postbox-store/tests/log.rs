@@ -398,6 +398,67 @@ async fn a_renewal_keeps_a_partition_owed_to_another_relay_and_says_so() {
     db.drop_schema().await;
 }
 
+/// A reader new to a destination and a partition given back announce
+/// themselves (`log-lease`), so that the other relays check their share at
+/// once; renewals and takes of a free partition stay quiet.
+#[tokio::test]
+async fn a_joining_reader_and_a_given_back_partition_announce_themselves() {
+    let db = TestDb::new().await;
+    let log = Store::new(db.pool.clone(), db.schema.clone()).log();
+    let destination = "default".to_owned();
+    log.ensure_split(std::slice::from_ref(&destination), 2)
+        .await
+        .unwrap();
+    let channel = db.schema.notify_channel();
+    let mut listener = sqlx::postgres::PgListener::connect_with(&db.pool)
+        .await
+        .unwrap();
+    listener.listen(&channel).await.unwrap();
+    // The notifications a step sent: those before a mark sent after it
+    // (a channel's notifications arrive in commit order).
+    let mut sent_by = async |step: &str| -> Vec<String> {
+        sqlx::query("SELECT pg_notify($1, 'mark')")
+            .bind(&channel)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        loop {
+            let n = tokio::time::timeout(Duration::from_secs(30), listener.recv())
+                .await
+                .unwrap_or_else(|_| panic!("{step}: the mark never came"))
+                .unwrap();
+            if n.payload() == "mark" {
+                return got;
+            }
+            got.push(n.payload().to_owned());
+        }
+    };
+    let lease = Duration::from_secs(60);
+    let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+    let announced = vec!["log-lease".to_owned()];
+    assert!(log.acquire(a, &destination, 0, lease).await.unwrap());
+    assert_eq!(sent_by("a joins").await, announced, "a joins");
+    assert!(log.acquire(a, &destination, 1, lease).await.unwrap());
+    assert!(log.acquire(a, &destination, 0, lease).await.unwrap());
+    assert!(sent_by("a renews").await.is_empty(), "a renews");
+    assert!(!log.acquire(b, &destination, 1, lease).await.unwrap());
+    assert_eq!(sent_by("b joins").await, announced, "b joins");
+    assert!(
+        log.renew(a, &destination, 1, lease)
+            .await
+            .unwrap()
+            .beyond_share
+    );
+    assert!(sent_by("a keeps").await.is_empty(), "a keeps what it owes");
+    assert!(!log.acquire(a, &destination, 1, lease).await.unwrap());
+    assert_eq!(sent_by("a gives back").await, announced, "a gives back");
+    assert!(log.acquire(b, &destination, 1, lease).await.unwrap());
+    assert!(sent_by("b takes").await.is_empty(), "b takes a free one");
+    drop(listener);
+    db.drop_schema().await;
+}
+
 /// What a reader saw of an event: its id, aggregate and sequence.
 fn seen(e: &postbox_store::LogEvent) -> (Uuid, String, i64) {
     (
