@@ -363,16 +363,22 @@ impl Windows {
     }
 }
 
-/// A renewal never gives a partition back (moves of it may be in flight),
-/// but says when another relay is owed it; `acquire` then gives it back.
-#[tokio::test]
-async fn a_renewal_keeps_a_partition_owed_to_another_relay_and_says_so() {
+/// A schema whose log's cursor for `default` is split into two partitions.
+async fn split_in_two() -> (TestDb, Log, String) {
     let db = TestDb::new().await;
     let log = Store::new(db.pool.clone(), db.schema.clone()).log();
     let destination = "default".to_owned();
     log.ensure_split(std::slice::from_ref(&destination), 2)
         .await
         .unwrap();
+    (db, log, destination)
+}
+
+/// A renewal never gives a partition back (moves of it may be in flight),
+/// but says when another relay is owed it; `acquire` then gives it back.
+#[tokio::test]
+async fn a_renewal_keeps_a_partition_owed_to_another_relay_and_says_so() {
+    let (db, log, destination) = split_in_two().await;
     let lease = Duration::from_secs(60);
     let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
     // Alone, the first relay takes both partitions.
@@ -403,12 +409,7 @@ async fn a_renewal_keeps_a_partition_owed_to_another_relay_and_says_so() {
 /// once; renewals and takes of a free partition stay quiet.
 #[tokio::test]
 async fn a_joining_reader_and_a_given_back_partition_announce_themselves() {
-    let db = TestDb::new().await;
-    let log = Store::new(db.pool.clone(), db.schema.clone()).log();
-    let destination = "default".to_owned();
-    log.ensure_split(std::slice::from_ref(&destination), 2)
-        .await
-        .unwrap();
+    let (db, log, destination) = split_in_two().await;
     let channel = db.schema.notify_channel();
     let mut listener = sqlx::postgres::PgListener::connect_with(&db.pool)
         .await
