@@ -84,10 +84,8 @@ impl Endpoint {
         }
         let recorder = builder.build_recorder();
         let handle = recorder.handle();
-        metrics::set_global_recorder(postbox_relay::tenants::label::OutboxLabels::new(
-            recorder, aggregate,
-        ))
-        .map_err(|_| ObserveError::Installed)?;
+        metrics::set_global_recorder(postbox_relay::label::OutboxLabels::new(recorder, aggregate))
+            .map_err(|_| ObserveError::Installed)?;
         m::describe();
         let listener = tokio::net::TcpListener::bind(addr)
             .await

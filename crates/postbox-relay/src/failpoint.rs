@@ -238,8 +238,8 @@ pub fn configure(spec: &str) -> Result<(), SpecError> {
 /// The planted bug behind [`points::ACK_BEFORE_PUBLISH`]: mark a claimed
 /// batch sent without publishing it. Exists only to be caught.
 #[cfg(feature = "failpoints")]
-pub async fn ack_without_publishing(store: &crate::Store, claim: &crate::relay::Claim) {
-    match store.ack_delivered(claim.token, &claim.ids).await {
+pub async fn ack_without_publishing(store: &crate::Store, token: uuid::Uuid, ids: &[i64]) {
+    match store.ack_delivered(token, ids).await {
         Ok(acked) => tracing::warn!(
             events = acked.len(),
             "failpoint ack_before_publish: acknowledged a batch and dropped its publish"

@@ -2,11 +2,16 @@
 //! them through a [`Sink`], and settles each one — delivered, retried with
 //! backoff, or dead-lettered — only while its lease still holds.
 //!
-//! Layout: the data layer is the `postbox-store` crate (every statement the
-//! relay runs); [`relay`] is the engine; [`sink`] is the transport boundary and [`sinks`] the transports;
-//! [`cloudevents`] the message body; [`redact`] keeps secrets out of errors;
-//! [`metrics`] names every exported metric; [`retention`] keeps the tables small;
-//! [`tenants`] serves many outboxes from one process.
+//! Layout (ARCHITECTURE.md has the rules each boundary keeps):
+//! [`relay`] is the builder and the lifecycle; `engine` what every reading
+//! mode shares (the publish path, per-destination failure runs, the page
+//! publisher, wake-up signals, batch permits); `modes` the reading modes
+//! (`claim`, `log`, `logical`); `tasks` the background tasks ([`health`],
+//! [`retention`], rescue, listen, gauges); `telemetry` metrics
+//! ([`metrics`]), OpenTelemetry spans and the outbox label; [`sink`] is the
+//! transport boundary and [`sinks`] the transports; [`router`] plans who
+//! gets what; [`tenants`] serves many outboxes from one process. The data
+//! layer is the `postbox-store` crate (every statement the relay runs).
 //!
 //! Cargo features, one per transport (a sink URL whose feature is not built
 //! is a configuration error naming it; `stdout` is always built):
@@ -18,30 +23,28 @@
 pub mod backoff;
 pub mod cloudevents;
 pub mod config;
+mod engine;
 pub mod failpoint;
-pub mod health;
-mod log_mode;
-pub mod logical_mode;
-mod logical_stream;
-pub mod metrics;
-mod otel;
-mod page;
+mod modes;
 pub mod relay;
-pub mod retention;
 pub mod router;
 pub mod sink;
 pub mod sinks;
+mod tasks;
+mod telemetry;
 pub mod tenants;
-mod trouble;
 
 /// Secret masking and payload redaction (shared with the console and the CLI).
 pub use postbox::redact;
 
 pub use config::{ConfigError, LogicalTransport, ReadMode, RelayConfig};
-pub use health::HealthConfig;
+pub use engine::permits;
+pub use modes::logical::at_risk;
 pub use postbox_store::Store;
 pub use relay::{Relay, RunMode, StartError, Stats, StatsSnapshot};
-pub use retention::RetentionConfig;
 pub use router::{Destination, PoisonPolicy, RouteConfig, Router};
 pub use sink::{Message, Outcome, Sink, SinkError};
+pub use tasks::health::{self, HealthConfig};
+pub use tasks::retention::{self, RetentionConfig};
+pub use telemetry::{label, metrics};
 pub use tenants::{OutboxSource, OutboxStatus, Tenants, TenantsConfig};

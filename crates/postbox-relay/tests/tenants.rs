@@ -737,8 +737,8 @@ async fn idle_outboxes_hold_no_batch_permit() {
 #[test]
 fn every_outbox_has_its_own_labelled_backlog_gauges() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use postbox_relay::label::OutboxLabels;
     use postbox_relay::metrics as m;
-    use postbox_relay::tenants::label::OutboxLabels;
 
     let debugging = DebuggingRecorder::new();
     let snapshotter = debugging.snapshotter();

@@ -4,7 +4,7 @@
 use crate::context::{AnyError, Settings};
 use crate::output::outln;
 use clap::{Args, Subcommand};
-use postbox_relay::logical_mode::at_risk;
+use postbox_relay::at_risk;
 use postbox_relay::Store;
 use std::process::ExitCode;
 

@@ -48,18 +48,17 @@
 //! Every event's CloudEvents `source` is `<source>/<database>/<schema>`, so a
 //! consumer can tell outboxes apart.
 
-pub mod label;
 mod listen;
-pub mod permits;
 mod watch;
 
 use crate::config::{ConfigError, ReadMode, RelayConfig};
 use crate::health::{HealthConfig, Problem};
+use crate::label;
+use crate::permits::BatchPermits;
 use crate::redact::sanitize_error;
 use crate::retention::RetentionConfig;
 use crate::router::{Pattern, Router};
 use crate::{metrics as m, Relay, RunMode, Stats, StatsSnapshot};
-use permits::BatchPermits;
 use postbox::Schema;
 use postbox_store::Store;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};

@@ -122,7 +122,7 @@ pub(super) async fn watch(
                     f.warn(None, Some(name));
                 }
                 if gauges {
-                    super::label::scope(outbox, async {
+                    crate::label::scope(outbox, async {
                         metrics::gauge!(health::DEAD_TUPLES)
                             .set(mine.dead_tuples.unwrap_or(0) as f64);
                         metrics::gauge!(health::DEAD_TUPLE_RATIO)

@@ -23,16 +23,9 @@ use postbox_store::{DbHealth, Store};
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 
-/// Gauge: age in seconds of the oldest transaction holding back xmin (0 when none is visible).
-pub const OLDEST_TRANSACTION_AGE: &str = "postbox_db_oldest_transaction_age_seconds";
-/// Gauge: transactions by which the worst replication slot holds back xmin (0: none).
-pub const SLOT_XMIN_AGE: &str = "postbox_db_replication_slot_xmin_age";
-/// Gauge: dead tuples of the outbox table.
-pub const DEAD_TUPLES: &str = "postbox_outbox_dead_tuples";
-/// Gauge: dead / (live + dead) tuples of the outbox table.
-pub const DEAD_TUPLE_RATIO: &str = "postbox_outbox_dead_tuple_ratio";
-/// Gauge: 1 when the LISTEN probe came back, 0 when it did not (polling only).
-pub const LISTEN_WORKING: &str = "postbox_listen_working";
+pub use crate::telemetry::metrics::{
+    DEAD_TUPLES, DEAD_TUPLE_RATIO, LISTEN_WORKING, OLDEST_TRANSACTION_AGE, SLOT_XMIN_AGE,
+};
 
 /// `[health]` in the config file.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
@@ -296,29 +289,6 @@ fn export(health: &DbHealth) {
     gauge!(DEAD_TUPLE_RATIO).set(health.dead_tuple_ratio().unwrap_or(0.0));
 }
 
-/// Describe the watch's gauges (with the rest, when a recorder is installed).
-pub fn describe() {
-    use metrics::describe_gauge;
-    describe_gauge!(
-        OLDEST_TRANSACTION_AGE,
-        metrics::Unit::Seconds,
-        "Age of the oldest transaction holding back the xmin horizon"
-    );
-    describe_gauge!(
-        SLOT_XMIN_AGE,
-        "Transactions by which a replication slot holds back the xmin horizon"
-    );
-    describe_gauge!(DEAD_TUPLES, "Dead tuples of the outbox table");
-    describe_gauge!(
-        DEAD_TUPLE_RATIO,
-        "Dead / (live + dead) tuples of the outbox table"
-    );
-    describe_gauge!(
-        LISTEN_WORKING,
-        "1 when LISTEN/NOTIFY reaches the relay, 0 when it relies on polling"
-    );
-}
-
 /// Logical mode's slot as the watch sees it: its name, and how long it may
 /// go without a relay holding it (`relay.logical_inactive_warn`).
 #[derive(Clone, Debug)]
@@ -348,7 +318,8 @@ async fn check_slot(
         Some(postbox_store::Unread::For(d)) => d.as_secs_f64(),
         Some(postbox_store::Unread::Unknown) => f64::NAN,
     };
-    gauge!(crate::metrics::SLOT_UNREAD_SECONDS, "slot" => watch.slot.clone()).set(unread);
+    gauge!(crate::telemetry::metrics::SLOT_UNREAD_SECONDS, "slot" => watch.slot.clone())
+        .set(unread);
     if !status.unread_longer_than(watch.inactive_warn) {
         *warned = None;
         return;

@@ -92,6 +92,18 @@ pub const HISTOGRAMS: &[(&str, &[f64])] = &[
 
 /// Register help texts and units with the installed recorder, and create the
 /// counters at zero so that dashboards and `rate()` see them before the first event.
+
+/// Gauge: age in seconds of the oldest transaction holding back xmin (0 when none is visible).
+pub const OLDEST_TRANSACTION_AGE: &str = "postbox_db_oldest_transaction_age_seconds";
+/// Gauge: transactions by which the worst replication slot holds back xmin (0: none).
+pub const SLOT_XMIN_AGE: &str = "postbox_db_replication_slot_xmin_age";
+/// Gauge: dead tuples of the outbox table.
+pub const DEAD_TUPLES: &str = "postbox_outbox_dead_tuples";
+/// Gauge: dead / (live + dead) tuples of the outbox table.
+pub const DEAD_TUPLE_RATIO: &str = "postbox_outbox_dead_tuple_ratio";
+/// Gauge: 1 when the LISTEN probe came back, 0 when it did not (polling only).
+pub const LISTEN_WORKING: &str = "postbox_listen_working";
+
 pub fn describe() {
     describe_gauge!(PENDING_EVENTS, "Events waiting to be claimed");
     describe_gauge!(
@@ -152,10 +164,33 @@ pub fn describe() {
         "Troubles of a multi-outbox relay with one outbox or database, by kind"
     );
     describe_gauge!(OUTBOXES, "Outboxes this relay serves");
-    crate::health::describe();
+    describe_health();
     for name in [LEASES_RECLAIMED, ACKS_LOST, DEAD_LETTERED] {
         counter!(name).absolute(0);
     }
+}
+
+/// The health watch's gauges (`crate::tasks::health`).
+fn describe_health() {
+    use metrics::describe_gauge;
+    describe_gauge!(
+        OLDEST_TRANSACTION_AGE,
+        metrics::Unit::Seconds,
+        "Age of the oldest transaction holding back the xmin horizon"
+    );
+    describe_gauge!(
+        SLOT_XMIN_AGE,
+        "Transactions by which a replication slot holds back the xmin horizon"
+    );
+    describe_gauge!(DEAD_TUPLES, "Dead tuples of the outbox table");
+    describe_gauge!(
+        DEAD_TUPLE_RATIO,
+        "Dead / (live + dead) tuples of the outbox table"
+    );
+    describe_gauge!(
+        LISTEN_WORKING,
+        "1 when LISTEN/NOTIFY reaches the relay, 0 when it relies on polling"
+    );
 }
 
 /// Set the backlog gauges from one reading of the store.

@@ -29,24 +29,22 @@
 //! handed to the outbox, due at its time, so the cursor never waits for it.
 //!
 //! Under a relay serving many outboxes, each round takes one of the shared
-//! batch permits (see `crate::tenants::permits`) before it reads and gives it
+//! batch permits (see `crate::engine::permits`) before it reads and gives it
 //! back once its page is settled, so log-mode outboxes keep the same global
 //! cap on batches in flight and the same fairness as claim-mode ones.
 
 use crate::backoff;
-use crate::metrics as m;
-use crate::page::{Item, Pending, Published};
+use crate::engine::page::{Item, Pending, Published};
+use crate::engine::{spawn, RunMode, Shared, DB_RETRY_BASE, DB_RETRY_MAX};
 use crate::redact::sanitize_error;
-use crate::relay::{RunMode, Shared};
+use crate::telemetry::metrics as m;
 use postbox_store::{Handoff, Log, LogEvent, LogWindow};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 use uuid::Uuid;
-
-const DB_RETRY_BASE: Duration = Duration::from_millis(100);
-const DB_RETRY_MAX: Duration = Duration::from_secs(10);
 
 /// How often a reader renews its lease (and heartbeat) at most: also how
 /// soon a relay gives back partitions beyond its share when another joins.
@@ -55,6 +53,56 @@ const RENEW_MAX: Duration = Duration::from_secs(1);
 /// How long an idle reader leaves its cursor unmoved at most: a window with
 /// nothing in it moves the cursor only when it last moved this long ago.
 const IDLE_MOVE: Duration = Duration::from_secs(1);
+
+/// Start log mode: a cursor per destination (split into partitions), a
+/// reader task for each partition, and (running forever) the ring's
+/// maintenance; `archive`: truncated segments are archived first.
+pub(crate) async fn start(
+    shared: &Arc<Shared>,
+    mode: RunMode,
+    archive: bool,
+) -> Vec<AbortOnDropHandle<()>> {
+    let names: Vec<String> = shared
+        .router
+        .destinations()
+        .iter()
+        .map(|d| d.name.clone())
+        .collect();
+    let wanted = i32::from(shared.config.log_partitions);
+    let mut failures = 0;
+    let split = loop {
+        match shared.store.log().ensure_split(&names, wanted).await {
+            Ok(split) => break split,
+            Err(e) => {
+                failures += 1;
+                let delay = backoff::full_jitter(failures, DB_RETRY_BASE, DB_RETRY_MAX);
+                tracing::warn!(error = %sanitize_error(&e.to_string()), retry_in = ?delay, "creating the log cursors failed");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shared.shutdown.cancelled() => return Vec::new(),
+                }
+            }
+        }
+    };
+    let owner = uuid::Uuid::new_v4();
+    let mut tasks = Vec::new();
+    for (d, name) in names.iter().enumerate() {
+        let parts = split
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(wanted, |&(_, p)| p);
+        if parts != wanted {
+            tracing::warn!(destination = %name, partitions = parts, log_partitions = wanted, "the destination's log cursor is split differently and a relay reads it: reading the existing partitions (stop every relay reading it to re-split)");
+        }
+        for part in 0..parts {
+            tasks.push(spawn(read_loop(shared.clone(), d, part, owner, mode)));
+        }
+    }
+    if mode == RunMode::Forever {
+        tasks.push(spawn(maintain_loop(shared.clone(), archive)));
+    }
+    tasks
+}
 
 /// Read partition `part` of destination `d`'s cursor until shutdown (or,
 /// draining, until a window comes back empty).
@@ -77,10 +125,10 @@ pub(crate) async fn read_loop(
         behind: None,
         next_lo: None,
         give_back: false,
-        leases_seen: shared.log_leases.load(Ordering::Relaxed),
+        leases_seen: shared.signals.lease_generation(),
     };
     let mut failures = 0;
-    let mut wake = shared.log_wake.subscribe();
+    let mut wake = shared.signals.log.subscribe();
     while !shared.shutdown.is_cancelled() {
         // Serving many outboxes, a round is a batch like a claim: it holds a
         // shared batch permit from before it reads until its page is settled.
@@ -157,7 +205,7 @@ struct Reader {
     /// Another relay is owed this partition: give it back once the moves in
     /// flight are in.
     give_back: bool,
-    /// `Shared::log_leases` when this reader last checked its lease: a
+    /// `Signals::leases` when this reader last checked its lease: a
     /// change (a reader joined, a partition was given back) brings the next
     /// check forward to the next round.
     leases_seen: u64,
@@ -241,7 +289,7 @@ impl Reader {
         let config = &shared.config;
         let name = &shared.router.destinations()[d].name;
         let batch = i64::from(config.batch_size);
-        let leases = shared.log_leases.load(Ordering::Relaxed);
+        let leases = shared.signals.lease_generation();
         if leases != self.leases_seen {
             self.leases_seen = leases;
             self.held_until = None;
@@ -315,7 +363,7 @@ impl Reader {
             return Ok(Round::Idle);
         }
         if !page.is_empty() {
-            crate::otel::claimed(
+            crate::telemetry::otel::claimed(
                 &shared.store.schema(),
                 page.iter().map(|e| &e.event.headers),
             );
@@ -339,7 +387,7 @@ impl Reader {
             // page's messages.
             let reading = {
                 let (log, next) = (log.clone(), next.clone());
-                tokio::spawn(crate::tenants::label::inherit(async move {
+                tokio::spawn(crate::telemetry::label::inherit(async move {
                     log.page(&next, batch).await
                 }))
             };
@@ -373,7 +421,7 @@ impl Reader {
         if wait && !self.catch_up(shared).await? {
             return Ok(lost(name, part));
         }
-        let settled = crate::otel::settle_span(
+        let settled = crate::telemetry::otel::settle_span(
             &shared.store.schema(),
             page.iter().map(|e| &e.event.headers),
         );
@@ -401,7 +449,7 @@ impl Reader {
                     .await
             };
             self.behind = Some(Behind {
-                task: tokio::spawn(crate::tenants::label::inherit(moving.instrument(settled))),
+                task: tokio::spawn(crate::telemetry::label::inherit(moving.instrument(settled))),
                 delivered: delivered_before + delivered,
                 moves,
             });
@@ -471,7 +519,7 @@ fn into_handoff(pending: Pending, event: &LogEvent) -> Handoff<'_> {
 }
 
 /// Publish the page's events that route to `d`, in layers per aggregate on
-/// ordered routes (see `crate::page`); `Log::held` says which aggregates
+/// ordered routes (see `crate::engine::page`); `Log::held` says which aggregates
 /// the outbox holds. `ordered`: the router has ordered routes.
 async fn publish_page(
     shared: &Shared,
@@ -487,7 +535,7 @@ async fn publish_page(
             scheduled: e.scheduled,
         })
         .collect();
-    crate::page::publish(shared, log, d, &items, ordered).await
+    crate::engine::page::publish(shared, log, d, &items, ordered).await
 }
 
 /// Count a settled page; `retried` of the hand-offs were tried and are not

@@ -7,8 +7,8 @@
 //! holder's session ends (its process died or stopped).
 //!
 //! The slot is read over the streaming replication protocol by default
-//! (`logical_stream.rs`); with `relay.logical_transport = "sql"`, by the
-//! rounds below. Both publish through `publish_batch` and confirm only
+//! (`stream.rs`); with `relay.logical_transport = "sql"`, by the
+//! rounds of `sql.rs`. Both publish through `publish_batch` and confirm only
 //! past what was published or handed off.
 //!
 //! Over SQL, each round peeks the slot's changes up to the WAL's flush position,
@@ -24,41 +24,80 @@
 //! is read) is not published: it is handed to the outbox, due at its time,
 //! so the slot never waits for it.
 
+mod sql;
+mod stream;
+
 use crate::backoff;
 use crate::config::{LogicalTransport, ReadMode};
-use crate::metrics as m;
-use crate::page::{Item, Outbox};
+use crate::engine::page::{Item, Outbox};
+use crate::engine::{RunMode, Shared, DB_RETRY_BASE, DB_RETRY_MAX};
 use crate::redact::sanitize_error;
-use crate::relay::{RunMode, Shared};
+use crate::router::Router;
+use crate::telemetry::metrics as m;
 use futures::future::join_all;
-use futures::TryStreamExt;
-use postbox_store::{
-    Change, HeldEvents, Log, Logical, LogicalEvent, LogicalHandoff, Lsn, SlotStatus,
-};
+use postbox_store::Store;
+use postbox_store::{HeldEvents, Log, Logical, LogicalEvent, LogicalHandoff, Lsn, SlotStatus};
 use sqlx::PgConnection;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const DB_RETRY_BASE: Duration = Duration::from_millis(100);
-const DB_RETRY_MAX: Duration = Duration::from_secs(10);
 /// How often a standby tries to take the slot over.
 const STANDBY_RETRY: Duration = Duration::from_millis(500);
 /// How often the slot's lag gauges are refreshed while reading.
 pub(crate) const SLOT_CHECK: Duration = Duration::from_secs(1);
-/// The longest wait between two reads of an idle slot.
-const IDLE_POLL_MAX: Duration = Duration::from_millis(250);
 /// Warn when less than this share of `max_slot_wal_keep_size` is left.
 const SAFE_WAL_WARN_SHARE: f64 = 0.2;
 /// How often the reader notes in the schema that it reads the slot (what
 /// `status` and the health watch measure a slot's time unread by).
 pub(crate) const READ_NOTE: Duration = Duration::from_secs(5);
-/// A round reads at most this many batches' worth of changes before it
-/// confirms them. Every read (and every confirmation) decodes the WAL again
-/// from the slot's restart position, which moves only every ~15 s: rounds
-/// of one batch made draining a backlog quadratic. A crash redelivers at
-/// most one round.
-const ROUND_BATCHES: usize = 20;
+
+/// Why a relay refuses to start (see [`Relay::check_start`](crate::Relay::check_start)).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Ordered routes in logical mode, and the schema's emits carry no
+    /// sequence to order by.
+    #[error(
+        "schema {schema}: ordered routes in logical mode need numbered emits: run `postbox \
+         migrate --emit-sequence on` (each emit then updates its aggregate's counter row)"
+    )]
+    UnnumberedEmits { schema: String },
+    /// The database could not be asked.
+    #[error("schema {schema}: cannot read logical mode's settings (is the schema migrated?)")]
+    Settings {
+        schema: String,
+        #[source]
+        source: sqlx::Error,
+    },
+}
+
+/// Ordered routes in logical mode need the schema's emits numbered
+/// (migration 17): `Ok` when they are, or when the relay has no ordered
+/// routes or does not read in logical mode.
+pub(crate) async fn check_numbered_emits(
+    store: &Store,
+    router: &Router,
+    mode: ReadMode,
+) -> Result<(), StartError> {
+    if mode != ReadMode::Logical || router.claim_order().is_none() {
+        return Ok(());
+    }
+    let schema = || store.schema().name().to_owned();
+    let numbered =
+        store
+            .logical()
+            .numbered_emits()
+            .await
+            .map_err(|source| StartError::Settings {
+                schema: schema(),
+                source,
+            })?;
+    if numbered {
+        Ok(())
+    } else {
+        Err(StartError::UnnumberedEmits { schema: schema() })
+    }
+}
 
 /// Why a reading session ended.
 pub(crate) enum Ended {
@@ -77,18 +116,10 @@ pub(crate) async fn read_loop(shared: Arc<Shared>, mode: RunMode) {
     while !shared.shutdown.is_cancelled() {
         let read = match shared.config.logical_transport {
             LogicalTransport::Stream => {
-                crate::logical_stream::session(
-                    &shared,
-                    &logical,
-                    &batches,
-                    &slot,
-                    mode,
-                    &mut failures,
-                )
-                .await
+                stream::session(&shared, &logical, &batches, &slot, mode, &mut failures).await
             }
             LogicalTransport::Sql => {
-                session(&shared, &logical, &batches, &slot, mode, &mut failures).await
+                sql::session(&shared, &logical, &batches, &slot, mode, &mut failures).await
             }
         };
         match read {
@@ -141,7 +172,7 @@ pub(crate) enum ReadError {
     Stream(String),
     /// Ordered routes, and the schema's emits are not numbered.
     #[error(transparent)]
-    Unnumbered(#[from] crate::relay::StartError),
+    Unnumbered(#[from] StartError),
     /// The server refused the replication connection; `what` says what to
     /// set.
     #[error("the server refused the replication connection ({error}): {what}")]
@@ -172,7 +203,7 @@ pub(crate) async fn open(
 ) -> Result<Option<Opened>, ReadError> {
     // Ordered routes order an aggregate's events by their sequence: read
     // nothing while the schema's emits carry none.
-    crate::relay::check_numbered_emits(&shared.store, &shared.router, ReadMode::Logical).await?;
+    check_numbered_emits(&shared.store, &shared.router, ReadMode::Logical).await?;
     let mut conn = shared.store.pool().acquire().await?.detach();
     if !logical.lock(&mut conn, slot).await? {
         return Ok(None);
@@ -192,69 +223,6 @@ pub(crate) async fn open(
         confirmed,
         watch,
     }))
-}
-
-/// Hold the slot on one connection and read it round after round.
-async fn session(
-    shared: &Shared,
-    logical: &Logical,
-    batches: &Batches,
-    slot: &str,
-    mode: RunMode,
-    failures: &mut i32,
-) -> Result<Ended, ReadError> {
-    let Some(Opened {
-        mut conn,
-        mut confirmed,
-        mut watch,
-    }) = open(shared, logical, slot).await?
-    else {
-        return Ok(Ended::Standby);
-    };
-    logical.read_now(&mut conn, slot).await?;
-    let mut noted = Instant::now();
-    tracing::info!(%slot, transport = "sql", "reading the replication slot");
-    let mut idle: u32 = 0;
-    loop {
-        if shared.shutdown.is_cancelled() {
-            return Ok(Ended::Shutdown);
-        }
-        let Some(read) = round(shared, logical, batches, &mut conn, slot, &mut confirmed).await?
-        else {
-            return Ok(Ended::Shutdown);
-        };
-        *failures = 0;
-        if read.caught_up {
-            watch.caught_up = Instant::now();
-        }
-        if watch.last.elapsed() >= SLOT_CHECK {
-            watch.check(logical, slot).await?;
-        }
-        if noted.elapsed() >= READ_NOTE {
-            logical.read_now(&mut conn, slot).await?;
-            noted = Instant::now();
-        }
-        if read.events == 0 && read.caught_up {
-            if mode == RunMode::Drain {
-                return Ok(Ended::Drained);
-            }
-            // Every read decodes the WAL from the slot's restart position
-            // (all of the database's writes, not only postbox's): an idle
-            // reader backs off, up to IDLE_POLL_MAX, and is back at
-            // logical_poll_interval as soon as a read finds events.
-            idle = (idle + 1).min(16);
-            let base = shared.config.logical_poll_interval;
-            let wait = base
-                .saturating_mul(1 << (idle - 1).min(10))
-                .min(IDLE_POLL_MAX.max(base));
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                _ = shared.shutdown.cancelled() => return Ok(Ended::Shutdown),
-            }
-        } else {
-            idle = 0;
-        }
-    }
 }
 
 /// The slot's gauges and warnings.
@@ -324,71 +292,6 @@ pub fn at_risk(status: &SlotStatus) -> Option<String> {
     })
 }
 
-struct Read {
-    events: usize,
-    /// Everything up to the flush position was read.
-    caught_up: bool,
-}
-
-/// Peek, publish in batches, hand off, confirm. `None`: shutdown came while
-/// a batch waited for a shared batch permit (nothing confirmed past it).
-async fn round(
-    shared: &Shared,
-    logical: &Logical,
-    batches: &Batches,
-    conn: &mut PgConnection,
-    slot: &str,
-    confirmed: &mut Lsn,
-) -> Result<Option<Read>, ReadError> {
-    let batch = shared.config.batch_size as usize;
-    let round_rows = batch.saturating_mul(ROUND_BATCHES);
-    let limit = i32::try_from(round_rows).unwrap_or(i32::MAX);
-    let upto = logical.flush_lsn(conn).await?;
-    let mut last_commit: Option<Lsn> = None;
-    let mut rows = 0usize;
-    let mut events = 0usize;
-    let mut pending: Vec<LogicalEvent> = Vec::with_capacity(batch);
-    {
-        let mut changes = logical.peek(conn, slot, upto, limit);
-        while let Some(change) = changes.try_next().await? {
-            rows += 1;
-            match change {
-                Change::Event(e) => {
-                    pending.push(*e);
-                    if pending.len() >= batch {
-                        events += pending.len();
-                        if let Settled::Stopped = publish_batch(shared, batches, &pending).await? {
-                            return Ok(None);
-                        }
-                        pending.clear();
-                    }
-                }
-                Change::Commit { end } => last_commit = Some(end),
-                Change::Begin | Change::Other => {}
-            }
-        }
-    }
-    if !pending.is_empty() {
-        events += pending.len();
-        if let Settled::Stopped = publish_batch(shared, batches, &pending).await? {
-            return Ok(None);
-        }
-    }
-    // Fewer rows than asked: the read stopped at `upto`, not at the limit,
-    // so nothing before `upto` is left to read.
-    let caught_up = rows < round_rows;
-    let confirm = if caught_up {
-        Some(last_commit.map_or(upto, |c| c.max(upto)))
-    } else {
-        last_commit
-    };
-    if let Some(lsn) = confirm.filter(|&lsn| lsn > *confirmed) {
-        logical.advance(conn, slot, lsn).await?;
-        *confirmed = lsn;
-    }
-    Ok(Some(Read { events, caught_up }))
-}
-
 /// The outbox as logical mode sees it: asked the same `held` question as
 /// in log mode (`Log::held`, `log.sql`: a question about the outbox, not
 /// the log). A batch read again after a crash between its hand-off and the
@@ -436,7 +339,7 @@ pub(crate) enum Settled {
 }
 
 /// Publish `events` to every destination they route to, at once — on
-/// ordered routes in layers per aggregate (see `crate::page`) — and hand
+/// ordered routes in layers per aggregate (see `crate::engine::page`) — and hand
 /// what a destination did not take to the outbox. Serving many outboxes,
 /// the batch holds one of the shared batch permits until then.
 pub(crate) async fn publish_batch(
@@ -448,7 +351,7 @@ pub(crate) async fn publish_batch(
         return Ok(Settled::Stopped);
     };
     let router = &shared.router;
-    crate::otel::claimed(
+    crate::telemetry::otel::claimed(
         &shared.store.schema(),
         events.iter().map(|e| &e.event.headers),
     );
@@ -463,7 +366,7 @@ pub(crate) async fn publish_batch(
         })
         .collect();
     let rounds = (0..router.destinations().len())
-        .map(|d| crate::page::publish(shared, &batches.outbox, d, &items, batches.ordered));
+        .map(|d| crate::engine::page::publish(shared, &batches.outbox, d, &items, batches.ordered));
     let results = join_all(rounds).await;
     // Per event: whether some destination did not take it (now).
     let mut handed_off = vec![false; events.len()];

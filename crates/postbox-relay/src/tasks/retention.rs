@@ -10,8 +10,10 @@
 //! relay's background task.
 
 use crate::config::ConfigError;
+use crate::redact::sanitize_error;
 use postbox_store::Store;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -172,7 +174,7 @@ pub async fn purge(
                 Table::Inbox => report.inbox = removed,
                 Table::IdempotencyKeys => report.idempotency_keys = removed,
             }
-            metrics::counter!(crate::metrics::RETENTION_PURGED, "table" => table.as_str())
+            metrics::counter!(crate::telemetry::metrics::RETENTION_PURGED, "table" => table.as_str())
                 .increment(n);
             progress(Progress {
                 table,
@@ -211,6 +213,40 @@ async fn batch(
             postbox::idempotency::purge_expired(outbox, &mut conn, limit).await?
         }
     })
+}
+
+/// Run a retention pass every `config.interval` (the first one after one interval).
+pub(crate) async fn retention_loop(
+    shared: Arc<crate::engine::Shared>,
+    config: RetentionConfig,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(config.interval) => {}
+            _ = stop.cancelled() => return,
+        }
+        match purge(&shared.store, &config, &stop, |_| {}).await {
+            Ok(r) if r.outbox + r.inbox + r.idempotency_keys > 0 => {
+                tracing::info!(
+                    outbox = r.outbox,
+                    inbox = r.inbox,
+                    idempotency_keys = r.idempotency_keys,
+                    archived = config.archive,
+                    "retention removed old rows"
+                );
+                if config.vacuum && r.outbox > 0 {
+                    if let Err(e) = shared.store.vacuum_outbox().await {
+                        tracing::warn!(error = %sanitize_error(&e.to_string()), "VACUUM of the outbox after retention failed (retention.vacuum needs the table's owner)");
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %sanitize_error(&crate::redact::error_chain(&e)), "retention pass failed; trying again next interval")
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -16,12 +16,12 @@
 //! position, so the slot follows the WAL while only other writes happen.
 //! A crash redelivers at most what was read since the last confirmation.
 
-use crate::logical_mode::{
+use super::{
     open, publish_batch, Batches, Ended, Opened, ReadError, Settled, SlotWatch, READ_NOTE,
     SLOT_CHECK,
 };
+use crate::engine::{RunMode, Shared};
 use crate::redact::sanitize_error;
-use crate::relay::{RunMode, Shared};
 use futures::FutureExt;
 use percent_encoding::percent_decode_str;
 use pgwire_replication::{
@@ -48,7 +48,7 @@ const CHORES: Duration = Duration::from_secs(1);
 
 /// Hold the slot, stream it until shutdown (draining: until it has read up
 /// to the WAL's flush position at the start).
-pub(crate) async fn session(
+pub(super) async fn session(
     shared: &Shared,
     logical: &Logical,
     batches: &Batches,

@@ -17,9 +17,10 @@
 //! aggregates keep flowing; an aggregate whose events in the outbox are all
 //! delivered flows from the reader again.
 
+use super::publish::publish_to;
+use super::Shared;
 use crate::backoff;
 use crate::redact::sanitize_error;
-use crate::relay::{publish_to, Shared};
 use crate::router::PoisonPolicy;
 use crate::sink::{Message, Outcome};
 use postbox_store::{ClaimedEvent, HeldEvents, Log};

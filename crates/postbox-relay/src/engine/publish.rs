@@ -1,0 +1,132 @@
+//! The one place every reading mode publishes through: a batch of messages
+//! to one destination, bounded by `publish_timeout`, each outcome cleaned of
+//! the sink's secrets, counted, and watched for runs of failures.
+
+use super::trouble::{whole_seconds, Report};
+use super::Shared;
+use crate::config::ReadMode;
+use crate::redact::sanitize_error;
+use crate::sink::{Message, Outcome};
+use crate::telemetry::metrics as m;
+use futures::FutureExt;
+use std::panic::AssertUnwindSafe;
+use std::time::Instant;
+use tracing::Instrument;
+
+/// Publish `messages` to destination `d`, bounded by `publish_timeout`; a sink
+/// that panics, overruns or miscounts yields retries.
+pub(crate) async fn publish_to(shared: &Shared, d: usize, messages: &[Message]) -> Vec<Outcome> {
+    let destination = &shared.router.destinations()[d];
+    let sink = &destination.sink;
+    let traced = crate::telemetry::otel::Publish::start(&destination.name, messages);
+    let publish = AssertUnwindSafe(sink.publish(traced.messages(messages))).catch_unwind();
+    let publish = tokio::time::timeout(shared.config.publish_timeout, publish);
+    let outcomes = match publish.instrument(traced.span()).await {
+        Ok(Ok(outcomes)) if outcomes.len() == messages.len() => outcomes,
+        Ok(Ok(outcomes)) => {
+            let error = format!(
+                "sink returned {} outcomes for {} events",
+                outcomes.len(),
+                messages.len()
+            );
+            tracing::error!(destination = %destination.name, sink = %sink.describe(), "{error}; retrying the batch");
+            vec![Outcome::retry(error); messages.len()]
+        }
+        Ok(Err(_panic)) => {
+            tracing::error!(destination = %destination.name, sink = %sink.describe(), "sink panicked; retrying the batch");
+            vec![Outcome::retry("sink panicked while publishing"); messages.len()]
+        }
+        Err(_elapsed) => {
+            let error = format!(
+                "publish timed out after {}",
+                humantime::format_duration(shared.config.publish_timeout)
+            );
+            tracing::warn!(destination = %destination.name, sink = %sink.describe(), "{error}");
+            vec![Outcome::retry(error); messages.len()]
+        }
+    };
+    // Whatever the endpoint echoed, the sink's own secrets never go further.
+    let secrets = sink.secrets();
+    let outcomes: Vec<Outcome> = outcomes.into_iter().map(|o| o.masked(secrets)).collect();
+    traced.end(&outcomes);
+    let mut by_outcome = [0u64; 4];
+    for outcome in &outcomes {
+        by_outcome[match outcome {
+            Outcome::Delivered => 0,
+            Outcome::Retry { .. } => 1,
+            Outcome::Reject { .. } => 2,
+            Outcome::Deferred { .. } => 3,
+        }] += 1;
+    }
+    for (label, n) in m::OUTCOME_LABELS.into_iter().zip(by_outcome) {
+        if n > 0 {
+            metrics::counter!(m::PUBLISH_OUTCOMES, "outcome" => label, "destination" => destination.name.clone())
+                .increment(n);
+        }
+    }
+    let report = shared.trouble[d].observe(
+        Instant::now(),
+        by_outcome[0] as usize,
+        by_outcome[1] as usize,
+    );
+    speak_up(shared, d, report, &outcomes).await;
+    outcomes
+}
+
+/// Say that destination `d` keeps failing (rate-limited by [`Trouble`]) or
+/// that it delivers again.
+///
+/// [`Trouble`]: super::trouble::Trouble
+async fn speak_up(shared: &Shared, d: usize, report: Report, outcomes: &[Outcome]) {
+    let destination = &shared.router.destinations()[d];
+    match report {
+        Report::Nothing => {}
+        Report::Failing {
+            since,
+            lasting,
+            failed,
+        } => {
+            let error = outcomes
+                .iter()
+                .find_map(|o| match o {
+                    Outcome::Retry { error, .. } => Some(error.as_str()),
+                    _ => None,
+                })
+                .unwrap_or_default();
+            // What waits: the outbox's backlog (claim mode), or this
+            // destination's unread log events (log mode).
+            let waiting = match shared.config.mode {
+                ReadMode::Claim => shared
+                    .store
+                    .gauges()
+                    .await
+                    .ok()
+                    .map(|g| g.pending + g.processing),
+                ReadMode::Log => shared.store.log().cursor_lag().await.ok().and_then(|lags| {
+                    lags.into_iter()
+                        .find(|l| l.destination == destination.name)
+                        .map(|l| l.lag_events)
+                }),
+                // The slot's lag is in bytes, not events.
+                ReadMode::Logical => None,
+            };
+            tracing::warn!(
+                destination = %destination.name,
+                since = %humantime::format_rfc3339_seconds(since),
+                failing_for = %whole_seconds(lasting),
+                failed_attempts = failed,
+                events_waiting = %waiting.map_or_else(|| "unknown".to_owned(), |n| n.to_string()),
+                error = %sanitize_error(error),
+                "destination keeps failing; its events wait and are retried (said again every minute while it lasts)"
+            );
+        }
+        Report::Recovered { lasted, failed } => {
+            tracing::info!(
+                destination = %destination.name,
+                failing_for = %whole_seconds(lasted),
+                failed_attempts = failed,
+                "destination delivers again"
+            );
+        }
+    }
+}
