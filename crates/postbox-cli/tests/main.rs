@@ -1,3 +1,6 @@
+// The tests signal their child processes through libc.
+#![allow(unsafe_code)]
+
 //! End-to-end tests of the `postbox` binary against real PostgreSQL and Redis.
 
 mod cli;

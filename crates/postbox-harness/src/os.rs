@@ -2,6 +2,9 @@
 //! (with its peak memory), dying with the parent, and the user to run
 //! PostgreSQL as. Everything else goes through [`crate::process`].
 
+// The workspace denies `unsafe`; this module is where libc is called.
+#![allow(unsafe_code)]
+
 use std::ffi::CString;
 use std::io;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -188,5 +191,16 @@ pub fn system_user(name: &str) -> Option<User> {
             uid: pwd.pw_uid,
             gid: pwd.pw_gid,
         });
+    }
+}
+
+/// Clock ticks per second (`sysconf(_SC_CLK_TCK)`), the unit of `/proc/PID/stat`'s CPU times.
+pub fn ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 {
+        ticks as f64
+    } else {
+        100.0
     }
 }

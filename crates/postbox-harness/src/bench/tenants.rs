@@ -225,7 +225,7 @@ impl Bench<'_> {
             tokio::time::sleep(IDLE_WINDOW).await;
             let cpu_after = cpu_ticks(pid)?;
             let idle_cpu_percent =
-                (cpu_after - cpu_before) as f64 / ticks_per_second() / IDLE_WINDOW.as_secs_f64() * 100.0;
+                (cpu_after - cpu_before) as f64 / crate::os::ticks_per_second() / IDLE_WINDOW.as_secs_f64() * 100.0;
             let idle_rss_mb = rss_mb(pid, "VmRSS:")?;
             let idle_connections: i64 = sqlx::query_scalar(trusted(&sql.connections))
                 .bind(format!("{PREFIX}\\_%"))
@@ -445,16 +445,6 @@ fn cpu_ticks(pid: u32) -> Result<u64, AnyError> {
             .parse::<u64>()?)
     };
     Ok(field(11)? + field(12)?)
-}
-
-fn ticks_per_second() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if ticks > 0 {
-        ticks as f64
-    } else {
-        100.0
-    }
 }
 
 /// A `/proc/PID/status` memory line (`VmRSS:`, `VmHWM:`), in MB.
