@@ -1233,3 +1233,100 @@ async fn a_slot_is_created_while_another_transaction_is_open() {
     })
     .await;
 }
+
+/// Messages under the schema's prefix that are not events, or events no
+/// producer emitted (no tag, a wrong tag), between real emits: each real event arrives once, in commit order, nothing else does,
+/// the slot is confirmed past all of them (nothing stalls), and what was
+/// set aside is kept for an operator.
+async fn malformed_messages_are_set_aside_and_do_not_stall(transport: LogicalTransport) {
+    let db = TestDb::new().await;
+    let (pool, schema) = (db.pool.clone(), db.schema.clone());
+    with_slot(db, move |slot| async move {
+        let sink = ScriptedSink::delivering();
+        let stop = CancellationToken::new();
+        let config = RelayConfig {
+            logical_transport: transport,
+            ..config(&slot)
+        };
+        let relay = spawn_relay(&pool, &schema, sink.clone(), config, stop.clone());
+        wait_for_slot(&pool, &slot, true).await;
+        let prefix = format!("postbox.{}", schema.name());
+        let forged = br#"{"event_id":"01a23142-d1d0-7a07-85ba-b8914fce081b","event_type":"admin.granted","aggregate_type":"a","aggregate_id":"1","schema_version":1,"payload":{},"headers":{},"created_at_us":1796122792399425,"sequence":999}"#;
+        let mut badly_tagged = b"0".repeat(64);
+        badly_tagged.extend_from_slice(forged);
+        let garbage: [&[u8]; 7] = [
+            // A well-formed event anyone could write under the prefix
+            // (pg_logical_emit_message is executable by PUBLIC): no tag.
+            forged,
+            // …and with a tag that is not the key's.
+            &badly_tagged,
+            b"not json at all",
+            br#"{"event_id":"zzz"}"#,
+            br#"{"event_id":"01a23142-d1d0-7a07-85ba-b8914fce081b","event_type":"t","aggregate_type":"a","aggregate_id":"1","schema_version":1,"payload":{},"headers":[1,2],"created_at_us":1}"#,
+            b"\xff\xfe\x00binary",
+            b"",
+        ];
+        let mut ids = Vec::new();
+        for (i, bad) in garbage.iter().enumerate() {
+            ids.extend(emit(&pool, &schema, 1, "order.created").await);
+            // A transaction of a real event with garbage on both sides.
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::query("SELECT pg_logical_emit_message(true, $1, $2::bytea)")
+                .bind(&prefix)
+                .bind(*bad)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            ids.push(
+                postbox::sqlx::emit(&Outbox::new(schema.clone()), &mut tx, &event(i, "order.paid"))
+                    .await
+                    .unwrap(),
+            );
+            sqlx::query("SELECT pg_logical_emit_message(true, $1, $2::bytea)")
+                .bind(&prefix)
+                .bind(*bad)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+        }
+        let after = wal_now(&pool).await;
+        wait_for("every real event delivered", Duration::from_secs(60), || async {
+            sink.count() >= ids.len()
+        })
+        .await;
+        wait_for(
+            "the slot confirmed past the garbage",
+            Duration::from_secs(30),
+            || confirmed_past(&pool, &slot, &after),
+        )
+        .await;
+        stop.cancel();
+        relay.await.unwrap();
+        assert_eq!(sink.ids(), ids, "every real event once, in commit order, nothing else");
+        let kept = postbox_relay::Store::new(pool.clone(), schema.clone())
+            .logical()
+            .refused(100)
+            .await
+            .unwrap();
+        // At most ten a second are kept: some, never more than were refused.
+        assert!(!kept.is_empty() && kept.len() <= 2 * garbage.len(), "{kept:?}");
+        assert!(
+            kept.iter().all(|r| r.reason.starts_with("not an event")
+                || r.reason.starts_with("it carries no tag")
+                || r.reason.starts_with("its tag does not match")),
+            "{kept:?}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn malformed_messages_are_set_aside_on_the_stream() {
+    malformed_messages_are_set_aside_and_do_not_stall(LogicalTransport::Stream).await;
+}
+
+#[tokio::test]
+async fn malformed_messages_are_set_aside_over_sql() {
+    malformed_messages_are_set_aside_and_do_not_stall(LogicalTransport::Sql).await;
+}

@@ -1051,6 +1051,105 @@ async fn running_the_script_again_takes_back_broader_grants() {
     r.finish().await;
 }
 
+/// Emitting is the producer's job alone (migration 19): the relay, the
+/// monitor and a role with nothing but the schema's USAGE are refused
+/// `emit` and `emit_one` (PostgreSQL makes a new function executable by
+/// PUBLIC); the producer emits.
+#[tokio::test]
+async fn only_the_producer_may_emit() {
+    let rdb = RoleDb::new().await;
+    let schema = rdb.db.schema.name().to_owned();
+    let stranger = format!("{schema}_stranger");
+    rdb.db
+        .exec(&format!(
+            "CREATE ROLE {stranger} NOLOGIN; GRANT USAGE ON SCHEMA {{schema}} TO {stranger}"
+        ))
+        .await;
+    let emit = format!("SELECT {schema}.emit('t', 'a', '1', '{{}}'::jsonb)");
+    let emit_one = format!(
+        "SELECT {schema}.emit_one(gen_random_uuid(), 't', 'a', '1', 1, '{{}}'::jsonb, '{{}}'::jsonb)"
+    );
+    let relay = rdb.relay().await;
+    let monitor = rdb.monitor().await;
+    let strangers = rdb.pool_as(&stranger).await;
+    for (who, pool) in [
+        ("relay", relay.pool()),
+        ("monitor", monitor.pool()),
+        ("stranger", &strangers),
+    ] {
+        for sql in [&emit, &emit_one] {
+            assert_denied(
+                &format!("{who}: {sql}"),
+                sqlx::query(trusted(sql)).execute(pool).await,
+            );
+        }
+    }
+    let producer = rdb.producer().await;
+    let mut tx = producer.begin().await.unwrap();
+    sqlx::query(trusted(&emit)).execute(&mut *tx).await.unwrap();
+    tx.rollback().await.unwrap();
+    strangers.close().await;
+    rdb.db
+        .exec(&format!("DROP OWNED BY {stranger}; DROP ROLE {stranger}"))
+        .await;
+    rdb.finish().await;
+}
+
+/// The relay hands events to the outbox only from what a producer emitted
+/// (migration 19): the hand-off that takes an event's fields is not its
+/// to call, and the one that takes emitted content refuses a content whose
+/// tag is not the schema key's.
+#[tokio::test]
+async fn the_relay_cannot_write_an_events_content() {
+    let rdb = RoleDb::new().await;
+    let schema = rdb.db.schema.name().to_owned();
+    let relay = rdb.relay().await;
+    let fields = format!(
+        "SELECT {schema}.logical_handoff('d', ARRAY[gen_random_uuid()], ARRAY['t'], ARRAY['a'], \
+         ARRAY['1'], ARRAY[1], ARRAY['{{}}'::jsonb], ARRAY['{{}}'::jsonb], ARRAY[now()], \
+         ARRAY[NULL::timestamptz], ARRAY[NULL::bigint], ARRAY[false], ARRAY[0::float8], \
+         ARRAY[''], ARRAY[false], ARRAY[1], '{{}}'::uuid[], '{{}}'::text[])"
+    );
+    assert_denied(
+        "relay: logical_handoff with an event's fields",
+        sqlx::query(trusted(&fields)).execute(relay.pool()).await,
+    );
+    let content = r#"{"event_id":"01a23142-d1d0-7a07-85ba-b8914fce081b","event_type":"admin.granted","aggregate_type":"a","aggregate_id":"1","schema_version":1,"payload":{},"headers":{},"created_at_us":1796122792399425}"#;
+    let forged = format!(
+        "SELECT {schema}.logical_handoff_verified('d', ARRAY[$1], ARRAY[$2::bytea], ARRAY[false], \
+         ARRAY[0::float8], ARRAY[''], ARRAY[false], ARRAY[1], '{{}}'::uuid[], '{{}}'::text[])"
+    );
+    for tag in [vec![0u8; 32], Vec::new()] {
+        assert_denied(
+            "relay: logical_handoff_verified with a tag that is not the key's",
+            sqlx::query(trusted(&forged))
+                .bind(content)
+                .bind(&tag)
+                .execute(relay.pool())
+                .await,
+        );
+    }
+    let events: i64 =
+        sqlx::query_scalar(trusted(&rdb.db.sql("SELECT count(*) FROM {schema}.outbox")))
+            .fetch_one(&rdb.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(events, 0, "nothing reached the outbox");
+    // The key is the owner's alone.
+    let monitor = rdb.monitor().await;
+    for (who, pool) in [("relay", relay.pool()), ("monitor", monitor.pool())] {
+        assert_denied(
+            &format!("{who}: reading the key"),
+            sqlx::query(trusted(
+                &rdb.db.sql("SELECT ipad FROM {schema}.logical_key"),
+            ))
+            .execute(pool)
+            .await,
+        );
+    }
+    rdb.finish().await;
+}
+
 /// Logical mode's numbered emits (migration 17): the producer emits in
 /// either setting (the counter row only when on) and cannot change it; the
 /// relay reads it, as its start-up check for ordered routes does.

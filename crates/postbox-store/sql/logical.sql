@@ -96,14 +96,18 @@ SELECT {schema}.logical_drop_slot($1) AS existed;
 
 -- name: handoff
 -- Events destination $1 did not take go to the outbox's retry and
--- dead-letter machinery with their content ($2–$9), scheduled time ($10,
--- NULL: none) and sequence ($11, NULL: none; migration 16), how their
--- delivery went ($12 dead, $13 delay in seconds, $14 error, empty for an
--- event handed off untried, $15 fan-out, $16 attempts so far) and the other
--- destinations of fan-out events ($17/$18). Returns how many events it was
--- given.
-SELECT {schema}.logical_handoff($1, $2, $3, $4, $5, $6, $7::text[]::jsonb[], $8::text[]::jsonb[],
-                                $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) AS found;
+-- dead-letter machinery from their emitted content ($2) and tag ($3;
+-- migration 19 checks every tag and takes the event's fields from the
+-- checked content), with how their delivery went ($4 dead, $5 delay in
+-- seconds, $6 error, empty for an event handed off untried, $7 fan-out,
+-- $8 attempts so far) and the other destinations of fan-out events
+-- ($9/$10). Returns how many events it was given.
+SELECT {schema}.logical_handoff_verified($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) AS found;
+
+-- name: verify
+-- Which (SHA-256 of an event's JSON, tag) pairs carry a valid tag, in order
+-- (migration 19; the relay never sees the key).
+SELECT {schema}.logical_verify($1, $2) AS valid;
 
 -- name: numbered_emits
 -- Whether emit numbers each event within its aggregate (migration 17).
@@ -111,3 +115,18 @@ SELECT numbered_emits FROM {schema}.logical_settings;
 
 -- name: set_numbered_emits
 UPDATE {schema}.logical_settings SET numbered_emits = $1;
+
+-- name: refuse
+-- Keep a message the reader set aside (migration 19) and trim the table to
+-- its newest 1,000 rows.
+WITH kept AS (
+    INSERT INTO {schema}.logical_refused (lsn, reason, excerpt)
+    VALUES ($1, $2, $3)
+    RETURNING id)
+DELETE FROM {schema}.logical_refused
+WHERE id <= (SELECT id FROM kept) - 1000;
+
+-- name: refused
+-- The messages set aside, newest first.
+SELECT refused_at, lsn, reason, excerpt FROM {schema}.logical_refused
+ORDER BY id DESC LIMIT $1;

@@ -84,16 +84,25 @@ GRANT EXECUTE ON FUNCTION
     {schema}.log_handoff(text, bigint[], uuid[], boolean[], float8[], text[], boolean[],
                          integer[], uuid[], text[])
   TO {relay};
--- Logical mode: events a destination did not take go to the outbox through
--- logical_handoff (migrations 11, 13 and 16). The event exists only in the WAL, so the
--- relay passes its content: a relay role can add events to the outbox this
--- way. Reading the slot needs the REPLICATION attribute on the relay's login
--- role, which a DBA grants (ALTER ROLE … REPLICATION); it is not a group
--- privilege.
-GRANT EXECUTE ON FUNCTION
+-- Logical mode: the relay checks the tags of what it read from the slot
+-- (logical_verify, migration 19: it never sees the key), and hands events a
+-- destination did not take to the outbox through logical_handoff_verified,
+-- which takes their emitted content and tag, never an event's fields: a
+-- relay role can hand off what producers emitted and nothing else. The
+-- REVOKE takes back the field-taking logical_handoff earlier versions of
+-- this script granted. Reading the slot needs the REPLICATION attribute on
+-- the relay's login role, which a DBA grants (ALTER ROLE … REPLICATION); it
+-- is not a group privilege, and it is cluster-wide (see the book's
+-- security page).
+REVOKE EXECUTE ON FUNCTION
     {schema}.logical_handoff(text, uuid[], text[], text[], text[], integer[], jsonb[], jsonb[],
                              timestamptz[], timestamptz[], bigint[], boolean[], float8[], text[],
                              boolean[], integer[], uuid[], text[])
+  FROM {relay};
+GRANT EXECUTE ON FUNCTION
+    {schema}.logical_verify(bytea[], bytea[]),
+    {schema}.logical_handoff_verified(text, text[], bytea[], boolean[], float8[], text[],
+                                      boolean[], integer[], uuid[], text[])
   TO {relay};
 -- …and notes when it read its slot (migration 15).
 GRANT EXECUTE ON FUNCTION {schema}.logical_read_now(text) TO {relay};
@@ -104,6 +113,8 @@ GRANT SELECT ON {schema}.logical_readers TO {relay};
 -- needs no grant: emit_one reads the setting as its owner, and only the
 -- owner changes it (postbox migrate --emit-sequence).
 GRANT SELECT ON {schema}.logical_settings TO {relay};
+-- …and keeps what it set aside (migration 19), trimming the table.
+GRANT SELECT, INSERT, DELETE ON {schema}.logical_refused TO {relay};
 
 -- Monitor: read-only, for `postbox status` and dashboards (every table of
 -- the schema as of this run: run it again after an upgrade).
@@ -112,3 +123,5 @@ GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {monitor};
 -- The operator console's password hashes and session tokens are not for
 -- dashboards: the monitor role reads everything else.
 REVOKE ALL ON {schema}.console_users, {schema}.console_sessions FROM {monitor};
+-- Nor is the key that signs emitted events (migration 19): the owner's alone.
+REVOKE ALL ON {schema}.logical_key FROM {monitor};

@@ -45,8 +45,8 @@ pub use dead_letters::{
 pub use events::{DeliveryRecord, EventQuery, EventRecord, EventRow, Events, Status, StatusFilter};
 pub use log::{CursorLag, Handoff, HeldEvents, Lease, Log, LogEvent, LogWindow, ProducerTarget};
 pub use logical::{
-    decode_change, decode_event, rough_duration, Change, Logical, LogicalEvent, LogicalHandoff,
-    Lsn, SlotStatus, Unread,
+    decode_change, decode_event, decode_or_refuse, rough_duration, Change, Logical, LogicalEvent,
+    LogicalHandoff, Lsn, Refusal, RefusedMessage, SlotStatus, Unread,
 };
 pub use relay::{
     AttemptsCount, Claim, ClaimOrder, ClaimedEvent, DbHealth, DeliveryState, DeliveryUpdate,

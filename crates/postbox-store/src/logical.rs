@@ -64,6 +64,13 @@ pub struct LogicalEvent {
     /// When it was scheduled for (`emit(..., deliver_at => …)`); `None`: at
     /// once.
     pub deliver_at: Option<DateTime<Utc>>,
+    /// The event's JSON exactly as emitted (what the tag signs; what a
+    /// hand-off passes).
+    pub content: String,
+    /// The tag `emit_one` put before the JSON (migration 19), if any.
+    pub tag: Option<[u8; 32]>,
+    /// Where the message was read (0 when decoded without one).
+    pub at: Lsn,
 }
 
 impl LogicalEvent {
@@ -83,8 +90,59 @@ pub enum Change {
     /// A transaction committed; confirming the slot up to `end` is
     /// confirming it.
     Commit { end: Lsn },
+    /// A message under the schema's prefix that is not an event this
+    /// reader can decode: set aside, never delivered, and never in the way
+    /// of what follows it.
+    Refused { at: Lsn, refusal: Refusal },
     /// Anything else (another schema's messages, a non-transactional one).
     Other,
+}
+
+/// A message the reader set aside instead of delivering.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// Why (a fixed phrase and the decoder's word, without the content).
+    pub reason: String,
+    /// The message's first bytes (at most [`Refusal::EXCERPT_BYTES`]), as
+    /// text (NUL bytes and invalid UTF-8 replaced).
+    pub excerpt: String,
+}
+
+impl Refusal {
+    /// How much of a refused message is kept.
+    pub const EXCERPT_BYTES: usize = 512;
+
+    /// `content` refused for `reason`.
+    pub fn new(reason: impl Into<String>, content: &[u8]) -> Self {
+        let head = &content[..content.len().min(Self::EXCERPT_BYTES)];
+        Self {
+            reason: reason.into(),
+            excerpt: String::from_utf8_lossy(head).replace('\0', "\u{fffd}"),
+        }
+    }
+}
+
+/// A refused message as an operator reads it back.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, sqlx::FromRow)]
+pub struct RefusedMessage {
+    pub refused_at: DateTime<Utc>,
+    pub lsn: String,
+    pub reason: String,
+    pub excerpt: String,
+}
+
+/// Decode an event's content, or say why it is refused.
+pub fn decode_or_refuse(content: &[u8]) -> Result<LogicalEvent, Refusal> {
+    decode_event(content).map_err(|e| {
+        let reason = match e {
+            sqlx::Error::Protocol(why) => why,
+            other => other.to_string(),
+        };
+        Refusal::new(
+            format!("not an event postbox can decode: {reason}"),
+            content,
+        )
+    })
 }
 
 /// A slot as `postbox slot status` and the metrics show it.
@@ -238,6 +296,9 @@ struct Queries {
     read_now: String,
     numbered_emits: String,
     set_numbered_emits: String,
+    refuse: String,
+    refused: String,
+    verify: String,
 }
 
 impl Queries {
@@ -259,6 +320,9 @@ impl Queries {
             read_now: file.render("read_now", schema),
             numbered_emits: file.render("numbered_emits", schema),
             set_numbered_emits: file.render("set_numbered_emits", schema),
+            refuse: file.render("refuse", schema),
+            refused: file.render("refused", schema),
+            verify: file.render("verify", schema),
         };
         file.finish();
         queries
@@ -391,6 +455,26 @@ impl Logical {
         Ok(())
     }
 
+    /// Keep a message the reader set aside (read at `lsn`); the table keeps
+    /// the newest 1,000.
+    pub async fn refuse(&self, lsn: Lsn, refusal: &Refusal) -> Result<(), sqlx::Error> {
+        sqlx::query(trusted(&self.sql.refuse))
+            .bind(lsn.to_string())
+            .bind(&refusal.reason)
+            .bind(&refusal.excerpt)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// The newest `limit` messages set aside.
+    pub async fn refused(&self, limit: i64) -> Result<Vec<RefusedMessage>, sqlx::Error> {
+        sqlx::query_as(trusted(&self.sql.refused))
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+    }
+
     /// Note that the caller (the slot's reader) read `slot` now.
     pub async fn read_now(&self, conn: &mut PgConnection, slot: &str) -> Result<(), sqlx::Error> {
         sqlx::query(trusted(&self.sql.read_now))
@@ -455,61 +539,13 @@ impl Logical {
             .bind(
                 handoffs
                     .iter()
-                    .map(|h| h.event.event.event_id)
+                    .map(|h| h.event.content.as_str())
                     .collect::<Vec<_>>(),
             )
             .bind(
                 handoffs
                     .iter()
-                    .map(|h| h.event.event.event_type.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                handoffs
-                    .iter()
-                    .map(|h| h.event.event.aggregate_type.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                handoffs
-                    .iter()
-                    .map(|h| h.event.event.aggregate_id.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                handoffs
-                    .iter()
-                    .map(|h| h.event.event.schema_version)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                handoffs
-                    .iter()
-                    .map(|h| h.event.event.payload.get())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                handoffs
-                    .iter()
-                    .map(|h| h.event.headers_json.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                handoffs
-                    .iter()
-                    .map(|h| h.event.event.created_at)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                handoffs
-                    .iter()
-                    .map(|h| h.event.deliver_at)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                handoffs
-                    .iter()
-                    .map(|h| h.event.event.sequence)
+                    .map(|h| h.event.tag.map(|t| t.to_vec()))
                     .collect::<Vec<_>>(),
             )
             .bind(handoffs.iter().map(|h| h.dead).collect::<Vec<_>>())
@@ -538,11 +574,52 @@ impl Logical {
             .await?;
         if found as usize != handoffs.len() {
             return Err(sqlx::Error::Protocol(format!(
-                "logical_handoff took {found} of {} events",
+                "logical_handoff_verified took {found} of {} events",
                 handoffs.len()
             )));
         }
         Ok(())
+    }
+}
+
+impl Logical {
+    /// Which of `events` carry a valid tag (`emit_one`'s, migration 19), in
+    /// order; an event without a tag does not. One statement, whatever the
+    /// number of events; the key stays in the database.
+    pub async fn verify(&self, events: &[&LogicalEvent]) -> Result<Vec<bool>, sqlx::Error> {
+        use sha2::{Digest, Sha256};
+        let tagged: Vec<(usize, Vec<u8>, Vec<u8>)> = events
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| {
+                e.tag.map(|t| {
+                    let digest = Sha256::digest(e.content.as_bytes()).to_vec();
+                    (i, digest, t.to_vec())
+                })
+            })
+            .collect();
+        let mut valid = vec![false; events.len()];
+        if tagged.is_empty() {
+            return Ok(valid);
+        }
+        let digests: Vec<&[u8]> = tagged.iter().map(|(_, d, _)| d.as_slice()).collect();
+        let tags: Vec<&[u8]> = tagged.iter().map(|(_, _, t)| t.as_slice()).collect();
+        let answers: Vec<bool> = sqlx::query_scalar(trusted(&self.sql.verify))
+            .bind(&digests)
+            .bind(&tags)
+            .fetch_one(&self.pool)
+            .await?;
+        if answers.len() != tagged.len() {
+            return Err(sqlx::Error::Protocol(format!(
+                "logical_verify answered {} of {} tags",
+                answers.len(),
+                tagged.len()
+            )));
+        }
+        for ((i, _, _), ok) in tagged.iter().zip(answers) {
+            valid[*i] = ok;
+        }
+        Ok(valid)
     }
 }
 
@@ -601,15 +678,49 @@ pub fn decode_change(lsn: Lsn, data: &[u8], prefix: &[u8]) -> Result<Change, sql
             let content = rest
                 .get(4..4 + len)
                 .ok_or_else(|| bad("content shorter than its length"))?;
-            decode_event(content).map(|e| Change::Event(Box::new(e)))
+            Ok(match decode_or_refuse(content) {
+                Ok(mut e) => {
+                    e.at = lsn;
+                    Change::Event(Box::new(e))
+                }
+                Err(refusal) => Change::Refused { at: lsn, refusal },
+            })
         }
         _ => Ok(Change::Other),
     }
 }
 
-/// An event's content as `emit_one` wrote it.
+/// The hex digits of a tag before the event's JSON (migration 19).
+const TAG_HEX: usize = 64;
+
+/// Split a message's content into its tag, if it has one, and the JSON.
+fn split_tag(content: &[u8]) -> Result<(Option<[u8; 32]>, &[u8]), sqlx::Error> {
+    if content.first() == Some(&b'{') || content.len() < TAG_HEX {
+        return Ok((None, content));
+    }
+    let (hex, json) = content.split_at(TAG_HEX);
+    let mut tag = [0u8; 32];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        let digit = |b: u8| match b {
+            b'0'..=b'9' => Some(b - b'0'),
+            b'a'..=b'f' => Some(b - b'a' + 10),
+            _ => None,
+        };
+        match (digit(pair[0]), digit(pair[1])) {
+            (Some(h), Some(l)) => tag[i] = h << 4 | l,
+            _ => return Err(sqlx::Error::Protocol("a malformed tag".to_owned())),
+        }
+    }
+    Ok((Some(tag), json))
+}
+
+/// An event's content as `emit_one` wrote it: the tag's hex digits (from
+/// migration 19 on), then the event's JSON.
 pub fn decode_event(content: &[u8]) -> Result<LogicalEvent, sqlx::Error> {
-    let c: Content<'_> = serde_json::from_slice(content).map_err(|e| decode_error("content", e))?;
+    let (tag, content) = split_tag(content)?;
+    let json = std::str::from_utf8(content)
+        .map_err(|_| sqlx::Error::Protocol("content is not UTF-8".to_owned()))?;
+    let c: Content<'_> = serde_json::from_str(json).map_err(|e| decode_error("content", e))?;
     let created_at = DateTime::<Utc>::from_timestamp_micros(c.created_at_us)
         .ok_or_else(|| sqlx::Error::Protocol("created_at_us out of range".to_owned()))?;
     let deliver_at = c
@@ -635,6 +746,9 @@ pub fn decode_event(content: &[u8]) -> Result<LogicalEvent, sqlx::Error> {
         },
         headers_json,
         deliver_at,
+        content: json.to_owned(),
+        tag,
+        at: Lsn(0),
     })
 }
 

@@ -112,6 +112,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "log_reading",
         sql: include_str!("../migrations/0018_log_reading.sql"),
     },
+    Migration {
+        version: 19,
+        name: "logical_trust",
+        sql: include_str!("../migrations/0019_logical_trust.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.

@@ -104,6 +104,10 @@ pub const DEAD_TUPLE_RATIO: &str = "postbox_outbox_dead_tuple_ratio";
 /// Gauge: 1 when the LISTEN probe came back, 0 when it did not (polling only).
 pub const LISTEN_WORKING: &str = "postbox_listen_working";
 
+/// Counter: messages under a schema's logical prefix that were not events
+/// postbox can decode, set aside instead of delivered (by slot).
+pub const LOGICAL_REFUSED: &str = "postbox_logical_refused_total";
+
 pub fn describe() {
     describe_gauge!(PENDING_EVENTS, "Events waiting to be claimed");
     describe_gauge!(
@@ -164,6 +168,10 @@ pub fn describe() {
         "Troubles of a multi-outbox relay with one outbox or database, by kind"
     );
     describe_gauge!(OUTBOXES, "Outboxes this relay serves");
+    describe_counter!(
+        LOGICAL_REFUSED,
+        "Messages under the schema's logical prefix set aside instead of delivered (not events postbox can decode), by slot"
+    );
     describe_health();
     for name in [LEASES_RECLAIMED, ACKS_LOST, DEAD_LETTERED] {
         counter!(name).absolute(0);

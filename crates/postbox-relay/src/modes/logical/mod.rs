@@ -36,7 +36,9 @@ use crate::router::Router;
 use crate::telemetry::metrics as m;
 use futures::future::join_all;
 use postbox_store::Store;
-use postbox_store::{HeldEvents, Log, Logical, LogicalEvent, LogicalHandoff, Lsn, SlotStatus};
+use postbox_store::{
+    HeldEvents, Log, Logical, LogicalEvent, LogicalHandoff, Lsn, Refusal, SlotStatus,
+};
 use sqlx::PgConnection;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -99,6 +101,66 @@ pub(crate) async fn check_numbered_emits(
     }
 }
 
+/// How often the reader says that it set messages aside, at most.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);
+/// How many set-aside messages a second are kept in `logical_refused`, at
+/// most (every one is counted; a flood costs the database bounded writes).
+const REFUSALS_KEPT_PER_SECOND: u32 = 10;
+
+/// Messages under the schema's prefix that are not an event: counted
+/// (`postbox_logical_refused_total`), said with bounded volume, kept for an
+/// operator (bounded), never delivered — and the slot is confirmed past
+/// them like past anything else, so none of them can stop the reader.
+pub(crate) struct Refusals {
+    slot: String,
+    /// When the last WARN was said, and what was refused since.
+    said: Option<Instant>,
+    unsaid: u64,
+    /// This second's window of kept refusals.
+    window: Instant,
+    kept: u32,
+}
+
+impl Refusals {
+    pub(crate) fn new(slot: &str) -> Self {
+        Self {
+            slot: slot.to_owned(),
+            said: None,
+            unsaid: 0,
+            window: Instant::now(),
+            kept: 0,
+        }
+    }
+
+    /// Set aside one message read at `at`.
+    pub(crate) async fn refuse(&mut self, logical: &Logical, at: Lsn, refusal: &Refusal) {
+        metrics::counter!(m::LOGICAL_REFUSED, "slot" => self.slot.clone()).increment(1);
+        self.unsaid += 1;
+        if self.said.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_EVERY) {
+            tracing::warn!(
+                slot = %self.slot,
+                lsn = %at,
+                refused = self.unsaid,
+                reason = %sanitize_error(&refusal.reason),
+                "set aside messages under the schema's prefix that are not events postbox can decode (never delivered; kept in the schema's logical_refused table; said again at most once a minute)"
+            );
+            self.said = Some(Instant::now());
+            self.unsaid = 0;
+        }
+        if self.window.elapsed() >= Duration::from_secs(1) {
+            self.window = Instant::now();
+            self.kept = 0;
+        }
+        if self.kept < REFUSALS_KEPT_PER_SECOND {
+            self.kept += 1;
+            if let Err(e) = logical.refuse(at, refusal).await {
+                // Counted and said; keeping it is best effort.
+                tracing::debug!(error = %sanitize_error(&e.to_string()), "could not keep a refused message");
+            }
+        }
+    }
+}
+
 /// Why a reading session ended.
 pub(crate) enum Ended {
     Shutdown,
@@ -110,7 +172,7 @@ pub(crate) enum Ended {
 pub(crate) async fn read_loop(shared: Arc<Shared>, mode: RunMode) {
     let logical = shared.store.logical();
     let slot = shared.config.slot_name(shared.store.schema());
-    let batches = Batches::new(&shared);
+    let batches = Batches::new(&shared, &slot);
     let mut failures = 0;
     let mut standby_said = false;
     while !shared.shutdown.is_cancelled() {
@@ -316,15 +378,27 @@ pub(crate) struct Batches {
     outbox: SlotOutbox,
     /// The router has ordered routes.
     ordered: bool,
+    /// What was set aside instead of delivered.
+    refusals: tokio::sync::Mutex<Refusals>,
 }
 
 impl Batches {
-    pub(crate) fn new(shared: &Shared) -> Self {
+    pub(crate) fn new(shared: &Shared, slot: &str) -> Self {
         Self {
             logical: shared.store.logical(),
             outbox: SlotOutbox(shared.store.log()),
             ordered: shared.router.claim_order().is_some(),
+            refusals: tokio::sync::Mutex::new(Refusals::new(slot)),
         }
+    }
+
+    /// Set aside one message read at `at` (see [`Refusals`]).
+    pub(crate) async fn refuse(&self, at: Lsn, refusal: &Refusal) {
+        self.refusals
+            .lock()
+            .await
+            .refuse(&self.logical, at, refusal)
+            .await;
     }
 }
 
@@ -350,6 +424,25 @@ pub(crate) async fn publish_batch(
     let Ok(_permit) = shared.batch_permit().await else {
         return Ok(Settled::Stopped);
     };
+    // Only what the schema's emit signed is delivered: whatever else was
+    // written under the prefix is set aside (and the slot moves past it).
+    let all: Vec<&LogicalEvent> = events.iter().collect();
+    let signed = batches.logical.verify(&all).await?;
+    let mut events = Vec::with_capacity(all.len());
+    for (e, ok) in all.into_iter().zip(signed) {
+        if ok {
+            events.push(e);
+        } else {
+            let why = if e.tag.is_some() {
+                "its tag does not match its content (not written by the schema's emit)"
+            } else {
+                "it carries no tag (not written by the schema's emit, or emitted before migration 19)"
+            };
+            batches
+                .refuse(e.at, &Refusal::new(why, e.content.as_bytes()))
+                .await;
+        }
+    }
     let router = &shared.router;
     crate::telemetry::otel::claimed(
         &shared.store.schema(),
@@ -384,7 +477,7 @@ pub(crate) async fn publish_batch(
                     retried += 1;
                 }
                 LogicalHandoff {
-                    event: &events[i],
+                    event: events[i],
                     dead: p.dead,
                     delay: p.delay,
                     attempts: p.attempts,

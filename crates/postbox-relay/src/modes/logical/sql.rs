@@ -125,6 +125,7 @@ async fn round(
                         pending.clear();
                     }
                 }
+                Change::Refused { at, refusal } => batches.refuse(at, &refusal).await,
                 Change::Commit { end } => last_commit = Some(end),
                 Change::Begin | Change::Other => {}
             }

@@ -27,7 +27,7 @@ use percent_encoding::percent_decode_str;
 use pgwire_replication::{
     PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent, SslMode, TlsConfig,
 };
-use postbox_store::{decode_event, Logical, LogicalEvent, Lsn};
+use postbox_store::{decode_or_refuse, Logical, LogicalEvent, Lsn};
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 use sqlx::ConnectOptions;
 use std::time::{Duration, Instant};
@@ -118,6 +118,7 @@ struct Reader<'a> {
     client: ReplicationClient,
     /// Events read and not yet published.
     pending: Vec<LogicalEvent>,
+
     /// Inside a transaction (Begin read, its Commit not yet).
     in_txn: bool,
     /// The end of the last commit read.
@@ -189,9 +190,19 @@ impl Reader<'_> {
                     transactional: true,
                     prefix,
                     content,
-                    ..
+                    lsn,
                 } if prefix == self.prefix => {
-                    self.pending.push(decode_event(&content)?);
+                    let at = Lsn(lsn.as_u64());
+                    match decode_or_refuse(&content) {
+                        Ok(mut event) => {
+                            event.at = at;
+                            self.pending.push(event);
+                        }
+                        Err(refusal) => {
+                            self.batches.refuse(at, &refusal).await;
+                            continue;
+                        }
+                    }
                     if self.pending.len() >= batch {
                         if let Settled::Stopped = self.publish().await? {
                             return Ok(Ended::Shutdown);
