@@ -16,8 +16,8 @@ mod tenants;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use commands::{
-    bench, completions, console, demo, dlq, enqueue, man, migrate, purge, receive, relay, slot,
-    status, verify,
+    bench, completions, console, demo, dlq, enqueue, log, man, migrate, purge, receive, relay,
+    slot, status, verify,
 };
 use context::{error_chain, AnyError, Global, Settings};
 use std::process::ExitCode;
@@ -62,6 +62,8 @@ pub enum Command {
     Man(man::ManArgs),
     /// Logical mode's replication slots: status (lag, retained WAL, invalidation) and drop
     Slot(slot::SlotArgs),
+    /// Log mode's cursors: how far each destination is behind, whether a relay reads it, and drop (audited)
+    Log(log::LogArgs),
 }
 
 fn main() -> ExitCode {
@@ -158,6 +160,7 @@ async fn run(cli: Cli) -> Result<ExitCode, AnyError> {
         Command::Verify(args) => verify::run(&settings, args).await,
         Command::Completions(_) | Command::Man(_) => unreachable!("handled before the runtime"),
         Command::Slot(args) => slot::run(&settings, args).await,
+        Command::Log(args) => log::run(&settings, args).await,
     };
     match result {
         // Before `postbox migrate`, say so instead of "relation does not exist".

@@ -8,6 +8,7 @@ mod console;
 mod dlq;
 mod guidance;
 mod installs;
+mod log_cursors;
 mod logical;
 // The OTLP receiver shared with the `otel` test binary (not every part used here).
 mod ops;

@@ -212,10 +212,14 @@ SELECT {schema}.log_truncate($1, $2) AS removed;
 -- Each destination's lag: committed events its cursor has not read (not
 -- visible in the `lo` of the partition they belong to), the age of the
 -- oldest of them, and how many it delivered so far; held when a relay holds
--- every partition.
+-- every partition; unread_seconds: how long no relay has held any of its
+-- partitions (0 while one does).
 SELECT c.destination,
        sum(c.delivered)::bigint AS delivered,
        bool_and(c.owner IS NOT NULL AND c.lease_expires_at > now()) AS held,
+       CASE WHEN bool_or(c.owner IS NOT NULL AND c.lease_expires_at > now()) THEN 0::float8
+            ELSE greatest(extract(epoch FROM now() - max(coalesce(c.lease_expires_at, c.updated_at))), 0)::float8
+       END AS unread_seconds,
        sum((SELECT count(*) FROM {schema}.log l
             WHERE l.txid >= pg_snapshot_xmin(c.lo)
               AND NOT pg_visible_in_snapshot(l.txid, c.lo)
@@ -240,3 +244,24 @@ WHERE NOT EXISTS (SELECT 1 FROM {schema}.log_cursors)
               WHERE NOT pg_visible_in_snapshot(l.txid, c.lo)
                 AND (c.parts = 1
                      OR {schema}.log_part(l.aggregate_type, l.aggregate_id, c.parts) = c.part));
+
+-- name: log_bytes
+-- The log's size on disk: every segment, with its indexes and TOAST.
+SELECT coalesce(sum(pg_total_relation_size(i.inhrelid)), 0)::bigint AS bytes
+FROM pg_inherits i
+WHERE i.inhparent = '{schema}.log'::regclass;
+
+-- name: drop_cursor
+-- Drop destination $1's cursor (every partition) and its readers' heartbeats,
+-- unless a relay holds a partition ($2: drop it anyway). The partitions dropped.
+WITH dropped AS (
+    DELETE FROM {schema}.log_cursors
+    WHERE destination = $1
+      AND ($2 OR NOT EXISTS (
+          SELECT FROM {schema}.log_cursors h
+          WHERE h.destination = $1 AND h.owner IS NOT NULL AND h.lease_expires_at > now()))
+    RETURNING part, delivered),
+readers AS (
+    DELETE FROM {schema}.log_readers r
+    WHERE r.destination = $1 AND EXISTS (SELECT FROM dropped))
+SELECT count(*)::integer AS parts, coalesce(sum(delivered), 0)::bigint AS delivered FROM dropped;

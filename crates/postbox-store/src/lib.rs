@@ -43,7 +43,10 @@ pub use dead_letters::{
     MAX_REASON_BYTES,
 };
 pub use events::{DeliveryRecord, EventQuery, EventRecord, EventRow, Events, Status, StatusFilter};
-pub use log::{CursorLag, Handoff, HeldEvents, Lease, Log, LogEvent, LogWindow, ProducerTarget};
+pub use log::{
+    CursorDropped, CursorLag, Handoff, HeldEvents, Lease, Log, LogEvent, LogWindow, ProducerTarget,
+    ACTION_DROP_CURSOR,
+};
 pub use logical::{
     decode_change, decode_event, decode_or_refuse, rough_duration, Change, Logical, LogicalEvent,
     LogicalHandoff, Lsn, Refusal, RefusedMessage, SlotStatus, Unread,

@@ -74,7 +74,23 @@ pub struct CursorLag {
     pub lag_events: i64,
     /// Age of the oldest of them; `None` when it is caught up.
     pub lag_seconds: Option<f64>,
+    /// How long no relay has held any of its partitions (0 while one does).
+    pub unread_seconds: f64,
 }
+
+/// What [`Log::drop_cursor`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CursorDropped {
+    /// Dropped: its partitions, and the events delivered through it.
+    Dropped { parts: i32, delivered: i64 },
+    /// A relay holds one of its partitions now: nothing dropped.
+    Held,
+    /// No cursor of that name.
+    Missing,
+}
+
+/// The audit log's name for dropping a log cursor.
+pub const ACTION_DROP_CURSOR: &str = "log.drop_cursor";
 
 /// One event read from the log.
 #[derive(Debug)]
@@ -178,6 +194,9 @@ struct Queries {
     truncate: String,
     cursor_lag: String,
     unread: String,
+    log_bytes: String,
+    drop_cursor: String,
+    audit_insert: String,
 }
 
 impl Queries {
@@ -204,6 +223,9 @@ impl Queries {
             truncate: file.render("truncate", schema),
             cursor_lag: file.render("cursor_lag", schema),
             unread: file.render("unread", schema),
+            log_bytes: file.render("log_bytes", schema),
+            drop_cursor: file.render("drop_cursor", schema),
+            audit_insert: crate::dead_letters::AuditQueries::new(schema).insert,
         };
         file.finish();
         queries
@@ -627,6 +649,61 @@ impl Log {
     }
 
     /// Every cursor's lag.
+    /// The log's size on disk (every segment, with indexes): what a cursor
+    /// no relay reads keeps from being truncated.
+    pub async fn log_bytes(&self) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(trusted(&self.sql.log_bytes))
+            .fetch_one(&self.pool)
+            .await
+    }
+
+    /// Drop `destination`'s cursor (every partition), unless a relay holds
+    /// one of them (`force`: anyway), and record it in the audit log, in one
+    /// transaction. What the cursor had not read is no longer delivered to
+    /// that destination; the log's segments can be truncated again.
+    pub async fn drop_cursor(
+        &self,
+        destination: &str,
+        force: bool,
+        actor: &str,
+        reason: Option<&str>,
+    ) -> Result<CursorDropped, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(trusted(&self.sql.drop_cursor))
+            .bind(destination)
+            .bind(force)
+            .fetch_one(&mut *tx)
+            .await?;
+        let parts: i32 = sqlx::Row::try_get(&row, "parts")?;
+        let delivered: i64 = sqlx::Row::try_get(&row, "delivered")?;
+        if parts == 0 {
+            tx.rollback().await?;
+            let exists = self
+                .cursor_lag()
+                .await?
+                .iter()
+                .any(|c| c.destination == destination);
+            return Ok(if exists {
+                CursorDropped::Held
+            } else {
+                CursorDropped::Missing
+            });
+        }
+        let selection = serde_json::json!({ "destination": destination, "force": force });
+        let details = serde_json::json!([{ "destination": destination, "partitions": parts, "delivered": delivered }]);
+        sqlx::query(trusted(&self.sql.audit_insert))
+            .bind(actor)
+            .bind(ACTION_DROP_CURSOR)
+            .bind(selection.to_string())
+            .bind(i64::from(parts))
+            .bind(reason)
+            .bind(details.to_string())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(CursorDropped::Dropped { parts, delivered })
+    }
+
     pub async fn cursor_lag(&self) -> Result<Vec<CursorLag>, sqlx::Error> {
         sqlx::query_as(trusted(&self.sql.cursor_lag))
             .fetch_all(&self.pool)

@@ -119,7 +119,7 @@ impl TargetArgs {
     fn actor(&self) -> Result<String, AnyError> {
         match &self.actor {
             Some(a) => Ok(a.clone()),
-            None => os_user().ok_or_else(|| {
+            None => crate::context::os_user().ok_or_else(|| {
                 "cannot tell who you are ($USER is unset and `whoami` failed): pass --actor NAME"
                     .into()
             }),
@@ -537,20 +537,6 @@ fn parse_since(s: &str) -> Result<DateTime<Utc>, String> {
     Utc::now()
         .checked_sub_signed(ago)
         .ok_or_else(|| format!("{s:?} is too long ago"))
-}
-
-/// The OS user: `$USER`, `$LOGNAME`, else what `whoami` prints.
-fn os_user() -> Option<String> {
-    for var in ["USER", "LOGNAME"] {
-        if let Ok(u) = std::env::var(var) {
-            if !u.trim().is_empty() {
-                return Some(u);
-            }
-        }
-    }
-    let out = std::process::Command::new("whoami").output().ok()?;
-    let name = String::from_utf8(out.stdout).ok()?.trim().to_owned();
-    (out.status.success() && !name.is_empty()).then_some(name)
 }
 
 #[cfg(test)]

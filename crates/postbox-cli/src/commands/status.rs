@@ -23,8 +23,9 @@ pub struct StatusArgs {
     #[arg(long, value_name = "INTERVAL", num_args = 0..=1, default_missing_value = "2s",
           value_parser = humantime::parse_duration)]
     pub watch: Option<Duration>,
-    /// Logical mode: say loudly when no relay has read the slot for longer
-    /// than this [default: relay.logical_inactive_warn, 5m]
+    /// Say loudly when no relay has read the logical slot or a log cursor
+    /// for longer than this [default: relay.logical_inactive_warn, 5m];
+    /// given, status exits 1 when one has not
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub inactive_warn: Option<Duration>,
 
@@ -50,7 +51,14 @@ pub async fn run(settings: &Settings, args: StatusArgs) -> Result<ExitCode, AnyE
         } else {
             out!("{}", render_status(&settings.schema, &report));
         }
-        return Ok(ExitCode::SUCCESS);
+        // Asked to watch for readers (--inactive-warn): exit 1 when the
+        // slot or a log cursor has gone unread longer, as `slot status` does.
+        let unread = report.logical_slot_unread_too_long || !report.log_cursors_unread.is_empty();
+        return Ok(if args.inactive_warn.is_some() && unread {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        });
     };
     if every.is_zero() {
         return Err("--watch: the interval must be greater than zero".into());
@@ -110,6 +118,11 @@ struct StatusReport {
     numbered_emits: bool,
     /// Log mode: each cursor's lag.
     log_cursors: Vec<CursorLag>,
+    /// Log mode: the cursors no relay has held for longer than
+    /// `--inactive-warn`: each keeps the log from being truncated.
+    log_cursors_unread: Vec<String>,
+    /// Log mode: the log's size on disk.
+    log_bytes: i64,
     /// Logical mode: the replication slot this schema's relay reads
     /// (`relay.logical_slot`, or `postbox_<schema>`), when it exists.
     logical_slot: Option<SlotStatus>,
@@ -133,6 +146,16 @@ async fn status_report(
     let producers_write_into = log.producer_target().await?.as_str();
     let numbered_emits = store.logical().numbered_emits().await?;
     let log_cursors = log.cursor_lag().await?;
+    let log_cursors_unread = log_cursors
+        .iter()
+        .filter(|c| c.unread_seconds > inactive_warn.as_secs_f64())
+        .map(|c| c.destination.clone())
+        .collect();
+    let log_bytes = if log_cursors.is_empty() {
+        0
+    } else {
+        log.log_bytes().await?
+    };
     let logical_slot = store.logical().status(Some(slot)).await?.into_iter().next();
     let logical_slot_unread_too_long = logical_slot
         .as_ref()
@@ -143,6 +166,8 @@ async fn status_report(
         producers_write_into,
         numbered_emits,
         log_cursors,
+        log_cursors_unread,
+        log_bytes,
         logical_slot,
         dead_letters: counts.failed,
         counts,
@@ -219,6 +244,16 @@ fn render_status(schema: &Schema, r: &StatusReport) -> String {
                 c.delivered,
                 if c.held { "yes" } else { "no" }
             );
+            if r.log_cursors_unread.contains(&c.destination) {
+                let _ = writeln!(
+                    out,
+                    "    NOT READ for {}: no relay reads this cursor, and it keeps the log ({:.1} MB) from being truncated; start a relay that delivers to {}, or if the destination was removed: postbox log drop-cursor {}",
+                    format_age(Some(c.unread_seconds)),
+                    r.log_bytes as f64 / 1048576.0,
+                    c.destination,
+                    c.destination
+                );
+            }
         }
     }
     if let Some(slot) = &r.logical_slot {

@@ -104,6 +104,41 @@ pub(crate) async fn start(
     tasks
 }
 
+/// How often the maintenance task looks for cursors of destinations this
+/// relay does not deliver to.
+const STRAY_CHECK: Duration = Duration::from_secs(60);
+
+/// Say (every [`STRAY_CHECK`]) which log cursors belong to no destination of
+/// this relay's configuration and are read by no other relay: such a cursor
+/// keeps every log segment from truncation (a removed destination's cursor
+/// stays behind). `postbox_log_cursor_unread` is 1 for each.
+async fn warn_of_stray_cursors(shared: &Shared, log: &Log) {
+    let Ok(cursors) = log.cursor_lag().await else {
+        return;
+    };
+    let ours: Vec<&str> = shared
+        .router
+        .destinations()
+        .iter()
+        .map(|d| d.name.as_str())
+        .collect();
+    for c in cursors {
+        let stray = !ours.contains(&c.destination.as_str()) && c.unread_seconds > 0.0;
+        metrics::gauge!(m::LOG_CURSOR_UNREAD, "destination" => c.destination.clone())
+            .set(if stray { 1.0 } else { 0.0 });
+        if stray {
+            let bytes = log.log_bytes().await.unwrap_or(0);
+            tracing::warn!(
+                destination = %c.destination,
+                unread_events = c.lag_events,
+                unread_for = %humantime::format_duration(Duration::from_secs(c.unread_seconds as u64)),
+                log_bytes = bytes,
+                "a log cursor belongs to no destination of this relay and no relay reads it: it keeps the log from being truncated; if the destination was removed for good, drop it (postbox log drop-cursor NAME); said again every minute"
+            );
+        }
+    }
+}
+
 /// Read partition `part` of destination `d`'s cursor until shutdown (or,
 /// draining, until a window comes back empty).
 pub(crate) async fn read_loop(
@@ -562,7 +597,12 @@ pub(crate) async fn maintain_loop(shared: Arc<Shared>, archive: bool) {
     let log = shared.store.log();
     let age = shared.config.log_segment_age;
     let every = (age / 4).max(Duration::from_millis(50));
+    let mut strays_checked: Option<Instant> = None;
     while !shared.shutdown.is_cancelled() {
+        if strays_checked.is_none_or(|t| t.elapsed() >= STRAY_CHECK) {
+            strays_checked = Some(Instant::now());
+            warn_of_stray_cursors(&shared, &log).await;
+        }
         match log.maintain(age, archive).await {
             Ok((rotated, removed)) => {
                 if removed > 0 {

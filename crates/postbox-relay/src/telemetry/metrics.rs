@@ -90,9 +90,6 @@ pub const HISTOGRAMS: &[(&str, &[f64])] = &[
     (DELIVERY_LATENCY, DELIVERY_BUCKETS),
 ];
 
-/// Register help texts and units with the installed recorder, and create the
-/// counters at zero so that dashboards and `rate()` see them before the first event.
-
 /// Gauge: age in seconds of the oldest transaction holding back xmin (0 when none is visible).
 pub const OLDEST_TRANSACTION_AGE: &str = "postbox_db_oldest_transaction_age_seconds";
 /// Gauge: transactions by which the worst replication slot holds back xmin (0: none).
@@ -104,10 +101,18 @@ pub const DEAD_TUPLE_RATIO: &str = "postbox_outbox_dead_tuple_ratio";
 /// Gauge: 1 when the LISTEN probe came back, 0 when it did not (polling only).
 pub const LISTEN_WORKING: &str = "postbox_listen_working";
 
-/// Counter: messages under a schema's logical prefix that were not events
-/// postbox can decode, set aside instead of delivered (by slot).
+/// Gauge: 1 for a log cursor of a destination this relay does not deliver
+/// to that no relay reads (it keeps the log from being truncated), by
+/// destination.
+pub const LOG_CURSOR_UNREAD: &str = "postbox_log_cursor_unread";
+
+/// Counter: messages under a schema's logical prefix set aside instead of
+/// delivered — not events postbox can decode, or not signed by the schema's
+/// emit (by slot).
 pub const LOGICAL_REFUSED: &str = "postbox_logical_refused_total";
 
+/// Register help texts and units with the installed recorder, and create the
+/// counters at zero so that dashboards and `rate()` see them before the first event.
 pub fn describe() {
     describe_gauge!(PENDING_EVENTS, "Events waiting to be claimed");
     describe_gauge!(
@@ -168,6 +173,10 @@ pub fn describe() {
         "Troubles of a multi-outbox relay with one outbox or database, by kind"
     );
     describe_gauge!(OUTBOXES, "Outboxes this relay serves");
+    describe_gauge!(
+        LOG_CURSOR_UNREAD,
+        "1 for a log cursor no configured destination of this relay and no relay reads (it keeps the log from being truncated), by destination"
+    );
     describe_counter!(
         LOGICAL_REFUSED,
         "Messages under the schema's logical prefix set aside instead of delivered (not events postbox can decode), by slot"

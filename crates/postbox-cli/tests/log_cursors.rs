@@ -1,0 +1,127 @@
+//! Log mode's cursors through the real binary: a destination removed from
+//! the configuration leaves its cursor behind, which keeps the log from
+//! being truncated; `status`, `log cursors` and the relay say so, and
+//! `log drop-cursor` drops it, audited.
+
+use postbox::statements::trusted;
+use postbox_testkit::{wait_for, TestDb};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+fn postbox(db: &TestDb, config: &std::path::Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_postbox"))
+        .args(args)
+        .env("DATABASE_URL", &db.url)
+        .env("POSTBOX_SCHEMA", db.schema.name())
+        .env("POSTBOX_LOG", "warn")
+        .env("POSTBOX_CONFIG", config)
+        .env_remove("POSTBOX_SINK")
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run postbox")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A configuration file delivering every event to the destinations named.
+fn config(db: &TestDb, name: &str, destinations: &[&str]) -> std::path::PathBuf {
+    let mut toml = String::from("[relay]\nmode = \"log\"\n");
+    for d in destinations {
+        toml.push_str(&format!("[destinations.{d}]\nurl = \"stdout\"\n"));
+    }
+    toml.push_str(&format!(
+        "[[routes]]\nmatch = [\"*\"]\nto = [{}]\n",
+        destinations
+            .iter()
+            .map(|d| format!("\"{d}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let path = std::env::temp_dir().join(format!("{}_{name}.toml", db.schema.name()));
+    std::fs::write(&path, toml).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn a_removed_destinations_cursor_is_reported_and_dropped_audited() {
+    let db = TestDb::new().await;
+    let before = config(&db, "before", &["billing", "search"]);
+    let after = config(&db, "after", &["search"]);
+    // A relay delivering to both makes both cursors.
+    let o = postbox(&db, &before, &["relay", "--drain"]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    // billing is removed: nothing reads its cursor any more.
+    wait_for(
+        "status to say billing's cursor is not read",
+        Duration::from_secs(30),
+        || async {
+            let o = postbox(&db, &after, &["status", "--inactive-warn", "1s"]);
+            let t = text(&o);
+            o.status.code() == Some(1)
+                && t.contains("NOT READ for")
+                && t.contains("postbox log drop-cursor billing")
+        },
+    )
+    .await;
+    let o = postbox(&db, &after, &["log", "cursors", "--inactive-warn", "1s"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(t.contains("NOT IN THE CONFIGURATION"), "{t}");
+    let o = postbox(&db, &after, &["status", "--json"]);
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("status --json");
+    assert!(r["log_bytes"].as_i64().is_some(), "{r}");
+
+    let o = postbox(
+        &db,
+        &after,
+        &[
+            "log",
+            "drop-cursor",
+            "billing",
+            "--actor",
+            "ops",
+            "--reason",
+            "billing moved to webhooks",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let (action, actor, reason): (String, String, Option<String>) = sqlx::query_as(trusted(
+        &db.sql("SELECT action, actor, reason FROM {schema}.audit_log ORDER BY id DESC LIMIT 1"),
+    ))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (action.as_str(), actor.as_str(), reason.as_deref()),
+        ("log.drop_cursor", "ops", Some("billing moved to webhooks"))
+    );
+    let left: Vec<String> = sqlx::query_scalar(trusted(
+        &db.sql("SELECT DISTINCT destination FROM {schema}.log_cursors ORDER BY 1"),
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(left, ["search"]);
+    let o = postbox(
+        &db,
+        &after,
+        &["log", "drop-cursor", "billing", "--actor", "ops"],
+    );
+    assert!(
+        !o.status.success() && text(&o).contains("no log cursor named billing"),
+        "{}",
+        text(&o)
+    );
+
+    let _ = std::fs::remove_file(before);
+    let _ = std::fs::remove_file(after);
+    db.drop_schema().await;
+}
