@@ -658,6 +658,12 @@ async fn overview(
     let log = o.store.log();
     let producers = log.producer_target().await.map_err(|e| failed(o, &e))?;
     let cursors = log.cursor_lag().await.map_err(|e| failed(o, &e))?;
+    let recent = o
+        .store
+        .tally()
+        .recent(RATE_MINUTES)
+        .await
+        .map_err(|e| failed(o, &e))?;
     let mut history = o.samples.all();
     history.push(crate::samples::Sample {
         at: Utc::now(),
@@ -675,6 +681,7 @@ async fn overview(
             history: &history,
             producers,
             cursors: &cursors,
+            recent: &recent,
             refresh_ms: refresh_ms(&console),
         },
     )))

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use maud::{html, Markup, DOCTYPE};
 use postbox_store::{
     AuditEntry, Backlog, CursorLag, DeliveryRecord, DestinationCounts, ErrorGroup, EventRecord,
-    EventRow, GroupOf, ProducerTarget, RelaySeen, Status, StatusCounts,
+    EventRow, GroupOf, ProducerTarget, RecentDeliveries, RelaySeen, Status, StatusCounts,
 };
 use serde_json::Value;
 use uuid::Uuid;
@@ -254,6 +254,8 @@ pub(crate) struct OverviewView<'a> {
     /// Log mode: which table producers write to, and each cursor's lag.
     pub producers: ProducerTarget,
     pub cursors: &'a [CursorLag],
+    /// Deliveries per destination and reading mode over the rate's window.
+    pub recent: &'a [RecentDeliveries],
     pub refresh_ms: u64,
 }
 
@@ -296,6 +298,7 @@ pub(crate) fn overview(here: &Frame<'_>, v: &OverviewView<'_>) -> Markup {
                 }
                 a.card href=(here.at("/events?status=sent")) {
                     span.label { "Sent" } span.value { (c.sent) }
+                    span.hint { "outbox rows (claim mode, hand-offs)" }
                 }
                 a.card.(if c.failed > 0 { "bad" } else { "" }) href=(here.at("/dead-letters")) {
                     span.label { "Dead letters" } span.value #dead-letters { (c.failed) }
@@ -317,6 +320,25 @@ pub(crate) fn overview(here: &Frame<'_>, v: &OverviewView<'_>) -> Markup {
                 section {
                     h2 { "Delivered per minute" }
                     (rate_chart(v.rate))
+                }
+            }
+            section {
+                h2 { "Delivered by destination " span.sub { "last " (minutes) " min, every reading mode" } }
+                @if v.recent.is_empty() {
+                    p.muted { "No delivery counted in this window (relays count their deliveries by minute)." }
+                } @else {
+                    div.scroll { table #delivered-by-destination {
+                        thead { tr { th { "Destination" } th { "Read from" } th.num { "Delivered" } } }
+                        tbody {
+                            @for r in v.recent {
+                                tr {
+                                    td { (r.destination) }
+                                    td { (match r.mode.as_str() { "claim" => "the outbox", "log" => "the log", "logical" => "the slot", other => other }) }
+                                    td.num { (r.delivered) }
+                                }
+                            }
+                        }
+                    } }
                 }
             }
             section {
@@ -350,9 +372,14 @@ pub(crate) fn overview(here: &Frame<'_>, v: &OverviewView<'_>) -> Markup {
                             thead { tr { th { "Destination" } th { "Held by a relay" } th.num { "Behind (events)" } th { "Oldest unread" } th.num { "Delivered" } } }
                             tbody {
                                 @for c in v.cursors {
-                                    tr.(if c.lag_seconds.unwrap_or(0.0) > 60.0 { "warn" } else { "" }) {
+                                    tr.(if c.lag_seconds.unwrap_or(0.0) > 60.0 || c.unread_seconds > 300.0 { "warn" } else { "" }) {
                                         td { (c.destination) }
-                                        td { (if c.held { "yes" } else { "no" }) }
+                                        td {
+                                            @if c.held { "yes" }
+                                            @else if c.unread_seconds > 300.0 {
+                                                "NOT READ for " (age(c.unread_seconds)) ": it keeps the log from being truncated (postbox log drop-cursor " (c.destination) " if the destination was removed)"
+                                            } @else { "no" }
+                                        }
                                         td.num { (c.lag_events) }
                                         td { (c.lag_seconds.map_or_else(|| "caught up".to_owned(), age)) }
                                         td.num { (c.delivered) }

@@ -806,3 +806,46 @@ async fn the_overview_shows_scheduled_events_apart_from_pending_ones() {
     assert!(!page.body.contains("Scheduled for"), "{}", page.body);
     h.finish().await;
 }
+
+/// Log and logical mode leave no `sent` outbox row: the overview counts
+/// their deliveries from the relays' counts by minute (migration 20), in
+/// the delivered card, the chart and the by-destination table.
+#[tokio::test]
+async fn the_overview_counts_deliveries_in_every_reading_mode() {
+    let h = Harness::start().await;
+    let tally = postbox_store::Store::new(h.db.pool.clone(), h.db.schema.clone()).tally();
+    // What a log-mode relay flushes after delivering 22,000 events to two
+    // destinations (fan-out: each took them all), and a logical one 500.
+    tally
+        .add(
+            "log",
+            &[
+                ("billing".to_owned(), 22_000),
+                ("search".to_owned(), 22_000),
+            ],
+        )
+        .await
+        .unwrap();
+    tally
+        .add("logical", &[("audit".to_owned(), 500)])
+        .await
+        .unwrap();
+    let mut a = h.signed_in("victor", Role::Viewer).await;
+    let page = a.get("/").await;
+    let b = &page.body;
+    assert!(
+        b.contains("<span class=\"value\">22500</span>"),
+        "delivered card: {b}"
+    );
+    assert!(b.contains("peak <strong>22500</strong>"), "chart: {b}");
+    assert!(b.contains("id=\"delivered-by-destination\""), "{b}");
+    assert!(
+        b.contains("<td>billing</td><td>the log</td><td class=\"num\">22000</td>"),
+        "{b}"
+    );
+    assert!(
+        b.contains("<td>audit</td><td>the slot</td><td class=\"num\">500</td>"),
+        "{b}"
+    );
+    h.finish().await;
+}

@@ -20,6 +20,7 @@ use crate::tasks::health::{self, HealthConfig};
 use crate::tasks::listen::{forward_wake, listen_loop};
 use crate::tasks::rescue::rescue_loop;
 use crate::tasks::retention::{retention_loop, RetentionConfig};
+use crate::tasks::tally::tally_loop;
 use crate::telemetry::metrics as m;
 use postbox_store::{RelayCommit, Store};
 use std::sync::Arc;
@@ -177,6 +178,12 @@ impl Relay {
                 .collect(),
             permits: self.permits.clone().map(OutboxPermits::new),
             source: self.source.clone(),
+            delivered: self
+                .router
+                .destinations()
+                .iter()
+                .map(|_| Default::default())
+                .collect(),
         });
         for d in self.router.destinations() {
             m::init_destination(&d.name);
@@ -186,6 +193,7 @@ impl Relay {
         // Every task is aborted if `run`'s future is dropped before it ends.
         let pipeline = claim::Pipeline::start(shared.clone());
         let rescuer = spawn(rescue_loop(shared.clone(), background.clone()));
+        let tally = spawn(tally_loop(shared.clone(), background.clone()));
         let listener = match self.wake.clone() {
             Some(signal) => Some(spawn(forward_wake(
                 shared.clone(),
@@ -267,6 +275,7 @@ impl Relay {
         }
         background.cancel();
         let _ = rescuer.await;
+        let _ = tally.await;
         for task in [listener, gauges, purger, watcher].into_iter().flatten() {
             let _ = task.await;
         }

@@ -98,6 +98,15 @@ async fn every_event_once(synchronous_commit: bool) {
         0,
         "nothing went through the outbox"
     );
+    // …so the relay counted its deliveries by minute (flushed as it stopped).
+    assert_eq!(
+        db.count(
+            "SELECT coalesce(sum(delivered), 0)::bigint FROM {schema}.deliveries_by_minute \
+             WHERE destination = 'default' AND mode = 'log'"
+        )
+        .await,
+        300
+    );
     // The log's rows were only ever inserted: none deleted, none updated or locked.
     assert_eq!(db.count("SELECT count(*) FROM {schema}.log").await, 300);
     assert_eq!(

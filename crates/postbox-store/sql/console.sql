@@ -42,21 +42,34 @@ WHERE s.token_hash = $1 AND s.expires_at > now();
 DELETE FROM {schema}.console_sessions WHERE token_hash = $1;
 
 -- name: delivery_rate
--- Events acknowledged per minute over the last $1 minutes (minutes with none
--- are left out), counted among the newest $2 outbox rows (a bounded scan of
--- the primary key: the outbox has no index on sent_at, and adding one would
--- cost every acknowledgement its HOT update) and in the archive (indexed).
+-- Events delivered per minute over the last $1 minutes (minutes with none
+-- are left out), in every reading mode: claim mode's acknowledged outbox
+-- rows, counted among the newest $2 of them (a bounded scan of the primary
+-- key: the outbox has no index on sent_at, and adding one would cost every
+-- acknowledgement its HOT update) and in the archive (indexed); log and
+-- logical mode's deliveries from the stream, which leave no outbox row,
+-- from the relays' counts by minute (migration 20; counted per
+-- destination, so an event fanned out counts once: the most any one
+-- destination of a mode took, summed over the modes).
 WITH recent AS (
     SELECT sent_at FROM {schema}.outbox
     WHERE id > (SELECT COALESCE(max(id), 0) FROM {schema}.outbox) - $2
       AND status = 'sent' AND sent_at >= date_trunc('minute', now()) - make_interval(mins => $1)
     UNION ALL
     SELECT sent_at FROM {schema}.outbox_archive
-    WHERE sent_at >= date_trunc('minute', now()) - make_interval(mins => $1))
-SELECT date_trunc('minute', sent_at) AS minute, count(*) AS events
-FROM recent
-GROUP BY 1
-ORDER BY 1;
+    WHERE sent_at >= date_trunc('minute', now()) - make_interval(mins => $1)),
+claimed AS (
+    SELECT date_trunc('minute', sent_at) AS minute, count(*) AS events
+    FROM recent GROUP BY 1),
+streamed AS (
+    SELECT minute, max(delivered) AS events
+    FROM {schema}.deliveries_by_minute
+    WHERE mode <> 'claim' AND minute >= date_trunc('minute', now()) - make_interval(mins => $1)
+    GROUP BY minute, mode)
+SELECT minute, sum(events)::bigint AS events
+FROM (SELECT * FROM claimed UNION ALL SELECT * FROM streamed) x
+GROUP BY minute
+ORDER BY minute;
 
 -- name: relays
 -- Relays connected to this database now, by client address: their sessions

@@ -113,6 +113,8 @@ GRANT SELECT ON {schema}.logical_readers TO {relay};
 -- needs no grant: emit_one reads the setting as its owner, and only the
 -- owner changes it (postbox migrate --emit-sequence).
 GRANT SELECT ON {schema}.logical_settings TO {relay};
+-- Every mode: the relay counts deliveries by minute (migration 20).
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.deliveries_by_minute TO {relay};
 -- …and keeps what it set aside (migration 19), trimming the table.
 GRANT SELECT, INSERT, DELETE ON {schema}.logical_refused TO {relay};
 

@@ -22,6 +22,7 @@
 //! - [`Log`] — log mode's snapshot cursors over the append-only log;
 //! - [`Logical`] — logical mode's replication slot: peek, decode, confirm,
 //!   status, and the hand-off of what a destination did not take.
+//! - [`Tally`] — deliveries counted by minute, destination and reading mode;
 //! - [`discovery`] — the schemas holding an outbox, the databases of a server.
 
 mod console;
@@ -32,6 +33,7 @@ mod log;
 mod logical;
 mod relay;
 mod roles;
+mod tally;
 
 pub use console::{
     Backlog, ConsoleStore, ErrorGroup, GroupOf, RelaySeen, StoredSession, StoredUser,
@@ -57,6 +59,7 @@ pub use relay::{
     StatusCounts, Store,
 };
 pub use roles::{CreateRolesError, RoleNameError, Roles};
+pub use tally::{RecentDeliveries, Tally};
 
 use postbox::statements::Catalog;
 

@@ -320,6 +320,11 @@ impl Store {
         crate::Logical::new(self.pool.clone(), &self.schema)
     }
 
+    /// Deliveries counted by minute for this store's schema.
+    pub fn tally(&self) -> crate::Tally {
+        crate::Tally::new(self.pool.clone(), &self.schema)
+    }
+
     /// The console's operations for this store's schema.
     pub fn console(&self) -> ConsoleStore {
         ConsoleStore::new(self.pool.clone(), &self.schema)

@@ -117,6 +117,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "logical_trust",
         sql: include_str!("../migrations/0019_logical_trust.sql"),
     },
+    Migration {
+        version: 20,
+        name: "deliveries_by_minute",
+        sql: include_str!("../migrations/0020_deliveries_by_minute.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.

@@ -50,6 +50,9 @@ pub(crate) struct Shared {
     pub(crate) permits: Option<OutboxPermits>,
     /// The CloudEvents `source` given to every message, if any.
     pub(crate) source: Option<Arc<str>>,
+    /// Per destination (by index): deliveries not yet flushed to the
+    /// deliveries-by-minute table (`tasks::tally`).
+    pub(crate) delivered: Vec<std::sync::atomic::AtomicU64>,
 }
 
 impl Shared {

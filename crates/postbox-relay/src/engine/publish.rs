@@ -64,6 +64,7 @@ pub(crate) async fn publish_to(shared: &Shared, d: usize, messages: &[Message]) 
                 .increment(n);
         }
     }
+    shared.delivered[d].fetch_add(by_outcome[0], std::sync::atomic::Ordering::Relaxed);
     let report = shared.trouble[d].observe(
         Instant::now(),
         by_outcome[0] as usize,

@@ -1,8 +1,8 @@
 //! The relay's background tasks, one file each, each a loop that runs until
 //! its stop token is cancelled: [`rescue`] (expired leases back to
 //! pending), [`listen`] (LISTEN, waking the readers), [`gauges`] (the
-//! backlog metrics), [`retention`] (purging old rows) and [`health`] (the
-//! database health watch).
+//! backlog metrics), [`retention`] (purging old rows), [`health`] (the
+//! database health watch) and [`tally`] (deliveries by minute).
 //!
 //! **Boundary:** a task imports the engine (`crate::engine`), never a
 //! reading mode (`crate::modes`). `.ci/layers` checks it.
@@ -12,3 +12,4 @@ pub mod health;
 pub(crate) mod listen;
 pub(crate) mod rescue;
 pub mod retention;
+pub(crate) mod tally;

@@ -1,0 +1,64 @@
+//! The tally: every few seconds, the deliveries each destination took since
+//! the last flush go to `<schema>.deliveries_by_minute` (migration 20), one
+//! statement, nothing while idle; hourly, rows older than two days go. Log
+//! and logical mode leave no `sent` outbox row, so this is how status and
+//! the console count their deliveries.
+
+use crate::config::ReadMode;
+use crate::engine::Shared;
+use crate::redact::sanitize_error;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// How often counts are flushed.
+const FLUSH_EVERY: Duration = Duration::from_secs(5);
+/// How often old rows are deleted.
+const FORGET_EVERY: Duration = Duration::from_secs(3600);
+
+fn mode_name(mode: ReadMode) -> &'static str {
+    match mode {
+        ReadMode::Claim => "claim",
+        ReadMode::Log => "log",
+        ReadMode::Logical => "logical",
+    }
+}
+
+pub(crate) async fn tally_loop(shared: Arc<Shared>, stop: CancellationToken) {
+    let tally = shared.store.tally();
+    let mode = mode_name(shared.config.mode);
+    let mut forgot: Option<Instant> = None;
+    loop {
+        let stopping = tokio::select! {
+            _ = tokio::time::sleep(FLUSH_EVERY) => false,
+            _ = stop.cancelled() => true,
+        };
+        let counts: Vec<(String, i64)> = shared
+            .router
+            .destinations()
+            .iter()
+            .zip(&shared.delivered)
+            .map(|(d, n)| {
+                let n = n.swap(0, Ordering::Relaxed);
+                (d.name.clone(), i64::try_from(n).unwrap_or(i64::MAX))
+            })
+            .collect();
+        if let Err(e) = tally.add(mode, &counts).await {
+            // Put them back: the next flush tries again.
+            for ((_, n), slot) in counts.iter().zip(&shared.delivered) {
+                slot.fetch_add(*n as u64, Ordering::Relaxed);
+            }
+            tracing::debug!(error = %sanitize_error(&e.to_string()), "counting deliveries by minute failed; trying again");
+        }
+        if forgot.is_none_or(|t| t.elapsed() >= FORGET_EVERY) {
+            forgot = Some(Instant::now());
+            if let Err(e) = tally.forget_old().await {
+                tracing::debug!(error = %sanitize_error(&e.to_string()), "deleting old delivery counts failed");
+            }
+        }
+        if stopping {
+            return;
+        }
+    }
+}

@@ -1,0 +1,23 @@
+-- Deliveries counted by minute, destination and reading mode (migration 20).
+
+-- name: add
+-- Add the relay's counts since its last flush to this minute's rows: $1
+-- destinations, $2 counts (parallel), $3 the reading mode.
+INSERT INTO {schema}.deliveries_by_minute AS t (minute, destination, mode, delivered)
+SELECT date_trunc('minute', now()), d.destination, $3, d.delivered
+FROM unnest($1::text[], $2::bigint[]) AS d(destination, delivered)
+WHERE d.delivered > 0
+ON CONFLICT (minute, destination, mode)
+DO UPDATE SET delivered = t.delivered + EXCLUDED.delivered;
+
+-- name: forget
+-- Rows older than two days.
+DELETE FROM {schema}.deliveries_by_minute WHERE minute < now() - interval '2 days';
+
+-- name: recent
+-- Per destination and mode: deliveries over the last $1 minutes.
+SELECT destination, mode, sum(delivered)::bigint AS delivered
+FROM {schema}.deliveries_by_minute
+WHERE minute >= date_trunc('minute', now()) - make_interval(mins => $1)
+GROUP BY destination, mode
+ORDER BY destination, mode;
