@@ -139,6 +139,10 @@ pub struct Destination {
 pub struct Router {
     destinations: Vec<Destination>,
     routes: Vec<Route>,
+    /// The payload paths and headers redacted wherever an event is shown
+    /// (`[redact]`): their values are masked in what a destination answers
+    /// too, before it is stored or logged.
+    redactor: Option<std::sync::Arc<crate::redact::PayloadRedactor>>,
 }
 
 fn check_destination_name(name: &str) -> Result<(), String> {
@@ -156,6 +160,18 @@ fn check_destination_name(name: &str) -> Result<(), String> {
 
 impl Router {
     /// One sink, named [`DEFAULT_DESTINATION`], taking every event.
+    /// Mask the values `redactor` redacts (payload paths, headers) in every
+    /// destination's answer, before it is stored in `last_error` or logged.
+    pub fn with_redactor(mut self, redactor: crate::redact::PayloadRedactor) -> Self {
+        self.redactor = (!redactor.is_empty()).then(|| std::sync::Arc::new(redactor));
+        self
+    }
+
+    /// See [`Router::with_redactor`].
+    pub fn redactor(&self) -> Option<&crate::redact::PayloadRedactor> {
+        self.redactor.as_deref()
+    }
+
     pub fn single(sink: Arc<dyn Sink>) -> Self {
         Self {
             destinations: vec![Destination {
@@ -168,6 +184,7 @@ impl Router {
                 ordered: false,
                 poison: PoisonPolicy::Block,
             }],
+            redactor: None,
         }
     }
 
@@ -255,6 +272,7 @@ impl Router {
         Ok(Self {
             destinations,
             routes: built,
+            redactor: None,
         })
     }
 

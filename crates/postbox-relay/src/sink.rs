@@ -196,14 +196,14 @@ impl Outcome {
         match self {
             Outcome::Delivered => Outcome::Delivered,
             Outcome::Retry { error, after } => Outcome::Retry {
-                error: secrets.mask(&error),
+                error: secrets.sanitize(&error),
                 after,
             },
             Outcome::Reject { error } => Outcome::Reject {
-                error: secrets.mask(&error),
+                error: secrets.sanitize(&error),
             },
             Outcome::Deferred { reason, after } => Outcome::Deferred {
-                reason: secrets.mask(&reason),
+                reason: secrets.sanitize(&reason),
                 after,
             },
         }

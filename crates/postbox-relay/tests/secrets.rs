@@ -130,6 +130,86 @@ fn an_http_endpoint_echoing_credentials_leaks_none_of_them() {
     );
 }
 
+/// An endpoint that echoes what it got in the encodings endpoints really
+/// use — HTML-escaped, JSON-escaped with `\/`, case-folded, split at a
+/// quote — and echoes the event's body, whose redacted fields (`[redact]`)
+/// and redacted header must not come back either (issue 35, defect 5).
+#[cfg(feature = "http")]
+#[test]
+fn an_endpoint_echoing_in_other_encodings_and_the_body_leaks_nothing() {
+    use postbox_relay::redact::PayloadRedactor;
+    use postbox_relay::sinks::http::{HttpOptions, HttpSink};
+    use postbox_relay::{Relay, Router, RunMode};
+
+    const API_KEY: &str = "HdrKey/9+z\"qrstuvwx";
+    const PATH_SECRET: &str = "XXXXSECRETXXXX";
+    const CARD: &str = "4111111111111111";
+    const TRACE_TOKEN: &str = "producer-tok-77";
+    let (logs, _) = captured(async {
+        let db = TestDb::new().await;
+        let receiver = Receiver::start(|r: &Request, _| {
+            let key = r.header("x-api-key").unwrap_or("");
+            let html = key.replace('"', "&quot;");
+            let json = serde_json::to_string(key).unwrap().replace('/', "\\/");
+            let after_quote = key.split('"').nth(1).unwrap_or("");
+            let body = format!(
+                "<p>{html}</p> {json} piece {after_quote} path {} body {}",
+                r.path.to_lowercase(),
+                String::from_utf8_lossy(&r.body)
+            );
+            Reply::Status(400, Vec::new(), body)
+        })
+        .await;
+        let url = receiver.url(&format!("/services/{PATH_SECRET}"));
+        let mut http = HttpOptions::default();
+        http.headers.insert("x-api-key".into(), API_KEY.into());
+        let options = SinkOptions {
+            source: "shop".into(),
+            ..SinkOptions::default()
+        }
+        .with(http);
+        let sink = Arc::new(HttpSink::new(&url, options, Vec::new()).unwrap());
+        let event = postbox::NewEvent::new(
+            "order.paid",
+            "order",
+            "1",
+            &serde_json::json!({"card": {"number": CARD}, "total": 5}),
+        )
+        .unwrap()
+        .headers([("x-trace-token", TRACE_TOKEN)])
+        .unwrap();
+        db.enqueue_events(&[event]).await;
+        let redactor = PayloadRedactor::new(&["card.number".to_owned()])
+            .unwrap()
+            .with_headers(&["X-Trace-Token".to_owned()]);
+        let relay = Relay::with_router(
+            store(&db),
+            Router::single(sink).with_redactor(redactor),
+            fast_config(),
+        )
+        .unwrap();
+        let stats = relay
+            .run(RunMode::Drain, tokio_util::sync::CancellationToken::new())
+            .await;
+        assert_eq!(stats.dead_lettered, 1, "{stats:?}");
+        // The endpoint got the card and echoed it: the cleaning keeps it out.
+        assert!(String::from_utf8_lossy(&receiver.requests()[0].body).contains(CARD));
+        for error in last_errors(&db).await {
+            assert!(error.starts_with("HTTP 400"), "{error}");
+            assert_clean(
+                "last_error",
+                &error.to_lowercase(),
+                &["hdrkey", "qrstuvwx", "xxxxsecretxxxx", CARD, TRACE_TOKEN],
+            );
+        }
+    });
+    assert_clean(
+        "the logs",
+        &logs.to_lowercase(),
+        &["hdrkey", "qrstuvwx", "xxxxsecretxxxx", CARD, TRACE_TOKEN],
+    );
+}
+
 #[cfg(feature = "qstash")]
 #[test]
 fn a_qstash_api_echoing_the_token_leaks_nothing() {

@@ -126,6 +126,9 @@ const SHORT_SECRET: usize = 4;
 pub struct Secrets {
     /// Longest first, so a secret containing another is masked whole.
     literals: Vec<String>,
+    /// The secrets as given (long enough to look for), for the last check
+    /// of [`sanitize`](Self::sanitize): whatever encoding an answer used.
+    raw: Vec<String>,
 }
 
 impl std::fmt::Debug for Secrets {
@@ -138,6 +141,7 @@ impl Secrets {
     /// No secrets: masking only by shape.
     pub const NONE: Secrets = Secrets {
         literals: Vec::new(),
+        raw: Vec::new(),
     };
 
     /// Nothing to mask.
@@ -150,19 +154,50 @@ impl Secrets {
         self.literals.is_empty()
     }
 
-    /// Hold `secret` (empty ones are ignored), with its percent-encoded and
-    /// JSON-escaped forms.
+    /// Hold `secret` (empty ones are ignored), in the forms endpoints echo
+    /// it: as given, percent-encoded, JSON-escaped (with and without `\/`),
+    /// HTML-escaped (named, decimal and hexadecimal entities), base64
+    /// (standard and URL-safe, with and without padding) and hex — each
+    /// matched whatever its letters' case — and the pieces of it between
+    /// quotes, backslashes, commas, semicolons, spaces and angle brackets
+    /// (an endpoint that splits a header value echoes a piece) of at least
+    /// eight bytes.
     pub fn add(&mut self, secret: &str) -> &mut Self {
         if secret.is_empty() {
             return self;
         }
+        self.add_forms(secret);
+        if secret.len() >= PIECE && !self.raw.iter().any(|r| r == secret) {
+            self.raw.push(secret.to_owned());
+        }
+        for piece in secret.split(['"', '\'', '\\', ',', ';', ' ', '<', '>', '&']) {
+            if piece.len() >= PIECE && piece != secret {
+                self.add_forms(piece);
+            }
+        }
+        self
+    }
+
+    fn add_forms(&mut self, secret: &str) {
         self.push(secret.to_owned());
         self.push(percent_encode(secret));
         let json = serde_json::to_string(secret).unwrap_or_default();
         if let Some(inner) = json.strip_prefix('"').and_then(|j| j.strip_suffix('"')) {
+            self.push(inner.replace('/', "\\/"));
             self.push(inner.to_owned());
         }
-        self
+        for html in html_escapes(secret) {
+            self.push(html);
+        }
+        if secret.len() >= PIECE {
+            let standard = base64(secret.as_bytes());
+            let url_safe = standard.replace('+', "-").replace('/', "_");
+            self.push(standard.trim_end_matches('=').to_owned());
+            self.push(standard);
+            self.push(url_safe.trim_end_matches('=').to_owned());
+            self.push(url_safe);
+            self.push(secret.bytes().map(|b| format!("{b:02x}")).collect());
+        }
     }
 
     /// Hold HTTP Basic credentials: the password in its forms (see
@@ -244,6 +279,11 @@ impl Secrets {
         for literal in &other.literals {
             self.push(literal.clone());
         }
+        for raw in &other.raw {
+            if !self.raw.contains(raw) {
+                self.raw.push(raw.clone());
+            }
+        }
         self
     }
 
@@ -259,14 +299,13 @@ impl Secrets {
         self.literals.insert(at, literal);
     }
 
-    /// `text` with every held secret replaced by [`MASK`].
+    /// `text` with every held secret replaced by [`MASK`] (a secret of
+    /// [`SHORT_SECRET`] bytes or more wherever it stands, in any ASCII case).
     pub fn mask(&self, text: &str) -> String {
         let mut out = text.to_owned();
         for literal in &self.literals {
             if literal.len() >= SHORT_SECRET {
-                if out.contains(literal.as_str()) {
-                    out = out.replace(literal.as_str(), MASK);
-                }
+                out = replace_ignoring_case(&out, literal);
             } else {
                 out = replace_standalone(&out, literal);
             }
@@ -275,10 +314,170 @@ impl Secrets {
     }
 
     /// `text` masked as [`mask`](Self::mask) and then [`sanitize_error`]:
-    /// what may be stored in `last_error` or logged.
+    /// what may be stored in `last_error` or logged. When a held secret can
+    /// still be read in what is left once HTML entities, JSON escapes and
+    /// percent-encoding are undone and case is folded (an encoding postbox
+    /// does not mask in place), the answer is withheld: only its first
+    /// words before a colon (an HTTP status line, say) are kept.
     pub fn sanitize(&self, text: &str) -> String {
-        sanitize_error(&self.mask(text))
+        let masked = self.mask(text);
+        if !self.raw.is_empty() {
+            let plain = canonical(&masked);
+            if self.raw.iter().any(|r| plain.contains(&canonical(r))) {
+                let head = masked
+                    .split_once(": ")
+                    .map(|(h, _)| h)
+                    .filter(|h| {
+                        h.len() <= 64
+                            && !self
+                                .raw
+                                .iter()
+                                .any(|r| canonical(h).contains(&canonical(r)))
+                    })
+                    .unwrap_or("the destination answered");
+                return sanitize_error(&format!(
+                    "{head}: (the answer was withheld: it held a configured secret)"
+                ));
+            }
+        }
+        sanitize_error(&masked)
     }
+}
+
+/// Pieces of a secret shorter than this are not held on their own, nor
+/// looked for by the last check (too likely to occur by chance).
+const PIECE: usize = 8;
+
+/// `secret` HTML-escaped: named entities for `&<>"'`, and every character
+/// but letters and digits as decimal and as hexadecimal entities.
+fn html_escapes(secret: &str) -> Vec<String> {
+    if secret.chars().all(char::is_alphanumeric) {
+        return Vec::new();
+    }
+    let named: String = secret
+        .chars()
+        .map(|c| match c {
+            '&' => "&amp;".to_owned(),
+            '<' => "&lt;".to_owned(),
+            '>' => "&gt;".to_owned(),
+            '"' => "&quot;".to_owned(),
+            '\'' => "&#39;".to_owned(),
+            c => c.to_string(),
+        })
+        .collect();
+    let numeric = |hex: bool| -> String {
+        secret
+            .chars()
+            .map(|c| {
+                if c.is_alphanumeric() {
+                    c.to_string()
+                } else if hex {
+                    format!("&#x{:x};", u32::from(c))
+                } else {
+                    format!("&#{};", u32::from(c))
+                }
+            })
+            .collect()
+    };
+    vec![named, numeric(false), numeric(true)]
+}
+
+/// `text` with every occurrence of `literal`, in any ASCII case, replaced
+/// by [`MASK`].
+fn replace_ignoring_case(text: &str, literal: &str) -> String {
+    let haystack = text.to_ascii_lowercase();
+    let needle = literal.to_ascii_lowercase();
+    if !haystack.contains(&needle) {
+        return text.to_owned();
+    }
+    // ASCII case folding keeps every byte where it was.
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    while let Some(pos) = haystack[at..].find(&needle) {
+        let start = at + pos;
+        out.push_str(&text[at..start]);
+        out.push_str(MASK);
+        at = start + needle.len();
+    }
+    out.push_str(&text[at..]);
+    out
+}
+
+/// `text` with HTML entities, JSON escapes and percent-encoding undone and
+/// ASCII case folded: what [`Secrets::sanitize`] looks for secrets in.
+fn canonical(text: &str) -> String {
+    let mut s = text.to_owned();
+    for _ in 0..2 {
+        s = decode(&json_unescape(&html_unescape(&s)));
+    }
+    s.to_ascii_lowercase()
+}
+
+fn html_unescape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(pos) = rest.find('&') {
+        out.push_str(&rest[..pos]);
+        let tail = &rest[pos..];
+        let end = tail.find(';').filter(|&e| e <= 10);
+        let decoded = end.and_then(|e| {
+            let name = &tail[1..e];
+            let c = match name {
+                "amp" => Some('&'),
+                "lt" => Some('<'),
+                "gt" => Some('>'),
+                "quot" => Some('"'),
+                "apos" => Some('\''),
+                _ => name
+                    .strip_prefix("#x")
+                    .or_else(|| name.strip_prefix("#X"))
+                    .and_then(|h| u32::from_str_radix(h, 16).ok())
+                    .or_else(|| name.strip_prefix('#').and_then(|d| d.parse().ok()))
+                    .and_then(char::from_u32),
+            };
+            c.map(|c| (c, e))
+        });
+        match decoded {
+            Some((c, e)) => {
+                out.push(c);
+                rest = &tail[e + 1..];
+            }
+            None => {
+                out.push('&');
+                rest = &tail[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+fn json_unescape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('u') => {
+                let hex: String = chars.by_ref().take(4).collect();
+                match u32::from_str_radix(&hex, 16).ok().and_then(char::from_u32) {
+                    Some(c) => out.push(c),
+                    None => {
+                        out.push_str("\\u");
+                        out.push_str(&hex);
+                    }
+                }
+            }
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some(other) => out.push(other),
+            None => out.push('\\'),
+        }
+    }
+    out
 }
 
 /// Replace occurrences of `literal` not adjacent to an alphanumeric character.
@@ -467,6 +666,30 @@ impl PayloadRedactor {
         }
     }
 
+    /// The values an event's configured paths and headers hold, as
+    /// [`Secrets`]: what a destination's answer must not bring back (an
+    /// endpoint that echoes the body it was sent).
+    pub fn secrets_of<'a>(
+        &self,
+        payload: &Value,
+        headers: impl IntoIterator<Item = (&'a String, &'a String)>,
+    ) -> Secrets {
+        let mut values = Vec::new();
+        for path in &self.paths {
+            collect(payload, path, &mut values);
+        }
+        for (name, value) in headers {
+            if self.headers.contains(&name.to_ascii_lowercase()) {
+                values.push(value.clone());
+            }
+        }
+        let mut secrets = Secrets::new();
+        for v in &values {
+            secrets.add(v);
+        }
+        secrets
+    }
+
     /// Mask the configured headers in an event's header object, in place.
     pub fn redact_headers(&self, headers: &mut Value) {
         if self.headers.is_empty() {
@@ -502,6 +725,48 @@ fn mask(value: &mut Value, steps: &[Step]) {
         Step::AnyDepth => {
             mask(value, rest);
             for_each_child(value, |child| mask(child, steps));
+        }
+    }
+}
+
+/// The values at `steps` in `value`: every string, number and boolean under
+/// them (an object or array as its JSON too).
+fn collect(value: &Value, steps: &[Step], out: &mut Vec<String>) {
+    let Some((step, rest)) = steps.split_first() else {
+        leaves(value, out);
+        return;
+    };
+    let children: Vec<&Value> = match (step, value) {
+        (Step::Key(k), Value::Object(m)) => m.get(k).into_iter().collect(),
+        (Step::Index(i), Value::Array(a)) => a.get(*i).into_iter().collect(),
+        (Step::Any | Step::AnyDepth, Value::Object(m)) => m.values().collect(),
+        (Step::Any | Step::AnyDepth, Value::Array(a)) => a.iter().collect(),
+        _ => Vec::new(),
+    };
+    if let Step::AnyDepth = step {
+        collect(value, rest, out);
+        for child in children {
+            collect(child, steps, out);
+        }
+    } else {
+        for child in children {
+            collect(child, rest, out);
+        }
+    }
+}
+
+fn leaves(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::String(s) => out.push(s.clone()),
+        Value::Number(n) => out.push(n.to_string()),
+        Value::Bool(_) | Value::Null => {}
+        Value::Object(m) => {
+            out.push(value.to_string());
+            m.values().for_each(|v| leaves(v, out));
+        }
+        Value::Array(a) => {
+            out.push(value.to_string());
+            a.iter().for_each(|v| leaves(v, out));
         }
     }
 }
@@ -716,6 +981,76 @@ mod tests {
             format!("{secrets:?}"),
             format!("Secrets({} literals)", secrets.literals.len())
         );
+    }
+
+    /// What a hostile endpoint echoed into `last_error` (issue 35, defect 5):
+    /// each form is masked or the answer withheld; none leaks.
+    #[test]
+    fn echoed_secrets_never_come_back_whatever_the_encoding() {
+        let key = "HdrKey/9+z\"q";
+        let header = "tok_\"abcdefgh1234";
+        let path_token = "T0ABCDEF/XXXXSECRETXXXX";
+        let mut secrets = Secrets::new();
+        secrets
+            .add(key)
+            .add(header)
+            .add_url(
+                &format!("https://hooks.example/services/{path_token}"),
+                false,
+            )
+            .add_basic("app", Some("s3cret pass"));
+        let basic = base64(b"app:s3cret pass");
+        let echoes = [
+            "HTTP 400: key HdrKey/9+z&quot;q refused".to_owned(),
+            "HTTP 400: {\"key\":\"HdrKey\\/9+z\\\"q\"}".to_owned(),
+            "HTTP 400: <p>HdrKey&#x2f;9&#x2b;z&#x22;q</p>".to_owned(),
+            "HTTP 400: header value abcdefgh1234 after its quote".to_owned(),
+            "HTTP 404: no route /services/t0abcdef/xxxxsecretxxxx".to_owned(),
+            format!(
+                "HTTP 401: Authorization: Basic {}",
+                basic.replace('=', "&#x3D;")
+            ),
+            format!("HTTP 400: echoed {}", base64(key.as_bytes())),
+            // Percent-encoded twice: no form held matches; the last check does.
+            "HTTP 400: HdrKey%252F9%252Bz%2522q".to_owned(),
+        ];
+        for echo in &echoes {
+            let stored = secrets.sanitize(echo);
+            let plain = canonical(&stored);
+            for leak in ["hdrkey", "abcdefgh1234", "xxxxsecretxxxx", "s3cret"] {
+                assert!(
+                    !plain.contains(leak),
+                    "{leak} leaked from {echo:?} as {stored:?}"
+                );
+            }
+            assert!(
+                stored.starts_with("HTTP 40"),
+                "the status stays: {stored:?}"
+            );
+        }
+        assert_eq!(
+            secrets.sanitize("HTTP 400: HdrKey%252F9%252Bz%2522q"),
+            "HTTP 400: (the answer was withheld: it held a configured secret)"
+        );
+        // What holds no secret is left as it was.
+        assert_eq!(secrets.sanitize("HTTP 503: busy"), "HTTP 503: busy");
+    }
+
+    #[test]
+    fn redacted_payload_values_are_secrets_of_the_event() {
+        let redactor = redactor(&["card.number", "**.cvv"]).with_headers(&["X-Api-Key".to_owned()]);
+        let payload = serde_json::json!({
+            "card": {"number": "4111111111111111", "cvv": 737},
+            "items": [{"cvv": "0042"}], "total": 5
+        });
+        let headers = [("x-api-key".to_owned(), "hdr-secret-1".to_owned())];
+        let secrets = redactor.secrets_of(&payload, headers.iter().map(|(k, v)| (k, v)));
+        let echo = r#"HTTP 400: {"card": {"number": "4111111111111111", "cvv": 737}, "items": [{"cvv": "0042"}], "total": 5, "h": "hdr-secret-1"}"#;
+        let stored = secrets.sanitize(echo);
+        for leak in ["4111111111111111", "737", "0042", "hdr-secret-1"] {
+            assert!(!stored.contains(leak), "{leak} in {stored}");
+        }
+        assert!(stored.contains("\"total\": 5"), "{stored}");
     }
 
     #[test]

@@ -64,9 +64,12 @@ async fn messages(
     rows.into_iter()
         .filter(|r| r.first() == Some(&b'M'))
         .filter_map(|r| {
-            // 'M', flags (1), lsn (8), prefix NUL-terminated, length (4), content
+            // 'M', flags (1), lsn (8), prefix NUL-terminated, length (4),
+            // content: the tag's 64 hex digits (migration 19), then the JSON.
             let rest = r[10..].strip_prefix(prefix.as_bytes())?;
-            Some(serde_json::from_slice(&rest[4..]).unwrap())
+            let (tag, json) = rest[4..].split_at(64);
+            assert!(tag.iter().all(u8::is_ascii_hexdigit), "a signed emit");
+            Some(serde_json::from_slice(json).unwrap())
         })
         .collect()
 }

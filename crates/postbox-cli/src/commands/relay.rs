@@ -156,7 +156,10 @@ pub fn resolve_relay(
     } else {
         router
     };
-    Ok((config, router))
+    // What [redact] hides wherever an event is shown is masked in what a
+    // destination answers too.
+    let redactor = file.redact.redactor().map_err(|e| format!("redact: {e}"))?;
+    Ok((config, router.with_redactor(redactor)))
 }
 
 pub async fn run(settings: &Settings, args: RelayArgs) -> Result<ExitCode, AnyError> {
@@ -164,13 +167,18 @@ pub async fn run(settings: &Settings, args: RelayArgs) -> Result<ExitCode, AnyEr
     if crate::tenants::many(settings, &args.select) {
         // An outbox's own `routes` send to the relay's destinations.
         let destinations = router.destinations().to_vec();
+        let redactor = router.redactor().cloned();
         let (ordered, poison) = (args.ordered, args.poison.unwrap_or_default());
         let routes = move |routes: &[postbox_relay::RouteConfig]| -> Result<Router, AnyError> {
             let router = Router::new(destinations.clone(), routes)?;
-            Ok(if ordered {
+            let router = if ordered {
                 router.all_ordered(poison)
             } else {
                 router
+            };
+            Ok(match redactor.clone() {
+                Some(r) => router.with_redactor(r),
+                None => router,
             })
         };
         let run = crate::tenants::RelayRun {

@@ -48,6 +48,23 @@ pub(crate) async fn publish_to(shared: &Shared, d: usize, messages: &[Message]) 
     // Whatever the endpoint echoed, the sink's own secrets never go further.
     let secrets = sink.secrets();
     let outcomes: Vec<Outcome> = outcomes.into_iter().map(|o| o.masked(secrets)).collect();
+    // …nor do the values the configuration redacts wherever an event is
+    // shown (payload paths, headers) when an endpoint echoes the body.
+    let outcomes = match shared.router.redactor() {
+        Some(redactor) => outcomes
+            .into_iter()
+            .zip(messages)
+            .map(|(o, m)| {
+                if matches!(o, Outcome::Delivered) {
+                    return o;
+                }
+                let payload: serde_json::Value =
+                    serde_json::from_str(m.payload.get()).unwrap_or_default();
+                o.masked(&redactor.secrets_of(&payload, &m.headers))
+            })
+            .collect(),
+        None => outcomes,
+    };
     traced.end(&outcomes);
     let mut by_outcome = [0u64; 4];
     for outcome in &outcomes {
