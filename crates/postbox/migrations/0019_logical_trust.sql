@@ -20,6 +20,16 @@ REVOKE EXECUTE ON FUNCTION
     {schema}.emit_one(uuid, text, text, text, integer, jsonb, jsonb, timestamptz)
   FROM PUBLIC;
 
+-- The payload limit the libraries enforce (1 MiB by default), for every
+-- way into the schema: emit_one checks it here, and migration 21's trigger
+-- on the outbox and the log. One row; the owner changes it:
+--   UPDATE myschema.limits SET max_payload_bytes = 4194304;
+CREATE TABLE {schema}.limits (
+    only_row          boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    max_payload_bytes integer NOT NULL DEFAULT 1048576 CHECK (max_payload_bytes > 0)
+);
+INSERT INTO {schema}.limits DEFAULT VALUES;
+
 -- The key, one row, readable by the owner alone (no role script grants
 -- it). The inner and outer HMAC pads are kept, so a tag is two SHA-256s.
 -- The key's 244 random bits come from two gen_random_uuid() (PostgreSQL's
@@ -68,6 +78,11 @@ BEGIN
   IF NOT isfinite(emit_one.deliver_at) THEN
     RAISE EXCEPTION 'postbox.emit: deliver_at must be a finite time (NULL: at once)'
       USING ERRCODE = '22023';
+  END IF;
+  IF pg_column_size(emit_one.payload) > (SELECT l.max_payload_bytes FROM {schema}.limits l) THEN
+    RAISE EXCEPTION 'postbox.emit: the payload is % bytes, more than the schema''s limit of % bytes (limits.max_payload_bytes)',
+      pg_column_size(emit_one.payload), (SELECT l.max_payload_bytes FROM {schema}.limits l)
+      USING ERRCODE = '54000';
   END IF;
   IF (SELECT s.numbered_emits FROM {schema}.logical_settings s) THEN
     INSERT INTO {schema}.aggregate_sequences AS s (aggregate_type, aggregate_id, last_sequence)

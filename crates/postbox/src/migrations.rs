@@ -122,6 +122,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "deliveries_by_minute",
         sql: include_str!("../migrations/0020_deliveries_by_minute.sql"),
     },
+    Migration {
+        version: 21,
+        name: "payload_limit",
+        sql: include_str!("../migrations/0021_payload_limit.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.

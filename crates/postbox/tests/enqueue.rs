@@ -289,3 +289,43 @@ async fn a_commit_notifies_listeners_and_a_rollback_does_not() {
     drop(listener);
     db.drop_schema().await;
 }
+
+/// The payload limit holds through SQL too (migrations 19 and 21): a 10 MB
+/// payload through `enqueue`, `emit` or a direct insert into the log is
+/// refused with SQLSTATE 54000 naming the limit; the owner can raise it.
+#[tokio::test]
+async fn the_payload_limit_holds_for_every_way_in() {
+    let db = TestDb::new().await;
+    let big = format!("{{\"blob\": \"{}\"}}", "x".repeat(10 * 1024 * 1024));
+    let ways = [
+        "SELECT {schema}.enqueue('t', 'a', '1', $1::jsonb)",
+        "SELECT {schema}.emit('t', 'a', '1', $1::jsonb)",
+        "INSERT INTO {schema}.log (event_id, aggregate_type, aggregate_id, event_type, payload) \
+         VALUES (gen_random_uuid(), 'a', '1', 't', $1::jsonb)",
+    ];
+    for sql in ways {
+        let err = sqlx::query(trusted(&db.sql(sql)))
+            .bind(&big)
+            .execute(&db.pool)
+            .await
+            .expect_err(sql);
+        let db_err = err.as_database_error().expect("a database error");
+        assert_eq!(db_err.code().as_deref(), Some("54000"), "{sql}: {err}");
+        assert!(db_err.message().contains("limit"), "{sql}: {err}");
+    }
+    // A payload under the limit goes in; a raised limit lets the big one in.
+    sqlx::query(trusted(
+        &db.sql("SELECT {schema}.enqueue('t', 'a', '1', '{}')"),
+    ))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    db.exec("UPDATE {schema}.limits SET max_payload_bytes = 64 * 1024 * 1024")
+        .await;
+    sqlx::query(trusted(&db.sql(ways[0])))
+        .bind(&big)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    db.drop_schema().await;
+}
