@@ -141,6 +141,47 @@ async fn http_structured_mode_sends_cloudevents_and_forwards_headers() {
     db.drop_schema().await;
 }
 
+/// A producer's credential headers are not carried to a third party's
+/// endpoint unless the destination says so, nor the names it drops.
+#[tokio::test]
+async fn http_producer_credentials_are_not_forwarded_unless_allowed() {
+    let db = TestDb::new().await;
+    let event = || {
+        NewEvent::new("order.created", "order", "1", &serde_json::json!({}))
+            .unwrap()
+            .headers([
+                ("authorization", "Bearer internal-token".to_owned()),
+                ("Cookie", "session=abc".to_owned()),
+                ("x-internal-token", "t0k".to_owned()),
+                ("x-tenant", "acme".to_owned()),
+            ])
+            .unwrap()
+    };
+    for forward in [false, true] {
+        db.enqueue_events(&[event()]).await;
+        let receiver = Receiver::start(|_, _| Reply::ok()).await;
+        let http = HttpOptions {
+            forward_credentials: forward,
+            drop_headers: vec!["X-Internal-Token".to_owned()],
+            ..HttpOptions::default()
+        };
+        let sink = http_sink(&receiver.url("/hooks"), http, &[]);
+        let stats = drain(&db, sink, fast_config()).await;
+        assert_eq!(stats.delivered, 1);
+        let r = &receiver.requests()[0];
+        assert_eq!(r.header("x-tenant"), Some("acme"));
+        assert_eq!(r.header("x-internal-token"), None, "dropped by name");
+        if forward {
+            assert_eq!(r.header("authorization"), Some("Bearer internal-token"));
+            assert_eq!(r.header("cookie"), Some("session=abc"));
+        } else {
+            assert_eq!(r.header("authorization"), None, "not for a third party");
+            assert_eq!(r.header("cookie"), None);
+        }
+    }
+    db.drop_schema().await;
+}
+
 #[tokio::test]
 async fn http_binary_mode_sends_the_payload_and_ce_headers() {
     let db = TestDb::new().await;

@@ -56,6 +56,14 @@ pub struct HttpOptions {
     /// deliveries; a variable named here must be set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub secret_env: Option<String>,
+    /// Forward the producer's credential headers (`Authorization`,
+    /// `Cookie`, `Set-Cookie`) to this endpoint. Off by default: a
+    /// credential a producer put in an event's headers is meant for the
+    /// producer's side, not for a third party's webhook.
+    pub forward_credentials: bool,
+    /// More producer header names never forwarded to this endpoint
+    /// (compared case-insensitively), e.g. `x-internal-token`.
+    pub drop_headers: Vec<String>,
 }
 
 impl Default for HttpOptions {
@@ -68,6 +76,8 @@ impl Default for HttpOptions {
             rate_per_second: None,
             headers: BTreeMap::new(),
             secret_env: None,
+            forward_credentials: false,
+            drop_headers: Vec::new(),
         }
     }
 }

@@ -17,7 +17,9 @@
 //!   `ce-time`, `ce-aggregatetype`, `ce-schemaversion`, `ce-sequence`),
 //!   percent-encoded as the CloudEvents HTTP binding requires.
 //! - The producer's headers are sent as HTTP headers when their name is a
-//!   valid header name and their value is printable ASCII; others are skipped.
+//!   valid header name and their value is printable ASCII; others are skipped,
+//!   and so are credential headers (`Authorization`, `Cookie`, `Set-Cookie`)
+//!   unless `forward_credentials = true`, and the names in `drop_headers`.
 //!   They never replace a header the sink sets itself (`Content-Type`,
 //!   `webhook-*`, `ce-*`, hop-by-hop headers) nor one from
 //!   [`HttpOptions::headers`].
@@ -62,7 +64,9 @@ mod tests;
 pub use super::shared::http::parse_retry_after;
 pub use config::{parse_secrets, secrets_from_env, HttpMode, HttpOptions};
 
-use super::shared::http::{classify, client, display_url, is_reserved, printable, transport_error};
+use super::shared::http::{
+    classify, client, display_url, is_reserved, printable, transport_error, CREDENTIAL_HEADERS,
+};
 use super::shared::rate::RateLimit;
 use super::{BuiltSink, SinkOptions};
 use crate::cloudevents;
@@ -101,6 +105,9 @@ pub struct HttpSink {
     source: String,
     described: String,
     secrets: Secrets,
+    /// Producer headers not forwarded: the credential headers unless
+    /// `forward_credentials`, and `drop_headers` (lower case).
+    dropped: Vec<String>,
 }
 
 impl HttpSink {
@@ -163,6 +170,12 @@ impl HttpSink {
             source: options.source,
             described,
             secrets: held,
+            dropped: CREDENTIAL_HEADERS
+                .iter()
+                .filter(|_| !http.forward_credentials)
+                .map(|h| (*h).to_owned())
+                .chain(http.drop_headers.iter().map(|h| h.to_ascii_lowercase()))
+                .collect(),
         })
     }
 
@@ -189,6 +202,9 @@ impl HttpSink {
         };
         let mut headers = HeaderMap::with_capacity(m.headers.len() + self.headers.len() + 12);
         for (name, value) in &m.headers {
+            if self.dropped.iter().any(|d| d.eq_ignore_ascii_case(name)) {
+                continue;
+            }
             if let Some((name, value)) = producer_header(name, value) {
                 headers.insert(name, value);
             }

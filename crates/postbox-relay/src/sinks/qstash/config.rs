@@ -2,7 +2,7 @@
 //! (`qstash:DESTINATION_URL`) and its credentials (`QSTASH_TOKEN`,
 //! `QSTASH_URL`), validated before anything is sent.
 
-use super::super::shared::http::{is_reserved, parse_http_url, printable};
+use super::super::shared::http::{is_credential, is_reserved, parse_http_url, printable};
 use super::super::OptionsTable;
 use crate::redact::sanitize_error;
 use crate::sink::SinkError;
@@ -247,7 +247,7 @@ impl FlowControl {
 /// Whether a header may be forwarded to the destination under its own name.
 pub(crate) fn forwardable(name: &str) -> bool {
     let lower = name.to_ascii_lowercase();
-    !(is_reserved(&lower) || lower.starts_with("upstash-"))
+    !(is_reserved(&lower) || is_credential(&lower) || lower.starts_with("upstash-"))
 }
 
 /// The QStash token and API URL. `Debug` hides the token.

@@ -31,7 +31,8 @@
 //! so QStash accepts a retried publish without enqueueing it twice (answering
 //! `202`); the producer's headers are forwarded as `Upstash-Forward-<name>`
 //! (QStash strips the prefix when it delivers) where they are valid HTTP
-//! headers, except `Content-Type`, hop-by-hop, `upstash-*`, `webhook-*` and
+//! headers, except `Content-Type`, hop-by-hop, credential headers
+//! (`Authorization`, `Cookie`, `Set-Cookie`), `upstash-*`, `webhook-*` and
 //! `ce-*` names; [`QstashOptions`] add `Upstash-Retries`, `Upstash-Delay`,
 //! `Upstash-Callback`, `Upstash-Failure-Callback`, `Upstash-Timeout`,
 //! `Upstash-Flow-Control-Key`/`-Value` and static `Upstash-Forward-*` headers.
