@@ -5,8 +5,9 @@
 //!   rendered by `metrics-exporter-prometheus`.
 //! - `GET /healthz`: `200 ok` while the process runs (touches nothing).
 //! - `GET /readyz`: `200 ready` when the database answers (and postbox's table is
-//!   readable) and every destination's sink check passes; otherwise `503` with a fixed phrase
-//!   naming the part that failed (never an error's text).
+//!   readable), every destination's sink check passes and, in logical mode, the
+//!   slot's reader has not failed three times in a row; otherwise `503` with a
+//!   fixed phrase naming the part that failed (never an error's text).
 //! - `GET /outboxes` (a relay serving many outboxes only): every outbox as
 //!   JSON — served or not, its errors and counters, and whether the health
 //!   watch found it `healthy` (with what it found in `health`). `200`, or
@@ -52,7 +53,12 @@ struct Probe {
     store: Store,
     sinks: Arc<Vec<Arc<dyn Sink>>>,
     outboxes: Option<Arc<Tenants>>,
+    /// The relay's counters: a logical reader failing again and again is unready.
+    reader: Option<Arc<postbox_relay::Stats>>,
 }
+
+/// From this many failures in a row of the slot's reader, `/readyz` is unready.
+const READER_FAILURES_UNREADY: u64 = 3;
 
 /// A bound metrics endpoint, not yet serving.
 pub struct Endpoint {
@@ -61,6 +67,13 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// Answer `/readyz` unready while the relay's slot reader fails again
+    /// and again (logical mode; three failures in a row).
+    pub fn with_reader(mut self, stats: Arc<postbox_relay::Stats>) -> Self {
+        self.probe.reader = Some(stats);
+        self
+    }
+
     /// Install the Prometheus recorder (once per process) and bind `addr`.
     pub async fn bind(
         addr: &str,
@@ -100,6 +113,7 @@ impl Endpoint {
                 store,
                 sinks: Arc::new(sinks),
                 outboxes: None,
+                reader: None,
             },
         })
     }
@@ -195,6 +209,14 @@ async fn outboxes(
 }
 
 async fn ready(State(probe): State<Probe>) -> Response {
+    if probe.reader.as_ref().is_some_and(|s| {
+        s.reader_failures.load(std::sync::atomic::Ordering::Relaxed) >= READER_FAILURES_UNREADY
+    }) {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the replication slot's reader keeps failing",
+        );
+    }
     match tokio::time::timeout(READY_TIMEOUT, probe.store.ping()).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => {

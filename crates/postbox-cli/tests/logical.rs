@@ -359,3 +359,75 @@ async fn a_slot_no_relay_reads_for_longer_than_the_bound_is_reported() {
     assert!(o.status.success(), "{o:?}");
     db.drop_schema().await;
 }
+
+/// `GET path` on `addr`: the whole answer (status line, headers, body).
+async fn get(addr: &str, path: &str) -> String {
+    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+        return String::new();
+    };
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    if s.write_all(request.as_bytes()).await.is_err() {
+        return String::new();
+    }
+    let mut raw = String::new();
+    let _ = s.read_to_string(&mut raw).await;
+    raw
+}
+
+/// A slot reader that fails again and again is unready (`/readyz` 503, and
+/// its failures in a row in the metrics) until it reads again: here ordered
+/// routes and emits no longer numbered make every reopening of the slot
+/// fail.
+#[tokio::test]
+async fn a_reader_that_keeps_failing_is_unready_until_it_reads_again() {
+    let db = TestDb::new().await;
+    let schema = db.schema.name().to_owned();
+    let slot = postbox_testkit::unique("pbx_ready_");
+    let _slot = DropSlot {
+        url: db.url.clone(),
+        schema: schema.clone(),
+        slot: slot.clone(),
+    };
+    let o = output(&db.url, &schema, &["migrate", "--emit-sequence", "on"]);
+    assert!(o.status.success(), "{o:?}");
+    let relay = Relay::start(&db.url, &schema, &["--slot", &slot, "--ordered"]);
+    wait_held(&db.pool, &slot, true).await;
+    let addr = relay.metrics_addr().await;
+    wait_for("ready", Duration::from_secs(30), || async {
+        get(&addr, "/readyz").await.starts_with("HTTP/1.1 200")
+    })
+    .await;
+
+    db.exec("UPDATE {schema}.logical_settings SET numbered_emits = false")
+        .await;
+    sqlx::query(
+        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+         WHERE slot_name = $1 AND active_pid IS NOT NULL",
+    )
+    .bind(&slot)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    wait_for("unready", Duration::from_secs(60), || async {
+        let answer = get(&addr, "/readyz").await;
+        answer.starts_with("HTTP/1.1 503") && answer.contains("keeps failing")
+    })
+    .await;
+    let metrics = scrape(&addr).await;
+    assert!(
+        metrics.contains(&format!(
+            "postbox_reader_consecutive_failures{{slot=\"{slot}\"}}"
+        )),
+        "{metrics}"
+    );
+
+    db.exec("UPDATE {schema}.logical_settings SET numbered_emits = true")
+        .await;
+    wait_for("ready again", Duration::from_secs(60), || async {
+        get(&addr, "/readyz").await.starts_with("HTTP/1.1 200")
+    })
+    .await;
+    drop(relay);
+    wait_held(&db.pool, &slot, false).await;
+    db.drop_schema().await;
+}

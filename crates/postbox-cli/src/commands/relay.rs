@@ -241,7 +241,9 @@ pub async fn run(settings: &Settings, args: RelayArgs) -> Result<ExitCode, AnyEr
     let serving = CancellationToken::new();
     let _stop_serving = serving.clone().drop_guard();
     if let Some(addr) = &args.metrics_listen {
-        let endpoint = observe::Endpoint::bind(addr, store, sinks).await?;
+        let endpoint = observe::Endpoint::bind(addr, store, sinks)
+            .await?
+            .with_reader(relay.stats());
         if let Some(bound) = endpoint.local_addr() {
             tracing::info!("serving /metrics, /healthz and /readyz on http://{bound}");
         }

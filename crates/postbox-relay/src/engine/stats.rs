@@ -23,6 +23,9 @@ pub struct Stats {
     pub lost_acks: AtomicU64,
     pub rescued: AtomicU64,
     pub claimed: AtomicU64,
+    /// Logical mode: how many times in a row the slot's reader failed (0
+    /// while it reads). `/readyz` answers unready from three on.
+    pub reader_failures: AtomicU64,
 }
 
 /// A copy of [`Stats`] at one moment.

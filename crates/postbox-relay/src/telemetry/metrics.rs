@@ -101,6 +101,10 @@ pub const DEAD_TUPLE_RATIO: &str = "postbox_outbox_dead_tuple_ratio";
 /// Gauge: 1 when the LISTEN probe came back, 0 when it did not (polling only).
 pub const LISTEN_WORKING: &str = "postbox_listen_working";
 
+/// Gauge: how many times in a row logical mode's reader failed to read its
+/// slot (0 while it reads), by slot; `/readyz` is unready from three on.
+pub const READER_FAILURES: &str = "postbox_reader_consecutive_failures";
+
 /// Gauge: 1 for a log cursor of a destination this relay does not deliver
 /// to that no relay reads (it keeps the log from being truncated), by
 /// destination.
@@ -173,6 +177,10 @@ pub fn describe() {
         "Troubles of a multi-outbox relay with one outbox or database, by kind"
     );
     describe_gauge!(OUTBOXES, "Outboxes this relay serves");
+    describe_gauge!(
+        READER_FAILURES,
+        "Times in a row logical mode's reader failed to read its slot (0 while it reads), by slot"
+    );
     describe_gauge!(
         LOG_CURSOR_UNREAD,
         "1 for a log cursor no configured destination of this relay and no relay reads (it keeps the log from being truncated), by destination"

@@ -161,6 +161,13 @@ impl Refusals {
     }
 }
 
+/// The reader read again after failing: ready again.
+pub(crate) fn reading_again(shared: &Shared, slot: &str) {
+    shared.stats.reader_failures.store(0, Ordering::Relaxed);
+    metrics::gauge!(m::READER_FAILURES, "slot" => slot.to_owned()).set(0.0);
+    tracing::info!(%slot, "reading the replication slot again");
+}
+
 /// Why a reading session ended.
 pub(crate) enum Ended {
     Shutdown,
@@ -201,6 +208,12 @@ pub(crate) async fn read_loop(shared: Arc<Shared>, mode: RunMode) {
             }
             Err(e) => {
                 failures += 1;
+                shared
+                    .stats
+                    .reader_failures
+                    .store(failures as u64, Ordering::Relaxed);
+                metrics::gauge!(m::READER_FAILURES, "slot" => slot.clone())
+                    .set(f64::from(failures));
                 standby_said = false;
                 let delay = backoff::full_jitter(failures, DB_RETRY_BASE, DB_RETRY_MAX);
                 let error = sanitize_error(&e.to_string());

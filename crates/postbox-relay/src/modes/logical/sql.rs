@@ -52,7 +52,10 @@ pub(super) async fn session(
         else {
             return Ok(Ended::Shutdown);
         };
-        *failures = 0;
+        if *failures > 0 {
+            *failures = 0;
+            super::reading_again(shared, slot);
+        }
         if read.caught_up {
             watch.caught_up = Instant::now();
         }

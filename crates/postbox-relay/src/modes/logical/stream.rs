@@ -183,7 +183,10 @@ impl Reader<'_> {
                 }
                 Err(e) => return Err(refused_or_stream(e)),
             };
-            *failures = 0;
+            if *failures > 0 {
+                *failures = 0;
+                super::reading_again(self.shared, slot);
+            }
             match event {
                 ReplicationEvent::Begin { .. } => self.in_txn = true,
                 ReplicationEvent::Message {
