@@ -25,16 +25,26 @@
 //! - [`Tally`] — deliveries counted by minute, destination and reading mode;
 //! - [`discovery`] — the schemas holding an outbox, the databases of a server.
 
+mod claim;
+mod commit;
 mod console;
 mod dead_letters;
 pub mod discovery;
 mod events;
 mod log;
 mod logical;
-mod relay;
+mod retention;
 mod roles;
+mod rows;
+mod status;
+mod store;
 mod tally;
 
+pub use claim::{
+    Claim, ClaimOrder, DeliveryState, DeliveryUpdate, Failure, NextDue, Rescued, ScheduledLater,
+    Settled,
+};
+pub use commit::RelayCommit;
 pub use console::{
     Backlog, ConsoleStore, ErrorGroup, GroupOf, RelaySeen, StoredSession, StoredUser,
     RELAY_APPLICATION_NAME,
@@ -53,12 +63,10 @@ pub use logical::{
     decode_change, decode_event, decode_or_refuse, rough_duration, Change, Logical, LogicalEvent,
     LogicalHandoff, Lsn, Refusal, RefusedMessage, SlotStatus, Unread,
 };
-pub use relay::{
-    AttemptsCount, Claim, ClaimOrder, ClaimedEvent, DbHealth, DeliveryState, DeliveryUpdate,
-    DestinationCounts, Failure, Gauges, NextDue, RelayCommit, Rescued, ScheduledLater, Settled,
-    StatusCounts, Store,
-};
 pub use roles::{CreateRolesError, RoleNameError, Roles};
+pub use rows::ClaimedEvent;
+pub use status::{AttemptsCount, DbHealth, DestinationCounts, Gauges, StatusCounts};
+pub use store::Store;
 pub use tally::{RecentDeliveries, Tally};
 
 use postbox::statements::Catalog;

@@ -9,7 +9,8 @@
 //! cursor moves past a page of it.
 
 use crate::catalog;
-use crate::relay::{ClaimedEvent, ClaimedRow, RelayCommit};
+use crate::commit::RelayCommit;
+use crate::rows::{ClaimedEvent, ClaimedRow};
 use postbox::statements::trusted;
 use postbox::Schema;
 use sqlx::PgPool;

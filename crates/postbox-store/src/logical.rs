@@ -16,7 +16,7 @@
 //! [`ClaimedEvent`].
 
 use crate::catalog;
-use crate::relay::{decode_error, header_map, ClaimedEvent};
+use crate::rows::{decode_error, header_map, ClaimedEvent};
 use chrono::{DateTime, Utc};
 use futures::stream::{BoxStream, StreamExt};
 use postbox::statements::trusted;

@@ -1,6 +1,7 @@
 //! The least-privilege roles of `postbox migrate --create-roles`.
 
 use crate::catalog;
+use postbox::statements::trusted;
 use postbox::Schema;
 
 /// The roles `create_roles` makes for one schema.
@@ -66,4 +67,16 @@ pub enum CreateRolesError {
         "cannot create the roles (the user needs CREATEROLE and the right to grant on the schema)"
     )]
     Database(#[from] sqlx::Error),
+}
+
+impl crate::Store {
+    /// Create the least-privilege roles (idempotent). Needs a user allowed to
+    /// create roles and to grant on postbox's schema.
+    pub async fn create_roles(&self) -> Result<Roles, CreateRolesError> {
+        let roles = Roles::for_schema(&self.schema)?;
+        sqlx::raw_sql(trusted(&roles.sql(&self.schema)))
+            .execute(&self.pool)
+            .await?;
+        Ok(roles)
+    }
 }
