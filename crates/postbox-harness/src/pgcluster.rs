@@ -188,8 +188,35 @@ pub struct TempCluster {
     /// What started the server, to start it again after a crash.
     bins: Option<PgBinaries>,
     run_as: Option<RunAs>,
-    /// Commits wait for their WAL to be written (`synchronous_commit = on`).
-    durable_commits: bool,
+    /// How much the server's commits survive.
+    durability: Durability,
+}
+
+/// How durable a throwaway cluster's commits are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// `fsync`, `synchronous_commit` and `full_page_writes` off: fast, and a
+    /// crash of the server may forget the newest commits.
+    Fast,
+    /// `synchronous_commit` on, `fsync` off: a crash of PostgreSQL (not of
+    /// the machine) loses exactly what a production server's crash loses.
+    CrashableCommits,
+    /// A production server's settings: `fsync`, `synchronous_commit` and
+    /// `full_page_writes` on.
+    Production,
+}
+
+impl Durability {
+    /// How it reads in a report's first line.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Durability::Fast => "fsync off, synchronous_commit off: faster than any durable server",
+            Durability::CrashableCommits => "fsync off, synchronous_commit on",
+            Durability::Production => {
+                "fsync on, synchronous_commit on: a production server's durability"
+            }
+        }
+    }
 }
 
 /// What a crash of the cluster ([`TempCluster::crash_and_restart`]) took.
@@ -205,7 +232,15 @@ impl TempCluster {
     /// and `full_page_writes` are off, so a crash of the server may forget
     /// the newest commits (see [`TempCluster::start_crashable`]).
     pub async fn start() -> Result<TempCluster, ClusterError> {
-        Self::start_with(false).await
+        Self::start_with(Durability::Fast).await
+    }
+
+    /// Like [`TempCluster::start`], with a production server's durability
+    /// (`fsync`, `synchronous_commit` and `full_page_writes` on): what
+    /// `postbox bench` measures by default, so its figures are the ones
+    /// users' servers see.
+    pub async fn start_durable() -> Result<TempCluster, ClusterError> {
+        Self::start_with(Durability::Production).await
     }
 
     /// Like [`TempCluster::start`], but every commit is written to the WAL
@@ -215,10 +250,11 @@ impl TempCluster {
     /// for it. `fsync` stays off: the crash is of PostgreSQL, not of the
     /// machine, so what was written survives in the kernel's cache.
     pub async fn start_crashable() -> Result<TempCluster, ClusterError> {
-        Self::start_with(true).await
+        Self::start_with(Durability::CrashableCommits).await
     }
 
-    async fn start_with(durable_commits: bool) -> Result<TempCluster, ClusterError> {
+    /// A cluster of the given durability.
+    pub async fn start_with(durability: Durability) -> Result<TempCluster, ClusterError> {
         let bins = find_binaries().await?;
         let run_as = run_as()?;
         let root = create_temp_root(run_as.as_ref())?;
@@ -234,7 +270,7 @@ impl TempCluster {
             removed: false,
             bins: None,
             run_as: None,
-            durable_commits,
+            durability,
         };
         cluster.initdb(&bins, run_as.as_ref()).await?;
 
@@ -420,16 +456,32 @@ impl TempCluster {
             .arg("-k")
             .arg(&self.root)
             .args(["-c", "listen_addresses=127.0.0.1"])
-            .args(["-c", "fsync=off"])
-            .args([
-                "-c",
-                if self.durable_commits {
-                    "synchronous_commit=on"
-                } else {
-                    "synchronous_commit=off"
-                },
-            ])
-            .args(["-c", "full_page_writes=off"])
+            .args(match self.durability {
+                Durability::Fast => [
+                    "-c",
+                    "fsync=off",
+                    "-c",
+                    "synchronous_commit=off",
+                    "-c",
+                    "full_page_writes=off",
+                ],
+                Durability::CrashableCommits => [
+                    "-c",
+                    "fsync=off",
+                    "-c",
+                    "synchronous_commit=on",
+                    "-c",
+                    "full_page_writes=off",
+                ],
+                Durability::Production => [
+                    "-c",
+                    "fsync=on",
+                    "-c",
+                    "synchronous_commit=on",
+                    "-c",
+                    "full_page_writes=on",
+                ],
+            })
             // Logical mode (emit, replication slots) runs on it too; its
             // replication connections are admitted by the `replication`
             // lines initdb writes into pg_hba.conf (trust, local and

@@ -82,6 +82,12 @@ pub struct BenchArgs {
     /// Print the results as JSON
     #[arg(long)]
     pub json: bool,
+    /// Without DATABASE_URL: run the throwaway cluster with fsync,
+    /// synchronous_commit and full_page_writes off (figures no durable
+    /// server reaches; the first line says so). By default it runs with a
+    /// production server's durability
+    #[arg(long)]
+    pub fsync_off: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -147,6 +153,7 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> Result<ExitCode, AnyEr
         latency_modes: args.latency_modes,
         bench_schema: args.bench_schema,
         json: args.json,
+        fsync_off: args.fsync_off,
     };
     bench::run(settings.database_url.as_deref(), &options).await?;
     Ok(ExitCode::SUCCESS)

@@ -93,6 +93,11 @@ pub struct Options {
     pub bench_schema: String,
     /// Print the results as JSON rather than a table.
     pub json: bool,
+    /// Without `DATABASE_URL`: run the throwaway cluster with fsync (and
+    /// synchronous_commit, full_page_writes) off — figures no durable
+    /// server reaches, labelled as such. Off: a production server's
+    /// durability.
+    pub fsync_off: bool,
 }
 
 /// A reading mode the scale-out and sustained runs measure.
@@ -140,10 +145,16 @@ pub async fn run(database_url: Option<&str>, options: &Options) -> Result<(), An
     let (cluster, url) = match database_url {
         Some(url) => (None, url.to_owned()),
         None => {
+            let durability = if options.fsync_off {
+                crate::pgcluster::Durability::Fast
+            } else {
+                crate::pgcluster::Durability::Production
+            };
             crate::errln!(
-                "No DATABASE_URL: benchmarking a throwaway PostgreSQL cluster (fsync off)."
+                "No DATABASE_URL: benchmarking a throwaway PostgreSQL cluster ({}).",
+                durability.describe()
             );
-            let c = TempCluster::start().await?;
+            let c = TempCluster::start_with(durability).await?;
             let url = c.url().to_owned();
             (Some(c), url)
         }
