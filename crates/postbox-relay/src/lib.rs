@@ -21,14 +21,12 @@
 //! failpoints of [`failpoint`] for fault-injection runs.
 
 pub mod backoff;
-pub mod cloudevents;
 pub mod config;
 mod engine;
 pub mod failpoint;
 mod modes;
 pub mod relay;
 pub mod router;
-pub mod sink;
 pub mod sinks;
 mod tasks;
 mod telemetry;
@@ -36,9 +34,13 @@ pub mod tenants;
 
 /// Secret masking and payload redaction (shared with the console and the CLI).
 pub use postbox::redact;
+/// The sink contract (the `postbox-sink` crate): the `Sink` trait, `Message`,
+/// `Outcome`, and the CloudEvents body.
+pub use postbox_sink::{self as sink, cloudevents};
 
 pub use config::{ConfigError, LogicalTransport, ReadMode, RelayConfig};
 pub use engine::permits;
+pub use engine::{message, message_of};
 pub use modes::logical::at_risk;
 pub use postbox_store::Store;
 pub use relay::{Relay, RunMode, StartError, Stats, StatsSnapshot};

@@ -689,7 +689,7 @@ async fn claim_next_to(db: &TestDb, payload: &str, headers: &str) -> Result<Mess
     if odd.payload.get() != payload {
         return Err("the odd payload was altered".into());
     }
-    Ok(odd.into())
+    Ok(postbox_relay::message(odd))
 }
 
 #[tokio::test]

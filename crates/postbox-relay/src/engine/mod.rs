@@ -21,6 +21,7 @@ pub use stats::{RunMode, Stats, StatsSnapshot};
 
 use crate::config::RelayConfig;
 use crate::router::Router;
+use crate::sink::Message;
 use permits::{BatchPermit, OutboxPermits};
 use postbox_store::Store;
 use std::sync::Arc;
@@ -67,6 +68,42 @@ impl Shared {
             p = permits.acquire() => Ok(p),
             _ = self.shutdown.cancelled() => Err(Stopped),
         }
+    }
+}
+
+/// A store row as the sinks take it: the engine turns what a mode read
+/// (claimed, from the log, from the slot) into a [`Message`] — the sink
+/// contract knows nothing of the store.
+pub fn message(e: postbox_store::ClaimedEvent) -> Message {
+    Message {
+        event_id: e.event_id,
+        event_type: e.event_type,
+        aggregate_type: e.aggregate_type,
+        aggregate_id: e.aggregate_id,
+        schema_version: e.schema_version,
+        payload: e.payload,
+        headers: e.headers,
+        created_at: e.created_at,
+        attempt: e.attempt,
+        sequence: e.sequence,
+        source: None,
+    }
+}
+
+/// [`message`] of a borrowed row.
+pub fn message_of(e: &postbox_store::ClaimedEvent) -> Message {
+    Message {
+        event_id: e.event_id,
+        event_type: e.event_type.clone(),
+        aggregate_type: e.aggregate_type.clone(),
+        aggregate_id: e.aggregate_id.clone(),
+        schema_version: e.schema_version,
+        payload: e.payload.clone(),
+        headers: e.headers.clone(),
+        created_at: e.created_at,
+        attempt: e.attempt,
+        sequence: e.sequence,
+        source: None,
     }
 }
 

@@ -223,7 +223,10 @@ pub(crate) async fn publish<O: Outbox>(
         if now.is_empty() {
             continue;
         }
-        let messages: Vec<Message> = now.iter().map(|&i| Message::from(page[i].event)).collect();
+        let messages: Vec<Message> = now
+            .iter()
+            .map(|&i| super::message_of(page[i].event))
+            .collect();
         let outcomes = publish_to(shared, d, &messages).await;
         for (&i, outcome) in now.iter().zip(outcomes) {
             let Some(pending) = settle(shared, page[i].event, outcome, others(&targets[i])) else {

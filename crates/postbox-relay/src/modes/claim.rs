@@ -119,7 +119,11 @@ impl From<postbox_store::Claim> for Claim {
         Self {
             token: claim.token,
             ids: claim.ids,
-            messages: claim.events.into_iter().map(Message::from).collect(),
+            messages: claim
+                .events
+                .into_iter()
+                .map(crate::engine::message)
+                .collect(),
             permit: None,
         }
     }

@@ -12,15 +12,19 @@
 //! - Errors in outcomes should not contain credentials. The relay masks, in
 //!   every outcome and every [`SinkError`] of a sink, the literal secrets the
 //!   sink declares in [`Sink::secrets`] and credentials by their shape
-//!   ([`sanitize_error`](crate::redact::sanitize_error)) before an error is
+//!   ([`sanitize_error`](postbox::redact::sanitize_error)) before an error is
 //!   stored (`last_error`) or logged: a sink holding a credential declares it
 //!   there, so an endpoint echoing it back cannot leak it.
 //!
-//! Sinks know nothing about Postgres.
+//! Sinks know nothing about Postgres: this crate depends on the `postbox`
+//! library alone (its secret masking), never on the store or the relay,
+//! which turns its own rows into [`Message`]s.
 
-pub use crate::redact::Secrets;
+pub mod cloudevents;
+
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+pub use postbox::redact::Secrets;
 use serde_json::value::RawValue;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -49,42 +53,6 @@ pub struct Message {
     /// The CloudEvents `source` of this event when it is not the sink's own
     /// (a relay serving many outboxes names the event's outbox).
     pub source: Option<std::sync::Arc<str>>,
-}
-
-impl From<postbox_store::ClaimedEvent> for Message {
-    fn from(e: postbox_store::ClaimedEvent) -> Self {
-        Self {
-            event_id: e.event_id,
-            event_type: e.event_type,
-            aggregate_type: e.aggregate_type,
-            aggregate_id: e.aggregate_id,
-            schema_version: e.schema_version,
-            payload: e.payload,
-            headers: e.headers,
-            created_at: e.created_at,
-            attempt: e.attempt,
-            sequence: e.sequence,
-            source: None,
-        }
-    }
-}
-
-impl From<&postbox_store::ClaimedEvent> for Message {
-    fn from(e: &postbox_store::ClaimedEvent) -> Self {
-        Self {
-            event_id: e.event_id,
-            event_type: e.event_type.clone(),
-            aggregate_type: e.aggregate_type.clone(),
-            aggregate_id: e.aggregate_id.clone(),
-            schema_version: e.schema_version,
-            payload: e.payload.clone(),
-            headers: e.headers.clone(),
-            created_at: e.created_at,
-            attempt: e.attempt,
-            sequence: e.sequence,
-            source: None,
-        }
-    }
 }
 
 /// What happened to one message.
@@ -156,7 +124,7 @@ pub trait Sink: Send + Sync + 'static {
     /// A description for logs, metrics, `postbox status` and the console,
     /// without credentials, query values or secret-looking path segments
     /// (e.g. `redis://127.0.0.1:6379/0 list postbox:{event_type}`; build URLs
-    /// with [`display_url`](crate::redact::display_url)).
+    /// with [`display_url`](postbox::redact::display_url)).
     fn describe(&self) -> String;
 
     /// The literal secrets this sink holds (passwords, tokens, credential

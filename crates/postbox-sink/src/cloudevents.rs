@@ -9,7 +9,7 @@
 //! `traceparent` / `tracestate` (the distributed-tracing extension) when the
 //! producer attached a trace context.
 
-use crate::sink::Message;
+use crate::Message;
 use chrono::SecondsFormat;
 use serde::Serialize;
 use serde_json::value::RawValue;
