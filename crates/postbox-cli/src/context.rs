@@ -314,6 +314,20 @@ pub fn name_the_flag(
     }
 }
 
+/// The OS user: `$USER`, `$LOGNAME`, else what `whoami` prints.
+pub fn os_user() -> Option<String> {
+    for var in ["USER", "LOGNAME"] {
+        if let Ok(u) = std::env::var(var) {
+            if !u.trim().is_empty() {
+                return Some(u);
+            }
+        }
+    }
+    let out = std::process::Command::new("whoami").output().ok()?;
+    let name = String::from_utf8(out.stdout).ok()?.trim().to_owned();
+    (out.status.success() && !name.is_empty()).then_some(name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,18 +350,4 @@ mod tests {
         );
         assert_eq!(ConfigOrigin::Off.path(), None);
     }
-}
-
-/// The OS user: `$USER`, `$LOGNAME`, else what `whoami` prints.
-pub fn os_user() -> Option<String> {
-    for var in ["USER", "LOGNAME"] {
-        if let Ok(u) = std::env::var(var) {
-            if !u.trim().is_empty() {
-                return Some(u);
-            }
-        }
-    }
-    let out = std::process::Command::new("whoami").output().ok()?;
-    let name = String::from_utf8(out.stdout).ok()?.trim().to_owned();
-    (out.status.success() && !name.is_empty()).then_some(name)
 }
