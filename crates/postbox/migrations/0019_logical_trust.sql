@@ -20,14 +20,29 @@ REVOKE EXECUTE ON FUNCTION
     {schema}.emit_one(uuid, text, text, text, integer, jsonb, jsonb, timestamptz)
   FROM PUBLIC;
 
--- The payload limit the libraries enforce (1 MiB by default), for every
--- way into the schema: emit_one checks it here, and migration 21's trigger
--- on the outbox and the log. One row; the owner changes it:
+-- A bound on payloads for every way into the schema: emit_one checks it
+-- here, and migration 21's trigger on the outbox and the log. It measures
+-- the payload's JSON text as the database prints it, which has a space
+-- after every `:` and `,` that the libraries' compact form has not: the
+-- default, 1.5 MiB, lets in everything the libraries' 1 MiB limit accepts
+-- and refuses what is far beyond it. `limits_payload_too_big` is the check.
+-- One row; the owner changes it:
 --   UPDATE myschema.limits SET max_payload_bytes = 4194304;
 CREATE TABLE {schema}.limits (
     only_row          boolean PRIMARY KEY DEFAULT true CHECK (only_row),
-    max_payload_bytes integer NOT NULL DEFAULT 1048576 CHECK (max_payload_bytes > 0)
+    max_payload_bytes integer NOT NULL DEFAULT 1572864 CHECK (max_payload_bytes > 0)
 );
+
+-- Whether `payload` is over the schema's limit: its JSON text is measured
+-- (not its stored size, which a number like 1e100000 keeps small however
+-- long it prints).
+CREATE FUNCTION {schema}.limits_payload_too_big(payload jsonb) RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT octet_length(limits_payload_too_big.payload::text) > l.max_payload_bytes
+  FROM {schema}.limits l
+$fn$;
+REVOKE EXECUTE ON FUNCTION {schema}.limits_payload_too_big(jsonb) FROM PUBLIC;
 INSERT INTO {schema}.limits DEFAULT VALUES;
 
 -- The key, one row, readable by the owner alone (no role script grants
@@ -79,9 +94,9 @@ BEGIN
     RAISE EXCEPTION 'postbox.emit: deliver_at must be a finite time (NULL: at once)'
       USING ERRCODE = '22023';
   END IF;
-  IF pg_column_size(emit_one.payload) > (SELECT l.max_payload_bytes FROM {schema}.limits l) THEN
-    RAISE EXCEPTION 'postbox.emit: the payload is % bytes, more than the schema''s limit of % bytes (limits.max_payload_bytes)',
-      pg_column_size(emit_one.payload), (SELECT l.max_payload_bytes FROM {schema}.limits l)
+  IF {schema}.limits_payload_too_big(emit_one.payload) THEN
+    RAISE EXCEPTION 'postbox.emit: the payload is % bytes of JSON, more than the schema''s limit of % bytes (limits.max_payload_bytes)',
+      octet_length(emit_one.payload::text), (SELECT l.max_payload_bytes FROM {schema}.limits l)
       USING ERRCODE = '54000';
   END IF;
   IF (SELECT s.numbered_emits FROM {schema}.logical_settings s) THEN
