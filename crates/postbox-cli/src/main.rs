@@ -323,3 +323,162 @@ mod tests {
         assert_eq!(refusal(&["--schema", "x", "migrate"]), None);
     }
 }
+
+/// The book's code, checked against the binary: every ```toml block of the
+/// docs parses as the configuration file (unknown keys are errors, so a
+/// renamed key fails here), and every `postbox …` command line of a ```sh
+/// block parses with the CLI's own definition (a renamed flag fails here).
+#[cfg(test)]
+mod book {
+    use super::*;
+    use std::path::{Path, PathBuf};
+
+    fn pages() -> Vec<PathBuf> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut out = vec![root.join("README.md")];
+        let mut dirs = vec![root.join("docs")];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "md") {
+                    out.push(path);
+                }
+            }
+        }
+        out
+    }
+
+    /// (page, first line, info string, text) of every fenced block.
+    fn blocks() -> Vec<(String, usize, String, String)> {
+        let mut out = Vec::new();
+        for page in pages() {
+            let text = std::fs::read_to_string(&page).unwrap();
+            let mut open: Option<(usize, String, String)> = None;
+            for (n, line) in text.lines().enumerate() {
+                let trimmed = line.trim_start();
+                match &mut open {
+                    None if trimmed.starts_with("```") => {
+                        open = Some((n + 1, trimmed[3..].trim().to_owned(), String::new()));
+                    }
+                    Some((start, info, body)) if trimmed.starts_with("```") => {
+                        out.push((
+                            page.display().to_string(),
+                            *start,
+                            info.clone(),
+                            body.clone(),
+                        ));
+                        open = None;
+                    }
+                    Some((_, _, body)) => {
+                        body.push_str(line);
+                        body.push('\n');
+                    }
+                    None => {}
+                }
+            }
+        }
+        out
+    }
+
+    /// A shell line's words: quotes group, `#` starts a comment.
+    fn words(line: &str) -> Vec<String> {
+        let (mut out, mut word, mut quote, mut any) = (Vec::new(), String::new(), None, false);
+        for c in line.chars() {
+            match (quote, c) {
+                (None, '#') if word.is_empty() => break,
+                (None, '\'' | '"') => {
+                    quote = Some(c);
+                    any = true;
+                }
+                (Some(q), c) if c == q => quote = None,
+                (None, c) if c.is_whitespace() => {
+                    if any {
+                        out.push(std::mem::take(&mut word));
+                        any = false;
+                    }
+                }
+                (_, c) => {
+                    word.push(c);
+                    any = true;
+                }
+            }
+        }
+        if any {
+            out.push(word);
+        }
+        out
+    }
+
+    #[test]
+    fn every_toml_block_of_the_book_is_a_valid_configuration() {
+        let mut checked = 0;
+        for (page, line, info, body) in blocks() {
+            if info != "toml" {
+                continue;
+            }
+            if let Err(e) = config::FileConfig::parse(&body) {
+                panic!("{page}:{line}: the ```toml block is not a valid configuration: {e}");
+            }
+            checked += 1;
+        }
+        assert!(checked >= 5, "found {checked} toml blocks");
+    }
+
+    #[test]
+    fn every_postbox_command_of_the_book_parses() {
+        let mut checked = 0;
+        for (page, line, info, body) in blocks() {
+            if info != "sh" {
+                continue;
+            }
+            let mut joined = String::new();
+            for (i, text) in body.lines().enumerate() {
+                // Lines continued with a backslash are one command.
+                if let Some(head) = text.strip_suffix('\\') {
+                    joined.push_str(head);
+                    continue;
+                }
+                joined.push_str(text);
+                let command = std::mem::take(&mut joined);
+                let mut w = words(&command);
+                // Environment assignments and the binary's path before it.
+                while w
+                    .first()
+                    .is_some_and(|x| x.contains('=') && !x.starts_with('-'))
+                {
+                    w.remove(0);
+                }
+                if w.first().is_some_and(|x| x == "sudo") {
+                    w.remove(0);
+                }
+                let is_postbox = w
+                    .first()
+                    .is_some_and(|x| x == "postbox" || x.ends_with("/postbox"));
+                // Pipes, redirections and substitutions are not ours to
+                // parse; a synopsis (`[--json]`) is not a command.
+                let synopsis = w.iter().any(|x| x.starts_with('[') || x.contains("..."));
+                if !is_postbox || synopsis || command.contains(['|', '>', '<', '$', '…']) {
+                    continue;
+                }
+                if let Err(e) = Cli::try_parse_from(&w) {
+                    // --help and --version exit early: that is a parse.
+                    if !matches!(
+                        e.kind(),
+                        clap::error::ErrorKind::DisplayHelp
+                            | clap::error::ErrorKind::DisplayVersion
+                    ) {
+                        panic!(
+                            "{page}:{}: `{}` does not parse: {e}",
+                            line + i + 1,
+                            command.trim()
+                        );
+                    }
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked >= 20, "found {checked} postbox commands");
+    }
+}
