@@ -105,16 +105,7 @@ impl Drop for Relay {
 
 /// The body of `GET /metrics`.
 async fn scrape(addr: &str) -> String {
-    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
-        return String::new();
-    };
-    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    if s.write_all(request.as_bytes()).await.is_err() {
-        return String::new();
-    }
-    let mut raw = String::new();
-    let _ = s.read_to_string(&mut raw).await;
-    raw
+    get(addr, "/metrics").await
 }
 
 /// Whether a relay session holds the slot's advisory lock.
