@@ -153,6 +153,17 @@ async fn retries_and_rejections_leave_the_log_for_the_outbox() {
         db.count(&format!("SELECT count(*) FROM {{schema}}.outbox WHERE event_id = '{flaky}' AND status = 'sent' AND attempts = 3")).await,
         1
     );
+    // The tally counts the log's 58 deliveries under `log` and the one the
+    // outbox delivered after its retries under `claim` (it is a `sent` row
+    // too): the console counts each once.
+    let counted = "SELECT coalesce(sum(delivered), 0)::bigint FROM {schema}.deliveries_by_minute WHERE mode = ";
+    assert_eq!(
+        (
+            db.count(&format!("{counted}'log'")).await,
+            db.count(&format!("{counted}'claim'")).await
+        ),
+        (58, 1)
+    );
     db.drop_schema().await;
 }
 

@@ -116,7 +116,8 @@ impl Refusal {
     pub fn new(reason: impl Into<String>, content: &[u8]) -> Self {
         let head = &content[..content.len().min(Self::EXCERPT_BYTES)];
         Self {
-            reason: reason.into(),
+            // PostgreSQL's text holds no NUL, and a decoder's word may quote one.
+            reason: reason.into().replace('\0', "\u{fffd}"),
             excerpt: String::from_utf8_lossy(head).replace('\0', "\u{fffd}"),
         }
     }

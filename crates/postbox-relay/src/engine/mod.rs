@@ -51,9 +51,9 @@ pub(crate) struct Shared {
     pub(crate) permits: Option<OutboxPermits>,
     /// The CloudEvents `source` given to every message, if any.
     pub(crate) source: Option<Arc<str>>,
-    /// Per destination (by index): deliveries not yet flushed to the
-    /// deliveries-by-minute table (`tasks::tally`).
-    pub(crate) delivered: Vec<std::sync::atomic::AtomicU64>,
+    /// Per destination (by index) and [`Read`]: deliveries not yet flushed
+    /// to the deliveries-by-minute table (`tasks::tally`).
+    pub(crate) delivered: Vec<[std::sync::atomic::AtomicU64; 2]>,
 }
 
 impl Shared {
@@ -105,6 +105,16 @@ pub fn message_of(e: &postbox_store::ClaimedEvent) -> Message {
         sequence: e.sequence,
         source: None,
     }
+}
+
+/// Where the events a publish carries were read: the outbox (claim mode,
+/// and in every mode what the readers handed off) or a stream reader (the
+/// log, the slot). The tally counts them apart, so the console adds stream
+/// deliveries to the outbox's `sent` rows without counting any twice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Read {
+    Outbox = 0,
+    Stream = 1,
 }
 
 /// Shutdown came while waiting.

@@ -227,7 +227,7 @@ pub(crate) async fn publish<O: Outbox>(
             .iter()
             .map(|&i| super::message_of(page[i].event))
             .collect();
-        let outcomes = publish_to(shared, d, &messages).await;
+        let outcomes = publish_to(shared, super::Read::Stream, d, &messages).await;
         for (&i, outcome) in now.iter().zip(outcomes) {
             let Some(pending) = settle(shared, page[i].event, outcome, others(&targets[i])) else {
                 out.delivered.push(i);

@@ -15,7 +15,12 @@ use tracing::Instrument;
 
 /// Publish `messages` to destination `d`, bounded by `publish_timeout`; a sink
 /// that panics, overruns or miscounts yields retries.
-pub(crate) async fn publish_to(shared: &Shared, d: usize, messages: &[Message]) -> Vec<Outcome> {
+pub(crate) async fn publish_to(
+    shared: &Shared,
+    read: super::Read,
+    d: usize,
+    messages: &[Message],
+) -> Vec<Outcome> {
     let destination = &shared.router.destinations()[d];
     let sink = &destination.sink;
     let traced = crate::telemetry::otel::Publish::start(&destination.name, messages);
@@ -81,7 +86,8 @@ pub(crate) async fn publish_to(shared: &Shared, d: usize, messages: &[Message]) 
                 .increment(n);
         }
     }
-    shared.delivered[d].fetch_add(by_outcome[0], std::sync::atomic::Ordering::Relaxed);
+    shared.delivered[d][read as usize]
+        .fetch_add(by_outcome[0], std::sync::atomic::Ordering::Relaxed);
     let report = shared.trouble[d].observe(
         Instant::now(),
         by_outcome[0] as usize,

@@ -20,7 +20,7 @@
 use crate::backoff;
 use crate::engine::permits::BatchPermit;
 use crate::engine::publish::publish_to;
-use crate::engine::{spawn, RunMode, Shared, DB_RETRY_BASE, DB_RETRY_MAX};
+use crate::engine::{spawn, Read, RunMode, Shared, DB_RETRY_BASE, DB_RETRY_MAX};
 use crate::failpoint;
 use crate::redact::sanitize_error;
 use crate::router::{RetryPolicy, Round};
@@ -399,7 +399,7 @@ async fn publish_round(shared: &ClaimMode, claim: Claim) -> Published {
             if messages.is_empty() {
                 Vec::new()
             } else {
-                publish_to(shared, d, &messages).await
+                publish_to(shared, Read::Outbox, d, &messages).await
             }
         }
     });

@@ -123,7 +123,10 @@ async fn warn_of_stray_cursors(shared: &Shared, log: &Log) {
         .map(|d| d.name.as_str())
         .collect();
     for c in cursors {
-        let stray = !ours.contains(&c.destination.as_str()) && c.unread_seconds > 0.0;
+        // Unread for a whole check: not a relay of another configuration
+        // restarting, which takes its partitions back within seconds.
+        let stray =
+            !ours.contains(&c.destination.as_str()) && c.unread_seconds > STRAY_CHECK.as_secs_f64();
         metrics::gauge!(m::LOG_CURSOR_UNREAD, "destination" => c.destination.clone())
             .set(if stray { 1.0 } else { 0.0 });
         if stray {

@@ -1,11 +1,13 @@
 //! The tally: every few seconds, the deliveries each destination took since
 //! the last flush go to `<schema>.deliveries_by_minute` (migration 20), one
-//! statement, nothing while idle; hourly, rows older than two days go. Log
+//! statement per source (the outbox's, counted as `claim`, and the stream
+//! reader's, counted under the reading mode), nothing while idle; hourly,
+//! rows older than two days go. Log
 //! and logical mode leave no `sent` outbox row, so this is how status and
 //! the console count their deliveries.
 
 use crate::config::ReadMode;
-use crate::engine::Shared;
+use crate::engine::{Read, Shared};
 use crate::redact::sanitize_error;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -27,31 +29,54 @@ fn mode_name(mode: ReadMode) -> &'static str {
 
 pub(crate) async fn tally_loop(shared: Arc<Shared>, stop: CancellationToken) {
     let tally = shared.store.tally();
-    let mode = mode_name(shared.config.mode);
+    // What the stream readers delivered counts under the reading mode; what
+    // the claim pipeline delivered (in every mode) under `claim`.
+    let modes = [
+        (Read::Outbox, "claim"),
+        (Read::Stream, mode_name(shared.config.mode)),
+    ];
     let mut forgot: Option<Instant> = None;
+    let mut failing = false;
     loop {
         let stopping = tokio::select! {
             _ = tokio::time::sleep(FLUSH_EVERY) => false,
             _ = stop.cancelled() => true,
         };
-        let counts: Vec<(String, i64)> = shared
-            .router
-            .destinations()
-            .iter()
-            .zip(&shared.delivered)
-            .map(|(d, n)| {
-                let n = n.swap(0, Ordering::Relaxed);
-                (d.name.clone(), i64::try_from(n).unwrap_or(i64::MAX))
-            })
-            .collect();
-        if let Err(e) = tally.add(mode, &counts).await {
-            // Put them back: the next flush tries again.
-            for ((_, n), slot) in counts.iter().zip(&shared.delivered) {
-                slot.fetch_add(*n as u64, Ordering::Relaxed);
+        let mut flushed = false;
+        for (read, mode) in modes {
+            let counts: Vec<(String, i64)> = shared
+                .router
+                .destinations()
+                .iter()
+                .zip(&shared.delivered)
+                .map(|(d, n)| {
+                    let n = n[read as usize].swap(0, Ordering::Relaxed);
+                    (d.name.clone(), i64::try_from(n).unwrap_or(i64::MAX))
+                })
+                .collect();
+            if counts.iter().all(|(_, n)| *n == 0) {
+                continue;
             }
-            tracing::debug!(error = %sanitize_error(&e.to_string()), "counting deliveries by minute failed; trying again");
+            match tally.add(mode, &counts).await {
+                Ok(()) => {
+                    flushed = true;
+                    failing = false;
+                }
+                Err(e) => {
+                    // Put them back: the next flush tries again.
+                    for ((_, n), slot) in counts.iter().zip(&shared.delivered) {
+                        slot[read as usize].fetch_add(*n as u64, Ordering::Relaxed);
+                    }
+                    if !failing {
+                        failing = true;
+                        tracing::warn!(error = %sanitize_error(&e.to_string()), "counting deliveries by minute failed (is the schema migrated, and the relay role granted deliveries_by_minute?); status and the console undercount until it works; trying again");
+                    }
+                }
+            }
         }
-        if forgot.is_none_or(|t| t.elapsed() >= FORGET_EVERY) {
+        // Old rows go hourly, and only where this relay counts anything: an
+        // idle outbox (of hundreds served) sends no statement at all.
+        if flushed && forgot.is_none_or(|t| t.elapsed() >= FORGET_EVERY) {
             forgot = Some(Instant::now());
             if let Err(e) = tally.forget_old().await {
                 tracing::debug!(error = %sanitize_error(&e.to_string()), "deleting old delivery counts failed");
