@@ -411,6 +411,24 @@ async fn a_reader_that_keeps_failing_is_unready_until_it_reads_again() {
         )),
         "{metrics}"
     );
+    // Other processes see it too: `slot status` and `status` name the
+    // failing reader and its error, and `slot status` exits 1.
+    let o = output(&db.url, &schema, &["slot", "status", &slot]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(!o.status.success(), "{o:?}");
+    assert!(
+        text.contains("READER FAILING") && text.contains("numbered"),
+        "{text}"
+    );
+    let config = std::env::temp_dir().join(format!("{slot}.toml"));
+    std::fs::write(&config, format!("[relay]\nlogical_slot = \"{slot}\"\n")).unwrap();
+    let o = output(
+        &db.url,
+        &schema,
+        &["--config", config.to_str().unwrap(), "status"],
+    );
+    let _ = std::fs::remove_file(&config);
+    assert!(stdout(&o).contains("READER FAILING"), "{o:?}");
 
     db.exec("UPDATE {schema}.logical_settings SET numbered_emits = true")
         .await;
@@ -418,6 +436,12 @@ async fn a_reader_that_keeps_failing_is_unready_until_it_reads_again() {
         get(&addr, "/readyz").await.starts_with("HTTP/1.1 200")
     })
     .await;
+    let o = output(&db.url, &schema, &["slot", "status", &slot]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && !text.contains("READER FAILING"),
+        "{o:?}"
+    );
     drop(relay);
     wait_held(&db.pool, &slot, false).await;
     db.drop_schema().await;

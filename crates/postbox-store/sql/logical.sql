@@ -55,6 +55,10 @@ SELECT confirmed_flush_lsn::text AS lsn FROM pg_replication_slots WHERE slot_nam
 -- The reader notes that it read the slot now (migration 15).
 SELECT {schema}.logical_read_now($1);
 
+-- name: read_failed
+-- The reader notes a failed reading session and its error (migration 22).
+SELECT {schema}.logical_read_failed($1, $2);
+
 -- name: status
 -- Logical slots of this database ($1 NULL) or one of them: how far behind
 -- the WAL they are and what they retain. wal_status `lost`: the server
@@ -63,7 +67,9 @@ SELECT {schema}.logical_read_now($1);
 -- shows in pg_locks as classid = high and objid = low 32 bits), i.e. a
 -- relay reads the slot now; a slot read through the SQL interface is
 -- `active` only during each read. last_read_seconds_ago: since a relay last
--- noted a read of it in this schema (NULL: never).
+-- noted a read of it in this schema (NULL: never); reader_failures,
+-- failing_seconds, reader_error: its reading sessions that failed in a row
+-- since (migration 22).
 SELECT s.slot_name,
        s.plugin,
        s.active,
@@ -78,7 +84,10 @@ SELECT s.slot_name,
          AS max_slot_wal_keep_bytes,
        pg_current_wal_lsn()::text AS current_lsn,
        l.pid AS reader_pid,
-       extract(epoch FROM now() - r.read_at)::float8 AS last_read_seconds_ago
+       extract(epoch FROM now() - r.read_at)::float8 AS last_read_seconds_ago,
+       coalesce(r.failures, 0) AS reader_failures,
+       extract(epoch FROM now() - r.failing_since)::float8 AS failing_seconds,
+       r.last_error AS reader_error
 FROM pg_replication_slots s
 LEFT JOIN pg_locks l
   ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 1

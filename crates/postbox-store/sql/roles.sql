@@ -106,6 +106,8 @@ GRANT EXECUTE ON FUNCTION
   TO {relay};
 -- …and notes when it read its slot (migration 15).
 GRANT EXECUTE ON FUNCTION {schema}.logical_read_now(text) TO {relay};
+-- …and each reading session that failed (migration 22).
+GRANT EXECUTE ON FUNCTION {schema}.logical_read_failed(text, text) TO {relay};
 -- …and reads those notes with its slot's status (lag, time unread).
 GRANT SELECT ON {schema}.logical_readers TO {relay};
 -- …and whether emits are numbered (migration 17): with ordered routes it

@@ -172,7 +172,18 @@ pub struct SlotStatus {
     /// Since a relay last noted a read of the slot (`None`: never, or the
     /// schema's relays never read it).
     pub last_read_seconds_ago: Option<f64>,
+    /// Reading sessions that failed in a row since the last good read
+    /// (migration 22; 0 when none).
+    pub reader_failures: i32,
+    /// Since the first of those failures.
+    pub failing_seconds: Option<f64>,
+    /// The last failure's error, secrets masked.
+    pub reader_error: Option<String>,
 }
+
+/// Reading sessions failed in a row after which a reader counts as failing
+/// (`/readyz` answers 503 from the same count).
+pub const READER_FAILING_AFTER: i32 = 3;
 
 impl SlotStatus {
     /// The server removed WAL the slot needed: events since its confirmed
@@ -206,6 +217,29 @@ impl SlotStatus {
             Some(Unread::For(d)) => d > bound,
             None | Some(Unread::Unknown) => false,
         }
+    }
+
+    /// `Some(what to say)` when the slot's reader has failed
+    /// [`READER_FAILING_AFTER`] reading sessions or more in a row.
+    pub fn failing(&self) -> Option<String> {
+        if self.reader_failures < READER_FAILING_AFTER {
+            return None;
+        }
+        let since = self
+            .failing_seconds
+            .filter(|s| s.is_finite())
+            .map(|s| {
+                format!(
+                    " over {}",
+                    rough_duration(Duration::from_secs_f64(s.max(0.0)))
+                )
+            })
+            .unwrap_or_default();
+        Some(format!(
+            "the relay's reader failed {} times in a row{since}; last error: {}",
+            self.reader_failures,
+            self.reader_error.as_deref().unwrap_or("(not recorded)")
+        ))
     }
 
     /// What an invalidated slot lost: the events emitted from its last
@@ -295,6 +329,7 @@ struct Queries {
     drop_slot: String,
     handoff: String,
     read_now: String,
+    read_failed: String,
     numbered_emits: String,
     set_numbered_emits: String,
     refuse: String,
@@ -319,6 +354,7 @@ impl Queries {
             drop_slot: file.render("drop_slot", schema),
             handoff: file.render("handoff", schema),
             read_now: file.render("read_now", schema),
+            read_failed: file.render("read_failed", schema),
             numbered_emits: file.render("numbered_emits", schema),
             set_numbered_emits: file.render("set_numbered_emits", schema),
             refuse: file.render("refuse", schema),
@@ -477,6 +513,16 @@ impl Logical {
     }
 
     /// Note that the caller (the slot's reader) read `slot` now.
+    /// Note a failed reading session of `slot` with its (masked) error.
+    pub async fn read_failed(&self, slot: &str, error: &str) -> Result<(), sqlx::Error> {
+        sqlx::query(trusted(&self.sql.read_failed))
+            .bind(slot)
+            .bind(error)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     pub async fn read_now(&self, conn: &mut PgConnection, slot: &str) -> Result<(), sqlx::Error> {
         sqlx::query(trusted(&self.sql.read_now))
             .bind(slot)

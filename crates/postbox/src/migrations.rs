@@ -127,6 +127,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "payload_limit",
         sql: include_str!("../migrations/0021_payload_limit.sql"),
     },
+    Migration {
+        version: 22,
+        name: "reader_failures",
+        sql: include_str!("../migrations/0022_reader_failures.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.

@@ -72,6 +72,10 @@ pub async fn run(settings: &Settings, args: SlotArgs) -> Result<ExitCode, AnyErr
                 } else if let Some(reason) = at_risk(s) {
                     outln!("  AT RISK: {reason}");
                 }
+                if let Some(failing) = s.failing() {
+                    alarm = true;
+                    outln!("  READER FAILING: {failing}");
+                }
                 if s.unread_longer_than(bound) {
                     alarm = true;
                     outln!(

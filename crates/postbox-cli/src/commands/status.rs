@@ -53,7 +53,12 @@ pub async fn run(settings: &Settings, args: StatusArgs) -> Result<ExitCode, AnyE
         }
         // Asked to watch for readers (--inactive-warn): exit 1 when the
         // slot or a log cursor has gone unread longer, as `slot status` does.
-        let unread = report.logical_slot_unread_too_long || !report.log_cursors_unread.is_empty();
+        let unread = report.logical_slot_unread_too_long
+            || !report.log_cursors_unread.is_empty()
+            || report
+                .logical_slot
+                .as_ref()
+                .is_some_and(|s| s.failing().is_some());
         return Ok(if args.inactive_warn.is_some() && unread {
             ExitCode::FAILURE
         } else {
@@ -271,6 +276,9 @@ fn render_status(schema: &Schema, r: &StatusReport) -> String {
                 "  NOT READ for longer than {}: no relay reads the slot; events wait and WAL is retained (start a relay with --mode logical)",
                 humantime::format_duration(r.inactive_warn)
             );
+        }
+        if let Some(failing) = slot.failing() {
+            let _ = writeln!(out, "  READER FAILING: {failing}");
         }
     }
     if !r.destinations.is_empty() {

@@ -217,6 +217,11 @@ pub(crate) async fn read_loop(shared: Arc<Shared>, mode: RunMode) {
                 standby_said = false;
                 let delay = backoff::full_jitter(failures, DB_RETRY_BASE, DB_RETRY_MAX);
                 let error = sanitize_error(&e.to_string());
+                // Noted in the schema (best effort: the database may be what
+                // fails), so `slot status`, `status` and the console say so.
+                if let Err(note) = logical.read_failed(&slot, &error).await {
+                    tracing::debug!(error = %sanitize_error(&note.to_string()), "could not note the failed read");
+                }
                 if let ReadError::Lost { .. } = e {
                     metrics::gauge!(m::SLOT_INVALIDATED, "slot" => slot.clone()).set(1.0);
                     tracing::error!(%slot, %error, retry_in = ?delay, "the replication slot is invalidated: the relay does not read on until it is dropped and re-created");
