@@ -67,13 +67,41 @@ pub struct FileConfig {
     pub redact: RedactSection,
     /// `[console]`: `postbox console`'s settings (trusted proxies).
     #[serde(default)]
-    pub console: crate::commands::console::ConsoleSection,
+    pub console: ConsoleSection,
     /// `[[outboxes]]`: outboxes one relay serves (see `crate::tenants`).
     #[serde(default)]
     pub outboxes: Vec<OutboxSection>,
     /// `[tenants]`: how a relay serving many outboxes shares its resources.
     #[serde(default)]
     pub tenants: TenantsSection,
+}
+
+/// `[console]` of the config file.
+///
+/// ```toml
+/// [console]
+/// trusted_proxies = ["10.0.0.0/8", "fd00::/8"]   # or --trusted-proxy, repeated
+/// ```
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleSection {
+    /// Proxies whose `X-Forwarded-For` is believed (addresses or networks).
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
+}
+
+impl ConsoleSection {
+    /// The trusted proxies; a bad one is named by its key, e.g. `console.trusted_proxies[1]`.
+    pub fn trusted_proxies(&self) -> Result<Vec<postbox_console::Cidr>, String> {
+        self.trusted_proxies
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                s.parse()
+                    .map_err(|e| format!("console.trusted_proxies[{i}]: {e}"))
+            })
+            .collect()
+    }
 }
 
 /// `[redact]`: what `postbox dlq show` and the console mask.
@@ -209,6 +237,19 @@ impl Default for TenantsSection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trusted_proxies_are_read_from_the_file_and_named_when_bad() {
+        let ok = ConsoleSection {
+            trusted_proxies: vec!["10.0.0.0/8".into(), "::1".into()],
+        };
+        assert_eq!(ok.trusted_proxies().unwrap().len(), 2);
+        let bad = ConsoleSection {
+            trusted_proxies: vec!["10.0.0.1".into(), "proxy.internal".into()],
+        };
+        let e = bad.trusted_proxies().unwrap_err();
+        assert!(e.starts_with("console.trusted_proxies[1]:"), "{e}");
+    }
 
     #[test]
     fn parses_a_full_file() {

@@ -7,7 +7,7 @@ use crate::config::FileConfig;
 use crate::output::errln;
 use clap::Args;
 use postbox::Schema;
-use postbox_harness::db;
+use postbox_store::connect as db;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection};
 use std::ffi::OsStr;

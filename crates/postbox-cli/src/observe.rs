@@ -148,9 +148,9 @@ impl Endpoint {
             app = app.route("/outboxes", get(outboxes));
         }
         let app = app.with_state(self.probe);
-        if let Err(e) = axum::serve(self.listener, app)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await
+        let limits = postbox::serve::Limits::default();
+        if let Err(e) =
+            postbox::serve::serve(self.listener, app, limits, stop.cancelled_owned()).await
         {
             tracing::error!(error = %e, "the metrics endpoint stopped");
         }

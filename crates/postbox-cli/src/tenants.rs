@@ -7,11 +7,11 @@ use crate::context::{AnyError, Settings};
 use crate::observe;
 use clap::Args;
 use postbox::Schema;
-use postbox_harness::db;
 use postbox_relay::router::Pattern;
 use postbox_relay::{
     OutboxSource, RelayConfig, RouteConfig, Router, RunMode, SinkError, Tenants, TenantsConfig,
 };
+use postbox_store::connect as db;
 use sqlx::postgres::PgConnectOptions;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;

@@ -920,6 +920,59 @@ async fn sigterm_stops_the_receiver_cleanly() {
     db.drop_schema().await;
 }
 
+/// Slowloris and idle sockets: a client that sends half a head, or nothing,
+/// is cut off after `--header-timeout`; a body that trickles is answered 408
+/// after `--request-timeout`; meanwhile a real delivery is served.
+#[tokio::test]
+async fn slow_and_silent_clients_are_cut_off_and_deliveries_go_on() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let db = TestDb::new().await;
+    let receiver = Setup::new(&db, "none")
+        .arg("--header-timeout")
+        .arg("300ms")
+        .arg("--request-timeout")
+        .arg("500ms")
+        .start()
+        .await;
+    let connect = || tokio::net::TcpStream::connect(("127.0.0.1", receiver.port));
+    let silent = connect().await.expect("connect");
+    let mut slow_head = connect().await.expect("connect");
+    slow_head
+        .write_all(b"POST /x HTTP/1.1\r\nhost: r")
+        .await
+        .expect("write");
+    let mut slow_body = connect().await.expect("connect");
+    slow_body
+        .write_all(b"POST /x HTTP/1.1\r\nhost: r\r\ncontent-length: 64\r\n\r\n{")
+        .await
+        .expect("write");
+    let reply = receiver.post("/x", &[("ce-id", "fine")], b"{}").await;
+    assert_eq!(reply.status, 200, "{}", receiver.log_text());
+    let closed = |mut s: tokio::net::TcpStream| async move {
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut out))
+            .await
+            .expect("the receiver closes the connection")
+            .ok();
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    assert_eq!(
+        closed(silent).await,
+        "",
+        "a silent socket is closed unanswered"
+    );
+    assert_eq!(
+        closed(slow_head).await,
+        "",
+        "a slow head's socket is closed"
+    );
+    let answer = closed(slow_body).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert_eq!(stored(&db).await, 1);
+    drop(receiver);
+    db.drop_schema().await;
+}
+
 // ---------------------------------------------------------------------------------
 // Independent implementations (issue 3's "Done when")
 

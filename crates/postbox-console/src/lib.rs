@@ -61,7 +61,6 @@ use outboxes::{Directory, Outbox};
 use postbox::Schema;
 use postbox_store::ConsoleStore;
 use sqlx::PgPool;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -291,13 +290,12 @@ impl Console {
                 tokio::spawn(sample_watched(self.clone(), every, shutdown.child_token()));
             }
         }
-        let app = self
-            .router()
-            .into_make_service_with_connect_info::<SocketAddr>();
+        // Bounded like every port postbox serves: head and request timeouts,
+        // a connection cap; each request carries its peer's address.
+        let limits = postbox::serve::Limits::default();
         let stop = shutdown.clone();
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await;
+        let served =
+            postbox::serve::serve(listener, self.router(), limits, stop.cancelled_owned()).await;
         jobs.cancel_all();
         served.map_err(ConsoleError::Serve)
     }

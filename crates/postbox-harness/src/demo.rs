@@ -13,12 +13,13 @@
 
 use crate::pgcluster::TempCluster;
 use crate::progress::Progress;
-use crate::{catalog, db, error_chain, lock, AnyError, Verdict};
+use crate::{catalog, error_chain, lock, AnyError, Verdict};
 use async_trait::async_trait;
 use postbox::statements::trusted;
 use postbox::{InboxOutcome, NewEvent, Outbox, Schema};
 use postbox_relay::sink::{Message, Outcome, Sink, SinkError};
 use postbox_relay::{ReadMode, Relay, RelayConfig, RunMode, StatsSnapshot};
+use postbox_store::connect as db;
 use postbox_store::{Lsn, ProducerTarget, StatusCounts, Store};
 use rand::Rng;
 use sqlx::{PgPool, Row};
@@ -120,7 +121,9 @@ async fn run_on(
     let result = run_shop(&pool, &schema, &shop, options).await;
     if options.mode == ReadMode::Logical {
         let logical = shop.store.logical();
-        if let Err(e) = db::drop_slot_when_free(&logical, SLOT, db::SLOT_PATIENCE).await {
+        if let Err(e) =
+            crate::slots::drop_slot_when_free(&logical, SLOT, crate::slots::SLOT_PATIENCE).await
+        {
             tracing::warn!(error = %error_chain(&e), slot = SLOT, "could not drop the demo's replication slot: drop it with `postbox slot drop`");
         }
     }
@@ -399,7 +402,8 @@ impl Shop {
             ReadMode::Logical => {
                 // Before anyone emits: the slot decodes only what follows it.
                 let logical = self.store.logical();
-                db::drop_slot_when_free(&logical, SLOT, db::SLOT_PATIENCE).await?;
+                crate::slots::drop_slot_when_free(&logical, SLOT, crate::slots::SLOT_PATIENCE)
+                    .await?;
                 logical.ensure_slot(&mut conn, SLOT).await?;
             }
         }

@@ -26,8 +26,6 @@ pub mod bench;
 #[cfg(feature = "workloads")]
 pub mod contract;
 #[cfg(feature = "workloads")]
-pub mod db;
-#[cfg(feature = "workloads")]
 pub mod demo;
 #[cfg(feature = "workloads")]
 pub mod os;
@@ -37,6 +35,8 @@ pub mod pgcluster;
 #[cfg(feature = "workloads")]
 pub mod process;
 pub mod progress;
+#[cfg(feature = "workloads")]
+pub mod slots;
 #[cfg(feature = "workloads")]
 pub mod supervisor;
 

@@ -23,10 +23,13 @@
 //! - [`Logical`] — logical mode's replication slot: peek, decode, confirm,
 //!   status, and the hand-off of what a destination did not take.
 //! - [`Tally`] — deliveries counted by minute, destination and reading mode;
+//! - [`connect`] — connecting: options from a URL, a pool after bounded retries,
+//!   errors that never repeat a password;
 //! - [`discovery`] — the schemas holding an outbox, the databases of a server.
 
 mod claim;
 mod commit;
+pub mod connect;
 mod console;
 mod dead_letters;
 pub mod discovery;

@@ -92,6 +92,12 @@ impl SignatureVerifier {
         Self(Arc::new(Scheme::Webhooks(verifier)))
     }
 
+    /// Whether the signature covers the request's id headers (`webhook-id`):
+    /// Standard Webhooks signs them, QStash signs only the body.
+    pub fn signs_headers(&self) -> bool {
+        matches!(&*self.0, Scheme::Webhooks(_))
+    }
+
     /// Verify a request's headers and exact raw body against the system clock.
     pub fn verify(&self, headers: &HeaderMap, body: &[u8]) -> Result<(), SignatureError> {
         match &*self.0 {

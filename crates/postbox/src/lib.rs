@@ -6,7 +6,7 @@
 //!
 //! This crate is the part an application links: it knows the schema, enqueues
 //! events inside the caller's transaction and records inbox entries. It depends
-//! on no sink, broker client or HTTP stack.
+//! on no sink or broker client, and on an HTTP stack only with the `axum` feature.
 //!
 //! ```no_run
 //! # #[cfg(feature = "sqlx")]
@@ -24,7 +24,9 @@
 //!
 //! Cargo features: `sqlx` (default) and `tokio-postgres` select the driver
 //! functions; `verify` adds signature verification for deliveries, and `axum` an
-//! extractor that applies it before a handler runs.
+//! extractor that applies it before a handler runs, `serve` (an HTTP server
+//! with header, request and connection bounds) and, with `sqlx`, the HTTP
+//! receiver `received::http` that `postbox receive` serves.
 
 mod error;
 mod event;
@@ -42,6 +44,8 @@ pub mod typed;
 pub mod axum;
 #[cfg(feature = "sqlx")]
 pub mod idempotency;
+#[cfg(feature = "axum")]
+pub mod serve;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
 #[cfg(feature = "tokio-postgres")]

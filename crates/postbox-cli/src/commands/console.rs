@@ -48,34 +48,6 @@ pub struct ServeArgs {
     pub select: crate::tenants::SelectArgs,
 }
 
-/// `[console]` of the config file.
-///
-/// ```toml
-/// [console]
-/// trusted_proxies = ["10.0.0.0/8", "fd00::/8"]   # or --trusted-proxy, repeated
-/// ```
-#[derive(Debug, Default, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ConsoleSection {
-    /// Proxies whose `X-Forwarded-For` is believed (addresses or networks).
-    #[serde(default)]
-    pub trusted_proxies: Vec<String>,
-}
-
-impl ConsoleSection {
-    /// The trusted proxies; a bad one is named by its key, e.g. `console.trusted_proxies[1]`.
-    pub fn trusted_proxies(&self) -> Result<Vec<Cidr>, String> {
-        self.trusted_proxies
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                s.parse()
-                    .map_err(|e| format!("console.trusted_proxies[{i}]: {e}"))
-            })
-            .collect()
-    }
-}
-
 #[derive(Subcommand, Debug)]
 pub enum ConsoleCommand {
     /// Create a console user, or set an existing user's role and password (their sessions end)
@@ -175,22 +147,4 @@ async fn serve(settings: &Settings, args: ServeArgs) -> Result<ExitCode, AnyErro
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     console.serve(listener, shutdown).await?;
     Ok(ExitCode::SUCCESS)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn trusted_proxies_are_read_from_the_file_and_named_when_bad() {
-        let ok = ConsoleSection {
-            trusted_proxies: vec!["10.0.0.0/8".into(), "::1".into()],
-        };
-        assert_eq!(ok.trusted_proxies().unwrap().len(), 2);
-        let bad = ConsoleSection {
-            trusted_proxies: vec!["10.0.0.1".into(), "proxy.internal".into()],
-        };
-        let e = bad.trusted_proxies().unwrap_err();
-        assert!(e.starts_with("console.trusted_proxies[1]:"), "{e}");
-    }
 }

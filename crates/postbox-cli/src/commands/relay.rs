@@ -7,12 +7,12 @@ use crate::observe;
 use crate::output::outln;
 use clap::Args;
 use postbox::Schema;
-use postbox_harness::db;
 use postbox_relay::sinks;
 use postbox_relay::{
     Destination, PoisonPolicy, ReadMode, Relay, RelayConfig, Router, RunMode, SinkError,
     StartError, Store,
 };
+use postbox_store::connect as db;
 use std::process::ExitCode;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;

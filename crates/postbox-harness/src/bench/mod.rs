@@ -42,9 +42,10 @@ mod tenants;
 
 use crate::pgcluster::TempCluster;
 use crate::supervisor::{run_together, RelayCommand, TogetherRun};
-use crate::{db, AnyError};
+use crate::AnyError;
 use postbox::Schema;
 use postbox_relay::ReadMode;
+use postbox_store::connect as db;
 use redis::AsyncCommands;
 use report::{
     print_table, round2, BenchReport, Drain, LogScale, Machine, Ordered, Producer, Scale,
@@ -481,7 +482,7 @@ impl Bench<'_> {
         }
         let result = body.await;
         let dropped =
-            crate::db::drop_slot_when_free(&logical, &slot, crate::db::SLOT_PATIENCE).await;
+            crate::slots::drop_slot_when_free(&logical, &slot, crate::slots::SLOT_PATIENCE).await;
         let value = result?;
         dropped?;
         Ok(value)

@@ -28,12 +28,13 @@ pub use faults::FaultKind;
 use crate::pgcluster::{ClusterError, TempCluster};
 use crate::proxy::FaultProxy;
 use crate::supervisor::{RelayCommand, Supervisor};
-use crate::{db, error_chain, AnyError, Verdict};
+use crate::{error_chain, AnyError, Verdict};
 use broker::{host_port, through, Broker};
 use consumer::{Consumer, Seen};
 use faults::FaultCounters;
 use postbox::{Outbox, Schema};
 use postbox_relay::{failpoint, ReadMode};
+use postbox_store::connect as db;
 use postbox_store::{ProducerTarget, Store};
 use rand::Rng;
 use report::ContractReport;
@@ -429,7 +430,8 @@ impl RunDatabase {
             return Ok(());
         }
         let logical = Store::new(self.direct.clone(), self.schema.clone()).logical();
-        db::drop_slot_when_free(&logical, &self.slot, db::SLOT_PATIENCE).await?;
+        crate::slots::drop_slot_when_free(&logical, &self.slot, crate::slots::SLOT_PATIENCE)
+            .await?;
         Ok(())
     }
 

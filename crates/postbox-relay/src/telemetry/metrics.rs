@@ -35,11 +35,9 @@ pub const ACKS_LOST: &str = "postbox_acks_lost_total";
 pub const DEAD_LETTERED: &str = "postbox_dead_lettered_total";
 /// Counter: rows removed by retention; label `table` is `outbox`, `inbox` or `idempotency_keys`.
 pub const RETENTION_PURGED: &str = "postbox_retention_purged_total";
-/// Counter: duplicate deliveries absorbed by an inbox (`postbox receive`); label `consumer`.
-pub const INBOX_DUPLICATES: &str = "postbox_inbox_duplicates_total";
-/// Counter: deliveries `postbox receive` refused; label `reason` (`signature`,
-/// `too_large`, `malformed`, `no_event_id`, `id_mismatch`, `ambiguous`).
-pub const RECEIVE_REJECTED: &str = "postbox_receive_rejected_total";
+/// Counters of the HTTP receiver (`postbox receive`): duplicate deliveries
+/// absorbed (label `consumer`) and deliveries refused (label `reason`).
+pub use postbox::received::{INBOX_DUPLICATES, RECEIVE_REJECTED};
 /// Log mode: committed events a destination's cursor has not read (label `destination`).
 pub const LOG_LAG_EVENTS: &str = "postbox_log_lag_events";
 /// Log mode: age of the oldest event a destination's cursor has not read (0 when caught up).

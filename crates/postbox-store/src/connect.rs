@@ -1,8 +1,7 @@
 //! Connecting to PostgreSQL: options from the URL, bounded retries with
-//! backoff, and errors that never repeat the URL's password. The workloads
-//! connect through it, and so do the `postbox` commands.
+//! backoff, and errors that never repeat the URL's password. Every `postbox`
+//! command connects through it, and so do the workloads.
 
-use postbox_relay::backoff;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 use std::str::FromStr;
@@ -65,7 +64,7 @@ pub async fn pool(
     patience: Duration,
 ) -> Result<PgPool, DbError> {
     let started = Instant::now();
-    let mut attempt = 0;
+    let mut attempt: u32 = 0;
     loop {
         attempt += 1;
         let pool = PgPoolOptions::new()
@@ -76,11 +75,10 @@ pub async fn pool(
         match pool {
             Ok(p) => return Ok(p),
             Err(e) if started.elapsed() < patience && retryable(&e) => {
-                let delay = backoff::exponential(
-                    attempt,
-                    Duration::from_millis(200),
-                    Duration::from_secs(5),
-                );
+                // 200 ms, doubling, at most 5 s.
+                let delay = Duration::from_millis(200)
+                    .saturating_mul(1 << attempt.saturating_sub(1).min(5))
+                    .min(Duration::from_secs(5));
                 tracing::warn!(
                     target = %target(&options),
                     error = %postbox::redact::sanitize_error(&e.to_string()),
@@ -108,43 +106,6 @@ fn retryable(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("57P03") | Some("53300")),
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_) => true,
-        _ => false,
-    }
-}
-
-/// How long the workloads wait for a replication slot to be let go.
-pub const SLOT_PATIENCE: Duration = Duration::from_secs(30);
-
-/// Drop logical mode's `slot` (true when it existed) once no session reads
-/// it: a relay that has just stopped leaves its server process behind for a
-/// moment, and PostgreSQL refuses to drop a slot in use (SQLSTATE 55006).
-/// A server that cannot be reached, or is still starting after a crash
-/// (verify's `crash` fault), is tried again too. Waits at most `patience`;
-/// any other error returns at once.
-pub async fn drop_slot_when_free(
-    logical: &postbox_store::Logical,
-    slot: &str,
-    patience: Duration,
-) -> Result<bool, sqlx::Error> {
-    let until = Instant::now() + patience;
-    loop {
-        match logical.drop_slot(slot).await {
-            Err(e) if passing(&e) && Instant::now() < until => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            other => return other,
-        }
-    }
-}
-
-/// An error that goes away by itself: the slot still in use, the server
-/// unreachable, shutting down or starting up (SQLSTATE class 57P).
-fn passing(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Database(e) => e
-            .code()
-            .is_some_and(|c| c == "55006" || c.starts_with("57P")),
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => true,
         _ => false,
     }
 }

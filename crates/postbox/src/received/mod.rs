@@ -29,9 +29,22 @@
 //!
 //! Event ids are text (senders choose them: a Standard Webhooks `webhook-id`, a
 //! CloudEvents `id`), 1 to 255 bytes. Bodies are stored as the exact bytes received.
+//!
+//! With the features `axum` and `sqlx`, [`http::Receiver`] is the HTTP service
+//! itself (signature check, event id, storage, answers), to serve alone as
+//! `postbox receive` does or to mount in an application's own router.
 
 use crate::inbox::check_consumer;
 use crate::Error;
+
+#[cfg(all(feature = "axum", feature = "sqlx"))]
+pub mod http;
+
+/// Counter of deliveries the receiver refused, by `reason` (`signature`,
+/// `too_large`, `malformed`, `no_event_id`, `id_mismatch`, `ambiguous`).
+pub const RECEIVE_REJECTED: &str = "postbox_receive_rejected_total";
+/// Counter of deliveries that were already stored for the `consumer`.
+pub const INBOX_DUPLICATES: &str = "postbox_inbox_duplicates_total";
 
 /// Longest event id accepted, in bytes.
 pub const MAX_EVENT_ID_BYTES: usize = 255;
