@@ -1,15 +1,15 @@
 //! What `postbox verify`, `postbox bench` and `postbox demo` run, shipped
 //! with the `postbox` binary (these are user-facing commands, not tests).
 //!
-//! - [`proxy`]: the TCP fault proxy (also what `postbox_testkit::proxy`
-//!   wraps for test suites; it is all this crate offers without its default
-//!   `workloads` feature).
-//! - [`contract`] (`postbox verify`), [`bench`] (`postbox bench`) and
-//!   [`demo`] (`postbox demo`): the workloads. Each takes plain options and
-//!   prints what the command prints; the CLI only parses flags.
+//! - [`checker`] (`postbox verify`: the delivery checker under faults),
+//!   [`bench`] (`postbox bench`) and [`demo`] (`postbox demo`): the
+//!   workloads. Each takes plain options and prints what the command prints;
+//!   the CLI only parses flags. The TCP fault proxy they put in front of
+//!   servers is its own crate, `postbox-proxy` (test suites take it through
+//!   `postbox_testkit::proxy` without compiling any of this).
 //! - [`pgcluster`]: a throwaway PostgreSQL cluster when no database is given;
-//!   [`db`]: connecting to PostgreSQL (the CLI's commands connect through it
-//!   too).
+//!   [`slots`]: dropping a workload's replication slot once it is let go
+//!   (connecting is `postbox_store::connect`).
 //! - [`output`] and [`progress`]: printing that survives closed pipes, and
 //!   progress shown on a terminal only.
 //! - [`process`]: child processes (waited for, signalled, their peak memory
@@ -19,33 +19,21 @@
 //! Statements live in `sql/*.sql` (named entries, read with
 //! [`postbox::statements::Catalog`]); rows are read by column name.
 
-pub mod proxy;
-
-#[cfg(feature = "workloads")]
 pub mod bench;
-#[cfg(feature = "workloads")]
-pub mod contract;
-#[cfg(feature = "workloads")]
+pub mod checker;
 pub mod demo;
-#[cfg(feature = "workloads")]
 pub mod os;
 pub mod output;
-#[cfg(feature = "workloads")]
 pub mod pgcluster;
-#[cfg(feature = "workloads")]
 pub mod process;
 pub mod progress;
-#[cfg(feature = "workloads")]
 pub mod slots;
-#[cfg(feature = "workloads")]
 pub mod supervisor;
 
 /// Any error, with its chain of sources.
-#[cfg(feature = "workloads")]
 pub type AnyError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Whether a workload's checks held.
-#[cfg(feature = "workloads")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
     Pass,
@@ -54,14 +42,12 @@ pub enum Verdict {
 
 /// An error and its chain of causes on one line (see
 /// [`postbox::redact::error_chain`]).
-#[cfg(feature = "workloads")]
 pub use postbox::redact::error_chain;
 
 /// A Redis connection whose replies may take as long as a loaded machine
 /// needs: redis' default of 500 ms is shorter than a blocking read's wait, and
 /// a read abandoned by the client still takes its entries on the server
 /// (XREADGROUP moves them to the pending list, BLMPOP removes them).
-#[cfg(feature = "workloads")]
 pub(crate) async fn redis_connection(
     client: &redis::Client,
 ) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
@@ -73,7 +59,6 @@ pub(crate) async fn redis_connection(
 }
 
 /// Lock `m`, taking the data of a poisoned lock as it is.
-#[cfg(feature = "workloads")]
 pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
@@ -81,7 +66,6 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// The named statements of one of the `sql/*.sql` files embedded in this
 /// crate. They are part of the binary, so a file that does not parse is a
 /// programming error (the crate's tests parse every one).
-#[cfg(feature = "workloads")]
 pub(crate) fn catalog(file: &'static str, text: &'static str) -> postbox::statements::Catalog {
     postbox::statements::Catalog::parse(file, text).unwrap_or_else(|e| panic!("{e}"))
 }

@@ -2,7 +2,7 @@
 //! touching the broker itself, so tests running in parallel against the same
 //! broker are not disturbed.
 //!
-//! This is `postbox verify`'s fault proxy ([`postbox_harness::proxy::FaultProxy`],
+//! This is `postbox verify`'s fault proxy ([`postbox_proxy::FaultProxy`],
 //! whose documentation lists every fault), started the way tests want it.
 //! Point the client under test at [`FaultProxy::addr`] instead of the broker:
 //!
@@ -19,7 +19,7 @@
 //! address when the broker "returns". Every connection the proxy holds is
 //! reset when the proxy is dropped.
 
-pub use postbox_harness::proxy::FaultProxy;
+pub use postbox_proxy::FaultProxy;
 
 /// A [`FaultProxy`] on `127.0.0.1:<random port>`; every [`FaultProxy`]
 /// method works on it.

@@ -1,10 +1,10 @@
-//! `postbox verify`: its flags and exit statuses; the contract check itself
-//! is `postbox_harness::contract`.
+//! `postbox verify`: its flags and exit statuses; the delivery checker itself
+//! is `postbox_harness::checker`.
 
 use crate::context::{shutdown_signal, AnyError, Settings};
 use crate::output::errln;
 use clap::Args;
-use postbox_harness::contract::{self, FaultKind, PlantedBug};
+use postbox_harness::checker::{self, FaultKind, PlantedBug};
 use postbox_harness::{error_chain, Verdict};
 use postbox_relay::ReadMode;
 use std::path::PathBuf;
@@ -129,7 +129,7 @@ const VIOLATION: u8 = 1;
 const SETUP_ERROR: u8 = 2;
 
 pub async fn run(settings: &Settings, args: VerifyArgs) -> Result<ExitCode, AnyError> {
-    let options = contract::Options {
+    let options = checker::Options {
         duration: args.duration,
         relays: args.relays,
         sink: args.sink,
@@ -156,7 +156,7 @@ pub async fn run(settings: &Settings, args: VerifyArgs) -> Result<ExitCode, AnyE
         json: args.json,
     };
     let interrupt = Box::pin(shutdown_signal());
-    match contract::run(settings.database_url.as_deref(), &options, interrupt).await {
+    match checker::run(settings.database_url.as_deref(), &options, interrupt).await {
         Ok(Verdict::Pass) => Ok(ExitCode::SUCCESS),
         Ok(Verdict::Fail) => Ok(ExitCode::from(VIOLATION)),
         Err(e) => {

@@ -1,9 +1,9 @@
-//! The broker of a contract run: the relays publish through a fault proxy
+//! The broker of a checker run: the relays publish through a fault proxy
 //! into a stream of the run's own, which the consumer reads directly.
 
 use super::consumer::Source;
-use crate::proxy::FaultProxy;
 use crate::AnyError;
+use postbox_proxy::FaultProxy;
 
 /// The broker, as the relays and the consumer see it.
 pub struct Broker {

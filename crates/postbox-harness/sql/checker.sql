@@ -1,4 +1,4 @@
--- Statements of `postbox verify`'s contract check, in the schema of one run:
+-- Statements of `postbox verify`'s delivery checker, in the schema of one run:
 -- its own bookkeeping next to postbox's tables. verify_produced holds the
 -- business row each producer transaction writes with its events (so it
 -- exists exactly when the events were committed); verify_effects counts how

@@ -3,8 +3,8 @@
 
 use crate::error_chain;
 use crate::pgcluster::{ClusterError, Crash};
-use crate::proxy::FaultProxy;
 use crate::supervisor::Supervisor;
+use postbox_proxy::FaultProxy;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::future::Future;

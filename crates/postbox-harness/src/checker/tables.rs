@@ -1,4 +1,4 @@
-//! The contract check's own tables (`sql/contract.sql`), in the run's schema
+//! The delivery checker's own tables (`sql/checker.sql`), in the run's schema
 //! next to postbox's: what the producers committed, and how often the
 //! consumer applied each event.
 
@@ -22,7 +22,7 @@ pub struct Tables {
 
 impl Tables {
     pub fn new(schema: &Schema) -> Self {
-        let mut sql = catalog("contract.sql", include_str!("../../sql/contract.sql"));
+        let mut sql = catalog("checker.sql", include_str!("../../sql/checker.sql"));
         let tables = Self {
             create_tables: sql.render("create_tables", schema),
             record_produced: sql.render("record_produced", schema),
@@ -122,7 +122,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_statement_is_in_contract_sql() {
+    fn every_statement_is_in_checker_sql() {
         let tables = Tables::new(&Schema::new("postbox_verify_x").unwrap());
         assert!(tables
             .apply_effect

@@ -1,4 +1,4 @@
-//! The contract check behind `postbox verify`: a self-contained check of the
+//! The delivery checker behind `postbox verify`: a self-contained check of the
 //! delivery contract under faults.
 //!
 //! In a schema of its own it runs producers (committed and rolled-back
@@ -14,7 +14,7 @@
 //! the run it drains and checks (`report.rs`): every committed event
 //! delivered, no rolled-back event delivered, every effect applied exactly
 //! once, and (with `--ordered`) each aggregate's events applied in sequence.
-//! Its own tables are `tables.rs` (`sql/contract.sql`).
+//! Its own tables are `tables.rs` (`sql/checker.sql`).
 
 mod broker;
 mod consumer;
@@ -26,13 +26,13 @@ mod workload;
 pub use faults::FaultKind;
 
 use crate::pgcluster::{ClusterError, TempCluster};
-use crate::proxy::FaultProxy;
 use crate::supervisor::{RelayCommand, Supervisor};
 use crate::{error_chain, AnyError, Verdict};
 use broker::{host_port, through, Broker};
 use consumer::{Consumer, Seen};
 use faults::FaultCounters;
 use postbox::{Outbox, Schema};
+use postbox_proxy::FaultProxy;
 use postbox_relay::{failpoint, ReadMode};
 use postbox_store::connect as db;
 use postbox_store::{ProducerTarget, Store};
@@ -50,7 +50,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use workload::{Ledger, Producer};
 
-/// What a contract run does (the flags of `postbox verify`).
+/// What a checker run does (the flags of `postbox verify`).
 #[derive(Clone, Debug)]
 pub struct Options {
     /// How long producers and faults run; then the run drains and is checked.
@@ -116,7 +116,7 @@ pub enum PlantedBug {
 /// first polled once the run has started, not before.
 pub type Interrupt = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// Run the contract check on `database_url`, or on a throwaway cluster
+/// Run the delivery checker on `database_url`, or on a throwaway cluster
 /// without one, and print its report: [`Verdict::Fail`] when a check
 /// failed, an error when the run could not be set up or finished.
 pub async fn run(

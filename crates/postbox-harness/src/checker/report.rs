@@ -1,4 +1,4 @@
-//! The end of a contract run: the checks (what the database, the producers'
+//! The end of a checker run: the checks (what the database, the producers'
 //! ledger and the consumer saw must agree on) and the report, as text or JSON
 //! (`--json`; the field names are the JSON keys).
 
