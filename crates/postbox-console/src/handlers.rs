@@ -1,5 +1,5 @@
 //! Routes: every route is mounted from [`routes`]; a state-changing one
-//! behind the guard ([`crate::guard`]), which checks the request's session,
+//! behind the guard ([`crate::http::guard`]), which checks the request's session,
 //! CSRF token and role before its handler runs. Pages take the signed-in
 //! [`Session`], state-changing handlers the guard's [`Checked`] session. Each
 //! handler reads or acts through the store and renders a page. No response
@@ -14,7 +14,7 @@
 
 use crate::auth::{self, ClientAddr, Session, SESSION_COOKIE, SIGN_IN_COOKIE};
 use crate::form::FormData;
-use crate::guard::{self, Checked};
+use crate::http::guard::{self, Checked};
 use crate::jobs::JobState;
 use crate::limit::Admit;
 use crate::outboxes::{self, Outbox};

@@ -42,8 +42,8 @@ mod assets;
 mod auth;
 mod client;
 mod form;
-mod guard;
 mod handlers;
+mod http;
 mod jobs;
 mod limit;
 mod outboxes;
@@ -52,7 +52,7 @@ mod views;
 
 pub use auth::{hash_password, verify_password, Role};
 pub use client::{Cidr, CidrError};
-pub use guard::{Access, StateChangingRoute};
+pub use http::guard::{Access, StateChangingRoute};
 pub use limit::RateLimit;
 pub use outboxes::{NameMatch, OutboxSource};
 pub use postbox::redact::PayloadRedactor;
@@ -326,7 +326,7 @@ pub fn routes() -> Vec<(axum::http::Method, &'static str)> {
 /// Every state-changing route (any method but GET and HEAD) and who may use
 /// it: the table the router's guard enforces before any handler runs.
 pub fn state_changing_routes() -> &'static [StateChangingRoute] {
-    guard::STATE_CHANGING
+    http::guard::STATE_CHANGING
 }
 
 /// Create user `name` with `role`, or give an existing user this role and

@@ -1,0 +1,3 @@
+//! The HTTP side of the console.
+
+pub(crate) mod guard;
