@@ -3,19 +3,20 @@
 use crate::{Console, ConsoleError};
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
-use axum::extract::{ConnectInfo, FromRequestParts};
-use axum::http::request::Parts;
 use axum::http::{header, HeaderMap};
-use axum::response::{IntoResponse, Response};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
-use std::net::SocketAddr;
 use std::sync::OnceLock;
 
 /// The session cookie's name.
 pub(crate) const SESSION_COOKIE: &str = "postbox_session";
 /// The sign-in form's own CSRF cookie (there is no session yet).
 pub(crate) const SIGN_IN_COOKIE: &str = "postbox_sign_in";
+
+/// Audit actions the console writes itself (replays and discards use `store::dlq`'s).
+pub(crate) const ACTION_SIGN_IN: &str = "console.sign_in";
+pub(crate) const ACTION_SIGN_IN_FAILED: &str = "console.sign_in_failed";
+pub(crate) const ACTION_SIGN_OUT: &str = "console.sign_out";
 
 /// What a console user may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -160,8 +161,9 @@ pub(crate) fn set_cookie(name: &str, value: &str, max_age: u64, secure: bool) ->
     )
 }
 
-/// The signed-in user of a request. As an extractor it sends anyone without a
-/// live session to the sign-in page, coming back to where they were going.
+/// The signed-in user of a request. As an extractor
+/// ([`crate::http::session`]) it sends anyone without a live session to the
+/// sign-in page, coming back to where they were going.
 #[derive(Clone, Debug)]
 pub(crate) struct Session {
     pub user: String,
@@ -184,102 +186,6 @@ impl Session {
 /// How the console names a user in the audit log.
 pub(crate) fn actor(user: &str) -> String {
     format!("console:{user}")
-}
-
-/// Refusal of a request without a session.
-pub(crate) struct SignInFirst {
-    next: String,
-}
-
-impl IntoResponse for SignInFirst {
-    fn into_response(self) -> Response {
-        let target = if self.next == "/" {
-            "/sign-in".to_owned()
-        } else {
-            let next: String = url::form_urlencoded::byte_serialize(self.next.as_bytes()).collect();
-            format!("/sign-in?next={next}")
-        };
-        crate::handlers::see_other(&target)
-    }
-}
-
-impl FromRequestParts<Console> for Session {
-    type Rejection = Response;
-
-    async fn from_request_parts(parts: &mut Parts, console: &Console) -> Result<Self, Response> {
-        let next = if parts.method == axum::http::Method::GET {
-            // Under an outbox's prefix, the path the browser asked for.
-            let base = parts
-                .extensions
-                .get::<crate::handlers::Chosen>()
-                .map_or("", |c| c.0.base.as_str());
-            let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-            format!("{base}{path}")
-        } else {
-            "/".to_owned()
-        };
-        let Some(token) = cookie(&parts.headers, SESSION_COOKIE) else {
-            return Err(SignInFirst { next }.into_response());
-        };
-        let hash = token_hash(token);
-        let stored = console
-            .inner
-            .home
-            .session(&hash)
-            .await
-            .map_err(|e| crate::handlers::internal(&e).into_response())?;
-        let Some(stored) = stored else {
-            return Err(SignInFirst { next }.into_response());
-        };
-        let Ok(role) = Role::parse(&stored.role) else {
-            return Err(SignInFirst { next }.into_response());
-        };
-        Ok(Session {
-            user: stored.user,
-            role,
-            csrf: stored.csrf_token,
-            token_hash: hash,
-        })
-    }
-}
-
-/// The client's address, for sign-in limits and the audit log: the TCP
-/// peer's, or behind a trusted proxy the one it forwarded (see
-/// [`crate::client`]). `key` is what rate limits count it under.
-pub(crate) struct ClientAddr {
-    pub addr: String,
-    pub key: String,
-}
-
-impl FromRequestParts<Console> for ClientAddr {
-    type Rejection = std::convert::Infallible;
-
-    async fn from_request_parts(
-        parts: &mut Parts,
-        console: &Console,
-    ) -> Result<Self, Self::Rejection> {
-        let peer = parts
-            .extensions
-            .get::<ConnectInfo<SocketAddr>>()
-            .map(|c| c.0.ip());
-        Ok(match peer {
-            Some(peer) => {
-                let ip = crate::client::client_ip(
-                    peer,
-                    &parts.headers,
-                    &console.inner.config.trusted_proxies,
-                );
-                ClientAddr {
-                    addr: ip.to_string(),
-                    key: crate::client::limit_key(ip),
-                }
-            }
-            None => ClientAddr {
-                addr: "unknown".to_owned(),
-                key: "unknown".to_owned(),
-            },
-        })
-    }
 }
 
 /// Where to go after signing in: a local path only, never another site.

@@ -42,17 +42,17 @@ mod assets;
 mod auth;
 mod client;
 mod form;
-mod guard;
-mod handlers;
+mod http;
 mod jobs;
 mod limit;
 mod outboxes;
+mod pages;
 mod samples;
 mod views;
 
 pub use auth::{hash_password, verify_password, Role};
 pub use client::{Cidr, CidrError};
-pub use guard::{Access, StateChangingRoute};
+pub use http::guard::{Access, StateChangingRoute};
 pub use limit::RateLimit;
 pub use outboxes::{NameMatch, OutboxSource};
 pub use postbox::redact::PayloadRedactor;
@@ -192,6 +192,13 @@ impl Inner {
     pub fn serves_many(&self) -> bool {
         matches!(self.served, Served::Many(_))
     }
+
+    /// How often live pages refresh themselves, in milliseconds.
+    pub fn refresh_ms(&self) -> u64 {
+        u64::try_from(self.config.refresh_every.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(500)
+    }
 }
 
 /// What the console shows.
@@ -242,7 +249,7 @@ impl Console {
     /// The axum router (needs `ConnectInfo<SocketAddr>` for per-client
     /// sign-in limits; without it every client shares one bucket).
     pub fn router(&self) -> axum::Router {
-        handlers::router(self.clone())
+        http::routes::router(self.clone(), pages::routes())
     }
 
     /// Take one backlog sample for the charts, as the sampler does every
@@ -318,13 +325,13 @@ async fn sample_watched(console: Console, every: Duration, stop: CancellationTok
 /// The method and path of every route the console's router mounts, in the
 /// order mounted (paths in the router's syntax: `{id}` is a parameter).
 pub fn routes() -> Vec<(axum::http::Method, &'static str)> {
-    handlers::mounted()
+    pages::routes().mounted()
 }
 
 /// Every state-changing route (any method but GET and HEAD) and who may use
 /// it: the table the router's guard enforces before any handler runs.
 pub fn state_changing_routes() -> &'static [StateChangingRoute] {
-    guard::STATE_CHANGING
+    http::guard::STATE_CHANGING
 }
 
 /// Create user `name` with `role`, or give an existing user this role and

@@ -18,7 +18,7 @@
 
 use crate::auth::{self, Role, Session};
 use crate::form::FormData;
-use crate::handlers::{internal, Fail};
+use crate::http::reply::{internal, Fail};
 use crate::Console;
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, FromRequestParts, Request};
@@ -159,6 +159,17 @@ impl<H> Guarded<H> {
         parts.extensions.insert(Checked(session));
         Ok(Request::from_parts(parts, Body::from(body)))
     }
+}
+
+/// The replay and discard requests of `session`'s user, rate limited: their
+/// handlers check it once the request's form is read.
+pub(crate) fn limit_actions(console: &Console, session: &Session) -> Result<(), Fail> {
+    console.inner.actions.check(&session.user).map_err(|wait| {
+        Fail::TooMany(
+            wait,
+            "You have sent many replay or discard requests in a short time.",
+        )
+    })
 }
 
 /// The session the guard checked for this request: live, its CSRF token in
