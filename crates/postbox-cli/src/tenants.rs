@@ -7,11 +7,11 @@ use crate::context::{AnyError, Settings};
 use crate::observe;
 use clap::Args;
 use postbox::Schema;
-use postbox_relay::router::Pattern;
 use postbox_relay::{
     OutboxSource, RelayConfig, RouteConfig, Router, RunMode, SinkError, Tenants, TenantsConfig,
 };
 use postbox_store::connect as db;
+use postbox_store::directory::{self, NamePattern, Presence, Schemas, Source};
 use sqlx::postgres::PgConnectOptions;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -47,8 +47,8 @@ fn connect(settings: &Settings, url: Option<&str>) -> Result<PgConnectOptions, A
     )?)
 }
 
-fn pattern(flag: &str, glob: &str) -> Result<Pattern, AnyError> {
-    Pattern::parse(glob).map_err(|e| format!("{flag} {glob:?}: {e}").into())
+fn pattern(flag: &str, glob: &str) -> Result<NamePattern, AnyError> {
+    NamePattern::parse(glob).map_err(|e| format!("{flag} {glob:?}: {e}").into())
 }
 
 /// The outboxes the flags and `[[outboxes]]` name; `routes` builds an
@@ -88,7 +88,7 @@ pub fn sources(
         sources.push(OutboxSource::Outbox {
             connect,
             schema,
-            router,
+            with: router,
         });
     }
     Ok(sources)
@@ -97,29 +97,25 @@ pub fn sources(
 /// The outboxes the flags and `[[outboxes]]` name, as `postbox console`
 /// serves them: the same selection, connecting as `postbox-console` (so the
 /// console's connections are not counted among the relays).
-pub fn console_sources(
-    settings: &Settings,
-    select: &SelectArgs,
-) -> Result<Vec<postbox_console::OutboxSource>, AnyError> {
-    use postbox_console::{NameMatch, OutboxSource as Served};
-    let named = |p: Pattern| NameMatch::new(move |name| p.matches(name));
+pub fn console_sources(settings: &Settings, select: &SelectArgs) -> Result<Vec<Source>, AnyError> {
     Ok(sources(settings, select, None)?
         .into_iter()
-        .map(|source| match source {
-            OutboxSource::Outbox {
+        .map(|source| match source.map(drop) {
+            Source::Outbox {
                 connect, schema, ..
-            } => Served::Outbox {
+            } => Source::Outbox {
                 connect: connect.application_name(CONSOLE_APPLICATION),
                 schema,
+                with: (),
             },
-            OutboxSource::Discover {
+            Source::Discover {
                 connect,
                 databases,
                 schemas,
-            } => Served::Discover {
+            } => Source::Discover {
                 connect: connect.application_name(CONSOLE_APPLICATION),
-                databases: databases.map(named),
-                schemas: named(schemas),
+                databases,
+                schemas,
             },
         })
         .collect())
@@ -142,58 +138,42 @@ pub async fn list(
     select: &SelectArgs,
     migrated: bool,
 ) -> Result<Vec<Found>, AnyError> {
-    let mut found = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    for source in sources(settings, select, None)? {
-        let (targets, schemas) = match source {
-            OutboxSource::Outbox {
-                connect, schema, ..
-            } => {
-                let glob = Pattern::parse(schema.name()).map_err(|e| e.to_string())?;
-                (vec![connect], glob)
-            }
-            OutboxSource::Discover {
-                connect,
-                databases,
-                schemas,
-            } => match databases {
-                None => (vec![connect], schemas),
-                Some(pattern) => {
-                    let server = db::pool(connect.clone(), 1, db::CONNECT_PATIENCE).await?;
-                    let names = postbox_store::discovery::databases(&server).await?;
-                    server.close().await;
-                    let targets = names
-                        .iter()
-                        .filter(|n| pattern.matches(n))
-                        .map(|n| connect.clone().database(n))
-                        .collect();
-                    (targets, schemas)
-                }
-            },
-        };
-        for target in targets {
-            let database = target.get_database().unwrap_or_default().to_owned();
-            let pool = db::pool(target, 2, db::CONNECT_PATIENCE).await?;
-            let names = if migrated {
-                postbox_store::discovery::outbox_schemas(&pool).await?
-            } else {
-                postbox_store::discovery::all_schemas(&pool).await?
-            };
-            for name in names.iter().filter(|n| schemas.matches(n)) {
-                let Ok(schema) = Schema::new(name) else {
-                    continue;
-                };
-                let full = format!("{database}/{name}");
-                if seen.insert(full.clone()) {
-                    found.push(Found {
-                        name: full,
-                        pool: pool.clone(),
-                        schema,
-                    });
-                }
-            }
-        }
+    let sources = sources(settings, select, None)?;
+    let which = if migrated {
+        Schemas::Migrated
+    } else {
+        Schemas::All
+    };
+    let mut pools: std::collections::HashMap<String, sqlx::PgPool> = Default::default();
+    let mut pool = |key: &str, connect: &PgConnectOptions| {
+        pools
+            .entry(key.to_owned())
+            .or_insert_with(|| db::lazy_pool(connect.clone(), 2))
+            .clone()
+    };
+    let listing = directory::list(&sources, which, &mut pool).await;
+    if let Some(unlisted) = listing.unlisted.into_iter().next() {
+        return Err(format!(
+            "cannot list the outboxes of {}: {}",
+            unlisted.what,
+            postbox_relay::redact::sanitize_error(&unlisted.error.to_string())
+        )
+        .into());
     }
+    let found: Vec<Found> = listing
+        .found
+        .into_iter()
+        // `migrate` creates a listed outbox's schema; the others show and
+        // serve only what exists.
+        .filter(|o| {
+            o.presence == Presence::Present || (!migrated && o.presence == Presence::Missing)
+        })
+        .map(|o| Found {
+            name: o.name(),
+            pool: o.pool,
+            schema: o.schema,
+        })
+        .collect();
     if found.is_empty() {
         return Err("no schema matches: check --schemas / --databases (and, for `relay` and `status`, that the schemas are migrated)".into());
     }

@@ -54,7 +54,7 @@ pub use auth::{hash_password, verify_password, Role};
 pub use client::{Cidr, CidrError};
 pub use http::guard::{Access, StateChangingRoute};
 pub use limit::RateLimit;
-pub use outboxes::{NameMatch, OutboxSource};
+pub use outboxes::OutboxSource;
 pub use postbox::redact::PayloadRedactor;
 
 use outboxes::{Directory, Outbox};

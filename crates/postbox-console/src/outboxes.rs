@@ -19,51 +19,18 @@
 
 use crate::samples::Samples;
 use postbox::Schema;
-use postbox_store::{discovery, Backlog, ConsoleStore, DeadLetters, Store};
+use postbox_store::directory::{self, Schemas, Source};
+use postbox_store::{Backlog, ConsoleStore, DeadLetters, Store};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-/// A name filter (`--schemas`, `--databases`): true for the names to serve.
-#[derive(Clone)]
-pub struct NameMatch(Arc<dyn Fn(&str) -> bool + Send + Sync>);
-
-impl NameMatch {
-    pub fn new(matches: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
-        Self(Arc::new(matches))
-    }
-
-    pub fn matches(&self, name: &str) -> bool {
-        (self.0)(name)
-    }
-}
-
-impl std::fmt::Debug for NameMatch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("NameMatch(..)")
-    }
-}
-
-/// Where the outboxes of a console serving many are.
-#[derive(Clone, Debug)]
-pub enum OutboxSource {
-    /// One outbox: `schema` in the database `connect` points to (shown as an
-    /// error row when it is missing).
-    Outbox {
-        connect: PgConnectOptions,
-        schema: Schema,
-    },
-    /// Every schema `schemas` matches that holds a migrated outbox, in the
-    /// database `connect` points to or, with `databases`, in every database
-    /// of that server it matches (`connect`'s own database only lists them).
-    Discover {
-        connect: PgConnectOptions,
-        databases: Option<NameMatch>,
-        schemas: NameMatch,
-    },
-}
+/// Where the outboxes of a console serving many are: the outbox
+/// directory's sources (a listed outbox missing from its database is shown
+/// as an error row).
+pub type OutboxSource = Source;
 
 /// One outbox the console shows, with its stores and its backlog history.
 pub(crate) struct Outbox {
@@ -324,25 +291,6 @@ impl Directory {
         fresh
     }
 
-    /// The pool of `database` (made on first use; it connects lazily).
-    fn pool(&self, database: &str, connect: &PgConnectOptions) -> PgPool {
-        let mut pools = match self.pools.lock() {
-            Ok(p) => p,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        pools
-            .entry(database.to_owned())
-            .or_insert_with(|| {
-                PgPoolOptions::new()
-                    .max_connections(self.pool_size)
-                    .min_connections(0)
-                    .idle_timeout(Some(Duration::from_secs(10)))
-                    .acquire_timeout(Duration::from_secs(5))
-                    .connect_lazy_with(connect.clone())
-            })
-            .clone()
-    }
-
     /// List every source's outboxes. What cannot be listed keeps what the
     /// previous list (`before`) found there.
     async fn list(&self, before: &Known) -> Known {
@@ -350,60 +298,43 @@ impl Directory {
             before,
             known: Known::default(),
         };
-        for (i, source) in self.sources.iter().enumerate() {
-            match source {
-                OutboxSource::Outbox { connect, schema } => {
-                    let database = database_of(connect);
-                    let pool = self.pool(&database, connect);
-                    found.add(&database, schema.clone(), pool, i);
-                }
-                OutboxSource::Discover {
-                    connect,
-                    databases,
-                    schemas,
-                } => {
-                    let own = database_of(connect);
-                    let targets = match databases {
-                        None => vec![(own, connect.clone())],
-                        Some(wanted) => {
-                            match discovery::databases(&self.pool(&own, connect)).await {
-                                Ok(names) => names
-                                    .into_iter()
-                                    .filter(|n| wanted.matches(n))
-                                    .map(|n| {
-                                        let options = connect.clone().database(&n);
-                                        (n, options)
-                                    })
-                                    .collect(),
-                                Err(e) => {
-                                    found.failed(
-                                        i,
-                                        None,
-                                        format!("the server of database {own}"),
-                                        &e,
-                                    );
-                                    continue;
-                                }
-                            }
-                        }
-                    };
-                    for (database, options) in targets {
-                        let pool = self.pool(&database, &options);
-                        match discovery::outbox_schemas(&pool).await {
-                            Ok(names) => {
-                                for name in names.iter().filter(|n| schemas.matches(n)) {
-                                    if let Ok(schema) = Schema::new(name) {
-                                        found.add(&database, schema, pool.clone(), i);
-                                    }
-                                }
-                            }
-                            Err(e) => {
-                                found.failed(i, Some(&database), format!("database {database}"), &e)
-                            }
-                        }
-                    }
-                }
-            }
+        let size = self.pool_size;
+        let mut pools = match self.pools.lock() {
+            Ok(p) => p.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        };
+        let mut pool = |key: &str, connect: &PgConnectOptions| {
+            pools
+                .entry(key.to_owned())
+                .or_insert_with(|| {
+                    // Made on first use; it connects lazily.
+                    PgPoolOptions::new()
+                        .max_connections(size)
+                        .min_connections(0)
+                        .idle_timeout(Some(Duration::from_secs(10)))
+                        .acquire_timeout(Duration::from_secs(5))
+                        .connect_lazy_with(connect.clone())
+                })
+                .clone()
+        };
+        let listing = directory::list(&self.sources, Schemas::Migrated, &mut pool).await;
+        match self.pools.lock() {
+            Ok(mut p) => *p = pools,
+            Err(poisoned) => *poisoned.into_inner() = pools,
+        }
+        for unlisted in &listing.unlisted {
+            let database = unlisted.database.as_ref().map(|(name, _)| name.as_str());
+            found.failed(
+                unlisted.source,
+                database,
+                unlisted.what.clone(),
+                &unlisted.error,
+            );
+        }
+        // A listed outbox missing from its database is shown all the same
+        // (as an error row): whoever listed it expects it there.
+        for outbox in listing.found {
+            found.add(&outbox.database, outbox.schema, outbox.pool, outbox.source);
         }
         let mut known = found.known;
         known.outboxes.sort_by(|a, b| a.name.cmp(&b.name));
@@ -457,14 +388,6 @@ impl Listing<'_> {
 }
 
 const CANNOT_LIST: &str = "Its outboxes could not be listed; the console's log says why.";
-
-/// The database `connect` points to (PostgreSQL's default: the user's name).
-fn database_of(connect: &PgConnectOptions) -> String {
-    connect
-        .get_database()
-        .unwrap_or_else(|| connect.get_username())
-        .to_owned()
-}
 
 /// Why an outbox cannot be read, in a fixed phrase, when the error says it
 /// is missing or out of reach (not for other failures).

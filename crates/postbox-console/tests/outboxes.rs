@@ -4,7 +4,7 @@
 use crate::support::{dead_letters, Agent, Harness};
 use postbox::statements::trusted;
 use postbox::{NewEvent, Schema};
-use postbox_console::{ConsoleConfig, NameMatch, OutboxSource, Role};
+use postbox_console::{ConsoleConfig, OutboxSource, Role};
 use postbox_testkit::{wait_for, TestDb};
 use reqwest::StatusCode;
 use sqlx::postgres::PgConnectOptions;
@@ -47,11 +47,16 @@ impl Many {
             .unwrap()
             .application_name("postbox-console");
         let h = Harness::with(|c| {
-            c.outboxes = vec![OutboxSource::Discover {
-                connect,
-                databases: None,
-                schemas: NameMatch::new(move |n| names.contains(n)),
-            }];
+            let mut names: Vec<String> = names.into_iter().collect();
+            names.sort();
+            c.outboxes = names
+                .iter()
+                .map(|n| OutboxSource::Outbox {
+                    connect: connect.clone(),
+                    schema: postbox::Schema::new(n).unwrap(),
+                    with: (),
+                })
+                .collect();
             // Listed once: a schema dropped during a test stays known.
             c.rediscover_every = Duration::from_secs(3600);
             c.overview_cache_for = Duration::ZERO;

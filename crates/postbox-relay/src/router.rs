@@ -42,13 +42,7 @@ impl Pattern {
     }
 
     pub fn matches(&self, event_type: &str) -> bool {
-        if self.0.is_ascii() && event_type.is_ascii() {
-            glob_match(self.0.as_bytes(), event_type.as_bytes(), b'*', b'?')
-        } else {
-            let pattern: Vec<char> = self.0.chars().collect();
-            let text: Vec<char> = event_type.chars().collect();
-            glob_match(&pattern, &text, '*', '?')
-        }
+        postbox::glob::matches(&self.0, event_type)
     }
 
     /// The same pattern for SQL `LIKE` (with `\` as the escape character).
@@ -67,30 +61,6 @@ impl Pattern {
         }
         out
     }
-}
-
-/// Iterative glob match with backtracking to the last `*` (linear in practice),
-/// over characters (bytes when both sides are ASCII), so that `?` is one
-/// character, as `_` is for `LIKE`.
-fn glob_match<T: Copy + PartialEq>(pattern: &[T], text: &[T], any_run: T, any_one: T) -> bool {
-    let (mut p, mut t) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while t < text.len() {
-        if p < pattern.len() && pattern[p] == any_run {
-            star = Some((p, t));
-            p += 1;
-        } else if p < pattern.len() && (pattern[p] == any_one || pattern[p] == text[t]) {
-            p += 1;
-            t += 1;
-        } else if let Some((sp, st)) = star {
-            p = sp + 1;
-            t = st + 1;
-            star = Some((sp, st + 1));
-        } else {
-            return false;
-        }
-    }
-    pattern[p..].iter().all(|&c| c == any_run)
 }
 
 /// What happens to an ordered aggregate when one of its events becomes a dead letter.

@@ -6,10 +6,10 @@
 use crate::support::{fast_config, Logs, ScriptedSink};
 use postbox::statements::trusted;
 use postbox::{NewEvent, Schema};
-use postbox_relay::router::Pattern;
 use postbox_relay::{
     OutboxSource, Outcome, ReadMode, Router, RunMode, Sink, Store, Tenants, TenantsConfig,
 };
+use postbox_store::directory::NamePattern as Pattern;
 use postbox_testkit::{database_url, unique, wait_for};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::PgPool;
@@ -245,7 +245,7 @@ async fn a_broken_outbox_never_stops_the_others() {
     let outbox = |connect: PgConnectOptions, schema: &Schema| OutboxSource::Outbox {
         connect,
         schema: schema.clone(),
-        router: None,
+        with: None,
     };
     let logs = Logs::default();
     let _capturing = logs.capture(tracing::Level::WARN);
@@ -423,13 +423,13 @@ async fn quiet_outbox_served_while_busy_batches_are_stuck(mode: ReadMode) {
                 OutboxSource::Outbox {
                     connect: connect(),
                     schema: busy.clone(),
-                    router: Some(Arc::new(Router::single(stuck.clone() as Arc<dyn Sink>))),
+                    with: Some(Arc::new(Router::single(stuck.clone() as Arc<dyn Sink>))),
                 },
                 // Not there yet: served once it is migrated.
                 OutboxSource::Outbox {
                     connect: connect(),
                     schema: Schema::new(&quiet_name).unwrap(),
-                    router: None,
+                    with: None,
                 },
             ],
             Router::single(sink.clone() as Arc<dyn Sink>),

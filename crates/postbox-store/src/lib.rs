@@ -25,6 +25,9 @@
 //! - [`Tally`] — deliveries counted by minute, destination and reading mode;
 //! - [`connect`] — connecting: options from a URL, a pool after bounded retries,
 //!   errors that never repeat a password;
+//! - [`directory`] — the outboxes a process serves many of: sources (a listed
+//!   outbox, or schema and database name patterns) and one listing of them,
+//!   shared by the relay, the console and the commands;
 //! - [`discovery`] — the schemas holding an outbox, the databases of a server.
 
 mod claim;
@@ -32,6 +35,7 @@ mod commit;
 pub mod connect;
 mod console;
 mod dead_letters;
+pub mod directory;
 pub mod discovery;
 mod events;
 mod log;

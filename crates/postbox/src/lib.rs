@@ -30,6 +30,7 @@
 
 mod error;
 mod event;
+pub mod glob;
 mod inbox;
 mod migrations;
 pub mod otel;

@@ -57,9 +57,10 @@ use crate::label;
 use crate::permits::BatchPermits;
 use crate::redact::sanitize_error;
 use crate::retention::RetentionConfig;
-use crate::router::{Pattern, Router};
+use crate::router::Router;
 use crate::{metrics as m, Relay, RunMode, Stats, StatsSnapshot};
 use postbox::Schema;
+use postbox_store::directory::{self, Presence, Schemas, Source};
 use postbox_store::Store;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
@@ -179,25 +180,9 @@ impl TenantsConfig {
     }
 }
 
-/// Where outboxes come from.
-#[derive(Clone)]
-pub enum OutboxSource {
-    /// One outbox: a schema of the database `connect` points to, with its own
-    /// routes or (`None`) the relay's.
-    Outbox {
-        connect: PgConnectOptions,
-        schema: Schema,
-        router: Option<Arc<Router>>,
-    },
-    /// Every schema matching `schemas` that holds a migrated outbox, in the
-    /// database `connect` points to or, with `databases`, in every database of
-    /// that server matching it (`connect`'s own database is only used to list them).
-    Discover {
-        connect: PgConnectOptions,
-        databases: Option<Pattern>,
-        schemas: Pattern,
-    },
-}
+/// Where outboxes come from: the outbox directory's sources, a listed
+/// outbox keeping its own router (`None`: the relay's).
+pub type OutboxSource = Source<Option<Arc<Router>>>;
 
 /// One outbox as `status` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -538,78 +523,50 @@ impl Tenants {
     /// List every source's outboxes, opening the databases they live in.
     async fn discover(&self, databases: &mut HashMap<String, Database>) -> Found {
         let mut found = Found::default();
-        // Schema lists by database key, so a database is listed once per round.
-        let mut listed: HashMap<String, Option<Vec<String>>> = HashMap::new();
-        for source in &self.sources {
-            match source {
-                OutboxSource::Outbox {
-                    connect,
-                    schema,
-                    router,
-                } => {
-                    let key = self.open(databases, connect);
-                    found.used.insert(key.clone());
-                    let db = &databases[&key];
-                    let name = format!("{}/{}", db.name, schema.name());
-                    let Some(schemas) = list(&mut listed, &mut found, db, &key).await else {
-                        self.state(&name, &db.name, schema);
-                        self.error(&name, "discovery");
-                        continue;
-                    };
-                    if schemas.iter().any(|s| s == schema.name()) {
-                        let router = router.clone().unwrap_or_else(|| self.router.clone());
-                        found.wanted.insert(name, (key, schema.clone(), router));
-                    } else {
-                        self.state(&name, &db.name, schema);
-                        tracing::warn!(outbox = %name, "the outbox's schema does not exist or is not migrated (run `postbox migrate`); not serving it until it is");
-                        self.error(&name, "missing");
-                    }
+        let mut used = HashSet::new();
+        let mut pool = |_: &str, connect: &PgConnectOptions| {
+            let key = self.open(databases, connect);
+            used.insert(key.clone());
+            databases[&key].pool.clone()
+        };
+        let listing = directory::list(&self.sources, Schemas::Migrated, &mut pool).await;
+        found.used = used;
+        for unlisted in &listing.unlisted {
+            let error = sanitize_error(&unlisted.error.to_string());
+            match &unlisted.database {
+                None => {
+                    found.keep_all = true;
+                    tracing::warn!(what = %unlisted.what, %error, "listing the server's databases failed; keeping the outboxes served");
+                    metrics::counter!(m::OUTBOX_ERRORS, "database" => unlisted.what.clone(), "kind" => "discovery").increment(1);
                 }
-                OutboxSource::Discover {
-                    connect,
-                    databases: pattern,
-                    schemas,
-                } => {
-                    let targets = match pattern {
-                        None => vec![connect.clone()],
-                        Some(pattern) => {
-                            let key = self.open(databases, connect);
-                            found.used.insert(key.clone());
-                            let server = &databases[&key];
-                            match postbox_store::discovery::databases(&server.pool).await {
-                                Ok(names) => names
-                                    .iter()
-                                    .filter(|n| pattern.matches(n))
-                                    .map(|n| connect.clone().database(n))
-                                    .collect(),
-                                Err(e) => {
-                                    found.keep_all = true;
-                                    tracing::warn!(database = %server.name, error = %sanitize_error(&e.to_string()), "listing the server's databases failed; keeping the outboxes served");
-                                    metrics::counter!(m::OUTBOX_ERRORS, "database" => server.name.clone(), "kind" => "discovery").increment(1);
-                                    continue;
-                                }
-                            }
-                        }
-                    };
-                    for target in targets {
-                        let key = self.open(databases, &target);
-                        found.used.insert(key.clone());
-                        let db = &databases[&key];
-                        let Some(names) = list(&mut listed, &mut found, db, &key).await else {
-                            continue;
-                        };
-                        for schema in names.iter().filter(|s| schemas.matches(s)) {
-                            let Ok(schema) = Schema::new(schema) else {
-                                // A name postbox could not have created: not an outbox of ours.
-                                continue;
-                            };
-                            let name = format!("{}/{}", db.name, schema.name());
-                            found
-                                .wanted
-                                .entry(name)
-                                .or_insert_with(|| (key.clone(), schema, self.router.clone()));
-                        }
-                    }
+                Some((database, key)) => {
+                    found.unseen.insert(key.clone());
+                    tracing::warn!(%database, %error, "listing the database's outboxes failed; its outboxes keep running and it is tried again next round");
+                    metrics::counter!(m::OUTBOX_ERRORS, "database" => database.clone(), "kind" => "discovery").increment(1);
+                }
+            }
+        }
+        for outbox in listing.found {
+            let name = outbox.name();
+            match outbox.presence {
+                Presence::Present => {
+                    let router = outbox
+                        .with
+                        .and_then(Option::clone)
+                        .unwrap_or_else(|| self.router.clone());
+                    found
+                        .wanted
+                        .entry(name)
+                        .or_insert((outbox.key, outbox.schema, router));
+                }
+                Presence::Missing => {
+                    self.state(&name, &outbox.database, &outbox.schema);
+                    tracing::warn!(outbox = %name, "the outbox's schema does not exist or is not migrated (run `postbox migrate`); not serving it until it is");
+                    self.error(&name, "missing");
+                }
+                Presence::Unknown => {
+                    self.state(&name, &outbox.database, &outbox.schema);
+                    self.error(&name, "discovery");
                 }
             }
         }
@@ -622,11 +579,8 @@ impl Tenants {
         databases: &mut HashMap<String, Database>,
         connect: &PgConnectOptions,
     ) -> String {
-        let name = connect
-            .get_database()
-            .unwrap_or(connect.get_username())
-            .to_owned();
-        let key = format!("{}:{}/{name}", connect.get_host(), connect.get_port());
+        let name = directory::database_of(connect);
+        let key = directory::key_of(connect);
         databases.entry(key.clone()).or_insert_with(|| {
             let pool = PgPoolOptions::new()
                 // The LISTEN connection is taken from the pool, on top.
@@ -682,31 +636,6 @@ impl Tenants {
         metrics::counter!(m::OUTBOX_ERRORS, label::OUTBOX_LABEL => name.to_owned(), "kind" => kind)
             .increment(1);
     }
-}
-
-/// The outbox schemas of `db`, listed once per round; `None` (logged,
-/// counted, and its outboxes kept) when the database cannot be listed.
-async fn list(
-    listed: &mut HashMap<String, Option<Vec<String>>>,
-    found: &mut Found,
-    db: &Database,
-    key: &str,
-) -> Option<Vec<String>> {
-    if let Some(schemas) = listed.get(key) {
-        return schemas.clone();
-    }
-    let schemas = match postbox_store::discovery::outbox_schemas(&db.pool).await {
-        Ok(schemas) => Some(schemas),
-        Err(e) => {
-            found.unseen.insert(key.to_owned());
-            tracing::warn!(database = %db.name, error = %sanitize_error(&e.to_string()), "listing the database's outboxes failed; its outboxes keep running and it is tried again next round");
-            metrics::counter!(m::OUTBOX_ERRORS, "database" => db.name.clone(), "kind" => "discovery")
-                .increment(1);
-            None
-        }
-    };
-    listed.insert(key.to_owned(), schemas.clone());
-    schemas
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
