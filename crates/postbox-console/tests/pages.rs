@@ -773,6 +773,62 @@ async fn the_overview_shows_log_cursors_in_log_mode() {
     h.finish().await;
 }
 
+/// In logical mode the overview shows the schema's replication slot and a
+/// reader that keeps failing, with its (masked) error, as the relay noted it.
+#[tokio::test]
+async fn the_overview_shows_a_failing_logical_reader() {
+    /// Drops the test's slot even when the test fails.
+    struct DropSlot(sqlx::PgPool, String);
+    impl Drop for DropSlot {
+        fn drop(&mut self) {
+            let (pool, slot) = (self.0.clone(), self.1.clone());
+            let _ = std::thread::spawn(move || {
+                tokio::runtime::Runtime::new()
+                    .unwrap()
+                    .block_on(async move {
+                        let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")
+                            .bind(&slot)
+                            .execute(&pool)
+                            .await;
+                    })
+            })
+            .join();
+        }
+    }
+    let h = Harness::start().await;
+    let mut a = h.signed_in("victor", Role::Viewer).await;
+    assert!(
+        !a.get("/").await.body.contains("id=\"slots\""),
+        "no slot yet"
+    );
+
+    let slot = postbox_store::default_slot_name(&h.db.schema);
+    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+        .bind(&slot)
+        .execute(&h.db.pool)
+        .await
+        .unwrap();
+    let _drop = DropSlot(h.db.pool.clone(), slot.clone());
+    let page = a.get("/").await;
+    assert!(page.body.contains("id=\"slots\""), "{}", page.body);
+    assert!(!page.body.contains("FAILING"), "{}", page.body);
+
+    for _ in 0..3 {
+        h.db.exec(&format!(
+            "SELECT {{schema}}.logical_read_failed('{slot}', 'the reader broke here')"
+        ))
+        .await;
+    }
+    let b = a.get("/").await.body;
+    assert!(
+        b.contains("FAILING: the relay&#39;s reader failed 3 times in a row")
+            || b.contains("FAILING: the relay's reader failed 3 times in a row"),
+        "{b}"
+    );
+    assert!(b.contains("the reader broke here"), "{b}");
+    h.finish().await;
+}
+
 /// Events scheduled for later are shown apart from pending ones.
 #[tokio::test]
 async fn the_overview_shows_scheduled_events_apart_from_pending_ones() {

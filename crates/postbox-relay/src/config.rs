@@ -239,7 +239,7 @@ impl RelayConfig {
     pub fn slot_name(&self, schema: &postbox::Schema) -> String {
         self.logical_slot
             .clone()
-            .unwrap_or_else(|| format!("postbox_{}", schema.name()))
+            .unwrap_or_else(|| postbox_store::default_slot_name(schema))
     }
 }
 

@@ -1214,3 +1214,105 @@ async fn the_producer_emits_in_either_setting_and_the_relay_reads_it() {
     producer.close().await;
     r.finish().await;
 }
+
+/// Who may execute each function of the schema, every mode's included: the
+/// whole matrix (producer, relay, monitor, any login through PUBLIC) is
+/// written down here, so a function added without deciding who may run it,
+/// or a grant widened by accident, fails this test.
+#[tokio::test]
+async fn every_function_states_who_may_execute_it() {
+    let r = RoleDb::new().await;
+    let rows: Vec<(String, bool, bool, bool, bool, bool)> = sqlx::query_as(
+        "SELECT p.oid::regprocedure::text,
+                p.prosecdef,
+                has_function_privilege($2, p.oid, 'EXECUTE'),
+                has_function_privilege($3, p.oid, 'EXECUTE'),
+                has_function_privilege($4, p.oid, 'EXECUTE'),
+                EXISTS (SELECT FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+                        WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE')
+           FROM pg_proc p
+          WHERE p.pronamespace = $1::regnamespace
+          ORDER BY 1",
+    )
+    .bind(r.db.schema.name())
+    .bind(&r.roles.producer)
+    .bind(&r.roles.relay)
+    .bind(&r.roles.monitor)
+    .fetch_all(&r.db.pool)
+    .await
+    .unwrap();
+    let prefix = format!("{}.", r.db.schema.name());
+    let actual: Vec<String> = rows
+        .iter()
+        .map(|(f, definer, producer, relay, monitor, public)| {
+            // A function that runs with its owner's rights is never for any
+            // login: whoever may call it is named.
+            assert!(
+                !(*definer && *public),
+                "{f} is SECURITY DEFINER and executable by PUBLIC"
+            );
+            let who: Vec<&str> = [
+                (*producer, "producer"),
+                (*relay, "relay"),
+                (*monitor, "monitor"),
+                (*public, "PUBLIC"),
+            ]
+            .iter()
+            .filter(|(yes, _)| *yes)
+            .map(|(_, name)| *name)
+            .collect();
+            let name = f.strip_prefix(&prefix).unwrap_or(f);
+            let name = name.split('(').next().unwrap_or(name);
+            let rights = if *definer { " (owner's rights)" } else { "" };
+            format!(
+                "{name}{rights}: {}",
+                if who.is_empty() {
+                    "owner only".to_owned()
+                } else {
+                    who.join(", ")
+                }
+            )
+        })
+        .collect();
+    let mut actual = actual;
+    actual.dedup();
+    // PUBLIC may run only functions that run with the caller's own rights
+    // (they reach nothing the caller could not reach anyway).
+    let expected = [
+        "check_payload (owner's rights): owner only",
+        "emit: producer",
+        "emit_one (owner's rights): producer",
+        "enqueue (owner's rights): producer",
+        "enqueue_many (owner's rights): producer",
+        "enqueue_one (owner's rights): producer",
+        "inbox_sequence: producer, relay, monitor, PUBLIC",
+        "limits_payload_too_big: owner only",
+        "log_handoff (owner's rights): relay",
+        "log_open: producer, relay, monitor, PUBLIC",
+        "log_page: producer, relay, monitor, PUBLIC",
+        "log_part: producer, relay, monitor, PUBLIC",
+        "log_producing: producer, relay, monitor, PUBLIC",
+        "log_rotate (owner's rights): relay",
+        "log_segment: producer, relay, monitor, PUBLIC",
+        "log_truncate (owner's rights): relay",
+        "logical_drop_slot: producer, relay, monitor, PUBLIC",
+        "logical_ensure_publication: producer, relay, monitor, PUBLIC",
+        "logical_ensure_slot: producer, relay, monitor, PUBLIC",
+        "logical_handoff (owner's rights): owner only",
+        "logical_handoff_verified (owner's rights): relay",
+        "logical_prefix: producer, relay, monitor, PUBLIC",
+        "logical_read_failed (owner's rights): relay",
+        "logical_read_now (owner's rights): relay",
+        "logical_tag: owner only",
+        "logical_verify (owner's rights): relay",
+        "notify_relays: producer, relay, monitor, PUBLIC",
+        "uuid_v7: producer, relay, monitor, PUBLIC",
+    ];
+    assert_eq!(
+        actual,
+        expected,
+        "the execute matrix changed: decide who may run each function, then write it here:\n{}",
+        actual.join("\n")
+    );
+    r.finish().await;
+}

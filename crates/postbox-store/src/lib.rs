@@ -67,8 +67,8 @@ pub use log::{
     ACTION_DROP_CURSOR,
 };
 pub use logical::{
-    decode_change, decode_event, decode_or_refuse, rough_duration, Change, Logical, LogicalEvent,
-    LogicalHandoff, Lsn, Refusal, RefusedMessage, SlotStatus, Unread,
+    decode_change, decode_event, decode_or_refuse, default_slot_name, rough_duration, Change,
+    Logical, LogicalEvent, LogicalHandoff, Lsn, Refusal, RefusedMessage, SlotStatus, Unread,
 };
 pub use roles::{CreateRolesError, RoleNameError, Roles};
 pub use rows::ClaimedEvent;

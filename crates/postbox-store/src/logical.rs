@@ -219,6 +219,14 @@ impl SlotStatus {
         }
     }
 
+    /// Whether this schema's relays read the slot: its default name, or a
+    /// relay of the schema noted a read or a failure of it.
+    pub fn belongs_to(&self, schema: &Schema) -> bool {
+        self.slot_name == default_slot_name(schema)
+            || self.last_read_seconds_ago.is_some()
+            || self.reader_failures > 0
+    }
+
     /// `Some(what to say)` when the slot's reader has failed
     /// [`READER_FAILING_AFTER`] reading sessions or more in a row.
     pub fn failing(&self) -> Option<String> {
@@ -277,6 +285,12 @@ impl SlotStatus {
             mb(self.safe_wal_bytes),
         )
     }
+}
+
+/// The replication slot a schema's relays read unless configured otherwise
+/// (`relay.logical_slot`): `postbox_<schema>`.
+pub fn default_slot_name(schema: &Schema) -> String {
+    format!("postbox_{}", schema.name())
 }
 
 /// `d` to the second below two minutes, to the minute below two hours.

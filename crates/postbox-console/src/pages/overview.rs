@@ -1,5 +1,6 @@
 //! `/`: one outbox's overview (counts, charts, deliveries by destination,
-//! destinations, log cursors, relays, recent bulk actions), or serving many
+//! destinations, log cursors, replication slots, relays, recent bulk
+//! actions), or serving many
 //! outboxes, without a prefix, the all-outboxes overview.
 
 use crate::auth::Session;
@@ -17,8 +18,8 @@ use axum::response::Response;
 use chrono::{DateTime, Utc};
 use maud::{html, Markup};
 use postbox_store::{
-    Backlog, CursorLag, DestinationCounts, ProducerTarget, RecentDeliveries, RelaySeen,
-    StatusCounts,
+    rough_duration, Backlog, CursorLag, DestinationCounts, ProducerTarget, RecentDeliveries,
+    RelaySeen, SlotStatus, StatusCounts, Unread,
 };
 
 /// Minutes shown in the delivery-rate chart, and the newest outbox rows it counts among.
@@ -56,6 +57,17 @@ pub(super) async fn overview(
     let log = o.store.log();
     let producers = log.producer_target().await.map_err(|e| failed(o, &e))?;
     let cursors = log.cursor_lag().await.map_err(|e| failed(o, &e))?;
+    // Logical mode: the slots this schema's relays read, and how their
+    // readers fare (migration 22 notes a reader's failures).
+    let slots: Vec<SlotStatus> = o
+        .store
+        .logical()
+        .status(None)
+        .await
+        .map_err(|e| failed(o, &e))?
+        .into_iter()
+        .filter(|s| s.belongs_to(&o.schema))
+        .collect();
     let recent = o
         .store
         .tally()
@@ -79,6 +91,7 @@ pub(super) async fn overview(
             history: &history,
             producers,
             cursors: &cursors,
+            slots: &slots,
             recent: &recent,
             refresh_ms: console.inner.refresh_ms(),
         },
@@ -192,6 +205,8 @@ pub(crate) struct OverviewView<'a> {
     /// Log mode: which table producers write to, and each cursor's lag.
     pub producers: ProducerTarget,
     pub cursors: &'a [CursorLag],
+    /// Logical mode: the replication slots this schema's relays read.
+    pub slots: &'a [SlotStatus],
     /// Deliveries per destination and reading mode over the rate's window.
     pub recent: &'a [RecentDeliveries],
     pub refresh_ms: u64,
@@ -328,6 +343,39 @@ fn render(here: &Frame<'_>, v: &OverviewView<'_>) -> Markup {
                     }
                 }
             }
+            @if !v.slots.is_empty() {
+                section {
+                    h2 { "Replication slots " span.sub { "logical mode" } }
+                    div.scroll { table #slots {
+                        thead { tr { th { "Slot" } th { "Read by a relay" } th { "Reader" } th.num { "Lag" } th.num { "Retains" } th { "WAL status" } } }
+                        tbody {
+                            @for s in v.slots {
+                                tr.(if s.is_lost() || s.failing().is_some() { "bad" } else if s.unread_for().is_some() { "warn" } else { "" }) {
+                                    td { (s.slot_name) }
+                                    td {
+                                        @match s.unread_for() {
+                                            None => "yes",
+                                            Some(Unread::For(d)) => { "NOT READ for " (rough_duration(d)) }
+                                            Some(Unread::Unknown) => "NOT READ (no read noted)",
+                                        }
+                                    }
+                                    td {
+                                        @if let Some(failing) = s.failing() { "FAILING: " (failing) }
+                                        @else if s.reader_failures > 0 { "failed " (s.reader_failures) " time(s) since its last good read" }
+                                        @else { "ok" }
+                                    }
+                                    td.num { (megabytes(s.lag_bytes)) }
+                                    td.num { (megabytes(s.retained_bytes)) }
+                                    td {
+                                        (s.wal_status.as_deref().unwrap_or("—"))
+                                        @if s.is_lost() { " — INVALIDATED: see postbox slot status" }
+                                    }
+                                }
+                            }
+                        }
+                    } }
+                }
+            }
             section {
                 h2 { "Relays connected now" }
                 @if v.relays.is_empty() {
@@ -364,6 +412,11 @@ fn render(here: &Frame<'_>, v: &OverviewView<'_>) -> Markup {
             }
         },
     )
+}
+
+/// Bytes of WAL as megabytes, `—` when unknown.
+fn megabytes(bytes: Option<f64>) -> String {
+    bytes.map_or_else(|| "—".to_owned(), |b| format!("{:.1} MB", b / 1048576.0))
 }
 
 /// How the all-outboxes overview is ordered.
