@@ -19,20 +19,21 @@ const DRAIN_BYTES: usize = 64 * 1024;
 /// Longest delay taken from a `Retry-After` (or rate-limit reset) header.
 pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
 
-/// Header names the sinks set themselves, or that describe the connection:
-/// never taken from producer headers or configured headers.
 /// Producer headers that carry credentials: not carried to an endpoint
 /// unless a destination says so (the HTTP sink's `forward_credentials`;
 /// QStash never forwards them).
 pub(crate) const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "cookie", "set-cookie"];
 
 /// Whether `name` is one of [`CREDENTIAL_HEADERS`].
+#[cfg(feature = "qstash")]
 pub(crate) fn is_credential(name: &str) -> bool {
     CREDENTIAL_HEADERS
         .iter()
         .any(|c| c.eq_ignore_ascii_case(name))
 }
 
+/// Header names the sinks set themselves, or that describe the connection:
+/// never taken from producer headers or configured headers.
 pub(crate) fn is_reserved(name: &str) -> bool {
     let lower = name.to_ascii_lowercase();
     matches!(
