@@ -22,10 +22,10 @@ use aws_smithy_types::timeout::TimeoutConfig;
 use chrono::SecondsFormat;
 use postbox::redact::{display_url, sanitize_error};
 use postbox_sink::{Message, Outcome, Secrets, SinkError};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::time::Duration;
-use tokio::sync::OnceCell;
+use tokio::sync::{Mutex, OnceCell};
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How many calls of one publish may be in flight at once (each lane is one
@@ -449,6 +449,80 @@ pub(crate) fn entry(
     })
 }
 
+/// One SQS or SNS batch-request entry as its SDK builder takes it: the id
+/// (the entry's position in the call), the body, the message attributes in
+/// the SDK's own type and, on a FIFO queue or topic, the `MessageGroupId`
+/// (the aggregate id) and `MessageDeduplicationId` (the event id).
+pub(crate) struct RequestEntry<'a, A> {
+    pub(crate) id: String,
+    pub(crate) body: &'a str,
+    pub(crate) attributes: HashMap<String, A>,
+    pub(crate) group_id: Option<String>,
+    pub(crate) deduplication_id: Option<String>,
+}
+
+/// The request entries of one SQS or SNS call (`call`: positions in
+/// `batch`, whose entries are `entries`), in the service SDK's own types:
+/// `attribute` makes a message attribute of its data type and value, `build`
+/// a request entry of its parts. Either failing fails the whole call with
+/// its reason (the call is then retried unsent).
+pub(crate) fn request_entries<'a, A, R, E, F>(
+    call: &[usize],
+    batch: &[Message],
+    entries: &'a [Option<Entry>],
+    fifo: bool,
+    attribute: impl Fn(&str, &str) -> Result<A, E>,
+    build: impl Fn(RequestEntry<'a, A>) -> Result<R, F>,
+) -> Result<Vec<R>, String>
+where
+    E: std::fmt::Display,
+    F: std::fmt::Display,
+{
+    let mut request = Vec::with_capacity(call.len());
+    for (n, &i) in call.iter().enumerate() {
+        let Some(entry) = &entries[i] else { continue };
+        let mut attributes = HashMap::with_capacity(entry.attributes.len());
+        for (name, data_type, value) in &entry.attributes {
+            let value = attribute(data_type, value).map_err(|e| e.to_string())?;
+            attributes.insert((*name).to_owned(), value);
+        }
+        let m = &batch[i];
+        let (group_id, deduplication_id) = match fifo {
+            true => (
+                Some(m.aggregate_id.clone()),
+                Some(m.event_id.hyphenated().to_string()),
+            ),
+            false => (None, None),
+        };
+        let built = build(RequestEntry {
+            id: n.to_string(),
+            body: &entry.body,
+            attributes,
+            group_id,
+            deduplication_id,
+        });
+        request.push(built.map_err(|e| e.to_string())?);
+    }
+    Ok(request)
+}
+
+/// Why `name` is not an SQS queue or SNS topic name (`what`: `queue`,
+/// `topic`): 1 to `max` ASCII letters, digits, `-` and `_`, and a final
+/// `.fifo` for a FIFO one.
+pub(crate) fn check_fifo_name(name: &str, what: &str, max: usize) -> Result<(), String> {
+    let base = name.strip_suffix(".fifo").unwrap_or(name);
+    if base.is_empty() || name.len() > max {
+        return Err(format!("a {what} name has 1 to {max} characters"));
+    }
+    if !base
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err("use ASCII letters, digits, '-' and '_' (and a final .fifo)".into());
+    }
+    Ok(())
+}
+
 /// One batch on its way through a batch API (SQS, SNS): the entry of each
 /// message, or its outcome when the service would never take it.
 pub(crate) struct Plan {
@@ -591,8 +665,6 @@ pub(crate) fn retry_all(n: usize, service: &str, why: &str) -> Vec<Outcome> {
     vec![Outcome::retry(format!("{service}: {}", sanitize_error(why))); n]
 }
 
-/// The outcome of one entry the service refused in a batch call: the
-/// sender's fault is a reject (the message will never be accepted as it is),
 /// The outcomes of one SQS or SNS batch call from its answer: the ids (each
 /// entry's position in the call) the service took, and for each entry it
 /// refused, its id, whether the fault was the sender's, the code and the
@@ -617,6 +689,30 @@ pub(crate) fn batch_answer<'a>(
     collect_call(call, outcomes, service)
 }
 
+/// The outcomes of an SQS or SNS batch call that failed as a whole: a retry
+/// of each of its entries, and the lane stops. When the service says the
+/// queue or topic does not exist (an error code of `missing`), what the sink
+/// looked up of it (`looked_up`) is forgotten: it may have been deleted since,
+/// and the next call looks it up again.
+pub(crate) async fn failed_call<E, T>(
+    call: &[usize],
+    service: &str,
+    e: &SdkError<E, HttpResponse>,
+    missing: &[&str],
+    looked_up: &Mutex<Option<T>>,
+) -> (Vec<(usize, Outcome)>, bool)
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    let e = CallError::new(e);
+    if e.is_missing(missing) {
+        *looked_up.lock().await = None;
+    }
+    (retry_all_of(call, service, &e.text), false)
+}
+
+/// The outcome of one entry the service refused in a batch call: the
+/// sender's fault is a reject (the message will never be accepted as it is),
 /// anything else (throttling, an internal error) a retry.
 pub(crate) fn entry_failure(
     service: &str,

@@ -31,7 +31,6 @@ use async_trait::async_trait;
 use aws_sdk_sns::types::{MessageAttributeValue, PublishBatchRequestEntry};
 use aws_sdk_sns::Client;
 use postbox_sink::{Message, Outcome, Secrets, Sink, SinkError};
-use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::sync::{Mutex, OnceCell};
 
@@ -160,33 +159,6 @@ impl SnsSink {
         )
     }
 
-    fn request_entry(
-        &self,
-        n: usize,
-        m: &Message,
-        entry: &aws::Entry,
-    ) -> Result<PublishBatchRequestEntry, String> {
-        let mut attributes = HashMap::with_capacity(entry.attributes.len());
-        for (name, data_type, value) in &entry.attributes {
-            let value = MessageAttributeValue::builder()
-                .data_type(*data_type)
-                .string_value(value)
-                .build()
-                .map_err(|e| e.to_string())?;
-            attributes.insert((*name).to_owned(), value);
-        }
-        let mut builder = PublishBatchRequestEntry::builder()
-            .id(n.to_string())
-            .message(&entry.body)
-            .set_message_attributes(Some(attributes));
-        if self.fifo {
-            builder = builder
-                .message_group_id(&m.aggregate_id)
-                .message_deduplication_id(m.event_id.hyphenated().to_string());
-        }
-        builder.build().map_err(|e| e.to_string())
-    }
-
     /// Send one call; the outcome of each of its entries, and whether the
     /// lane may go on.
     async fn send(
@@ -196,14 +168,31 @@ impl SnsSink {
         entries: &[Option<aws::Entry>],
         call: Vec<usize>,
     ) -> (Vec<(usize, Outcome)>, bool) {
-        let mut request = Vec::with_capacity(call.len());
-        for (n, &i) in call.iter().enumerate() {
-            let Some(entry) = &entries[i] else { continue };
-            match self.request_entry(n, &batch[i], entry) {
-                Ok(e) => request.push(e),
-                Err(why) => return (aws::retry_all_of(&call, SERVICE, &why), false),
-            }
-        }
+        let request = aws::request_entries(
+            &call,
+            batch,
+            entries,
+            self.fifo,
+            |data_type, value| {
+                MessageAttributeValue::builder()
+                    .data_type(data_type)
+                    .string_value(value)
+                    .build()
+            },
+            |e| {
+                PublishBatchRequestEntry::builder()
+                    .id(e.id)
+                    .message(e.body)
+                    .set_message_attributes(Some(e.attributes))
+                    .set_message_group_id(e.group_id)
+                    .set_message_deduplication_id(e.deduplication_id)
+                    .build()
+            },
+        );
+        let request = match request {
+            Ok(request) => request,
+            Err(why) => return (aws::retry_all_of(&call, SERVICE, &why), false),
+        };
         let answer = self
             .client()
             .await
@@ -226,13 +215,7 @@ impl SnsSink {
                     )
                 }),
             ),
-            Err(e) => {
-                let e = CallError::new(&e);
-                if e.is_missing(MISSING) {
-                    *self.arn.lock().await = None;
-                }
-                (aws::retry_all_of(&call, SERVICE, &e.text), false)
-            }
+            Err(e) => aws::failed_call(&call, SERVICE, &e, MISSING, &self.arn).await,
         }
     }
 }
@@ -311,15 +294,5 @@ impl Sink for SnsSink {
 
 /// Why `name` is not an SNS topic name.
 fn check_topic_name(name: &str) -> Result<(), String> {
-    let base = name.strip_suffix(".fifo").unwrap_or(name);
-    if base.is_empty() || name.len() > 256 {
-        return Err("a topic name has 1 to 256 characters".into());
-    }
-    if !base
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    {
-        return Err("use ASCII letters, digits, '-' and '_' (and a final .fifo)".into());
-    }
-    Ok(())
+    aws::check_fifo_name(name, "topic", 256)
 }

@@ -43,7 +43,6 @@ use async_trait::async_trait;
 use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
 use aws_sdk_sqs::Client;
 use postbox_sink::{Message, Outcome, Secrets, Sink, SinkError};
-use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::sync::{Mutex, OnceCell};
 
@@ -174,16 +173,31 @@ impl SqsSink {
         entries: &[Option<aws::Entry>],
         call: Vec<usize>,
     ) -> (Vec<(usize, Outcome)>, bool) {
-        let mut request = Vec::with_capacity(call.len());
-        for (n, &i) in call.iter().enumerate() {
-            let Some(entry) = &entries[i] else { continue };
-            match self.request_entry(n, &batch[i], entry) {
-                Ok(e) => request.push(e),
-                Err(why) => {
-                    return (aws::retry_all_of(&call, SERVICE, &why), false);
-                }
-            }
-        }
+        let request = aws::request_entries(
+            &call,
+            batch,
+            entries,
+            self.fifo,
+            |data_type, value| {
+                MessageAttributeValue::builder()
+                    .data_type(data_type)
+                    .string_value(value)
+                    .build()
+            },
+            |e| {
+                SendMessageBatchRequestEntry::builder()
+                    .id(e.id)
+                    .message_body(e.body)
+                    .set_message_attributes(Some(e.attributes))
+                    .set_message_group_id(e.group_id)
+                    .set_message_deduplication_id(e.deduplication_id)
+                    .build()
+            },
+        );
+        let request = match request {
+            Ok(request) => request,
+            Err(why) => return (aws::retry_all_of(&call, SERVICE, &why), false),
+        };
         let answer = self
             .client()
             .await
@@ -206,14 +220,7 @@ impl SqsSink {
                     )
                 }),
             ),
-            Err(e) => {
-                let e = CallError::new(&e);
-                if e.is_missing(MISSING) {
-                    // Deleted since it was looked up: look it up again next time.
-                    *self.resolved.lock().await = None;
-                }
-                (aws::retry_all_of(&call, SERVICE, &e.text), false)
-            }
+            Err(e) => aws::failed_call(&call, SERVICE, &e, MISSING, &self.resolved).await,
         }
     }
 
@@ -226,33 +233,6 @@ impl SqsSink {
             max_message,
             "the queue's MaximumMessageSize",
         )
-    }
-
-    fn request_entry(
-        &self,
-        n: usize,
-        m: &Message,
-        entry: &aws::Entry,
-    ) -> Result<SendMessageBatchRequestEntry, String> {
-        let mut attributes = HashMap::with_capacity(entry.attributes.len());
-        for (name, data_type, value) in &entry.attributes {
-            let value = MessageAttributeValue::builder()
-                .data_type(*data_type)
-                .string_value(value)
-                .build()
-                .map_err(|e| e.to_string())?;
-            attributes.insert((*name).to_owned(), value);
-        }
-        let mut builder = SendMessageBatchRequestEntry::builder()
-            .id(n.to_string())
-            .message_body(&entry.body)
-            .set_message_attributes(Some(attributes));
-        if self.fifo {
-            builder = builder
-                .message_group_id(&m.aggregate_id)
-                .message_deduplication_id(m.event_id.hyphenated().to_string());
-        }
-        builder.build().map_err(|e| e.to_string())
     }
 }
 
@@ -304,15 +284,5 @@ impl Sink for SqsSink {
 
 /// Why `name` is not an SQS queue name.
 fn check_queue_name(name: &str) -> Result<(), String> {
-    let base = name.strip_suffix(".fifo").unwrap_or(name);
-    if base.is_empty() || name.len() > 80 {
-        return Err("a queue name has 1 to 80 characters".into());
-    }
-    if !base
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    {
-        return Err("use ASCII letters, digits, '-' and '_' (and a final .fifo)".into());
-    }
-    Ok(())
+    aws::check_fifo_name(name, "queue", 80)
 }
