@@ -9,15 +9,18 @@
 //! (`claim`, `log`, `logical`); `tasks` the background tasks ([`health`],
 //! [`retention`], rescue, listen, gauges); `telemetry` metrics
 //! ([`metrics`]), OpenTelemetry spans and the outbox label; [`sink`] is the
-//! transport boundary and [`sinks`] the transports; [`router`] plans who
-//! gets what; [`tenants`] serves many outboxes from one process. The data
-//! layer is the `postbox-store` crate (every statement the relay runs).
+//! transport boundary (the `postbox-sink` crate) and [`sinks`] the
+//! transports (the `postbox-sinks` crate, re-exported here); [`router`]
+//! plans who gets what; [`tenants`] serves many outboxes from one process.
+//! The data layer is the `postbox-store` crate (every statement the relay
+//! runs).
 //!
-//! Cargo features, one per transport (a sink URL whose feature is not built
-//! is a configuration error naming it; `stdout` is always built):
-//! `redis`, `nats` (JetStream), `amqp` (RabbitMQ), `http` (webhooks),
-//! `qstash`, `sqs`, `sns` and `kinesis` (Amazon) are on by default; `kafka`
-//! is opt-in (it compiles the bundled librdkafka: a C compiler and make). `failpoints` arms the named
+//! Cargo features, one per transport, forwarded to `postbox-sinks` (a sink
+//! URL whose feature is not built is a configuration error naming it;
+//! `stdout` is always built): `redis`, `nats` (JetStream), `amqp`
+//! (RabbitMQ), `http` (webhooks), `qstash`, `sqs`, `sns` and `kinesis`
+//! (Amazon) are on by default; `kafka` is opt-in (it compiles the bundled
+//! librdkafka: a C compiler and make). `failpoints` arms the named
 //! failpoints of [`failpoint`] for fault-injection runs.
 
 pub mod backoff;
@@ -27,7 +30,6 @@ pub mod failpoint;
 mod modes;
 pub mod relay;
 pub mod router;
-pub mod sinks;
 mod tasks;
 mod telemetry;
 pub mod tenants;
@@ -37,6 +39,9 @@ pub use postbox::redact;
 /// The sink contract (the `postbox-sink` crate): the `Sink` trait, `Message`,
 /// `Outcome`, and the CloudEvents body.
 pub use postbox_sink::{self as sink, cloudevents};
+/// The transports (the `postbox-sinks` crate): every sink, the registry
+/// [`sinks::from_url`] builds one from, and the shared `[sink]` options.
+pub use postbox_sinks as sinks;
 
 pub use config::{ConfigError, LogicalTransport, ReadMode, RelayConfig};
 pub use engine::permits;

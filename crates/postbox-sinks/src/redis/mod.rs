@@ -1,0 +1,173 @@
+//! Redis: `LPUSH` to a list (default) or `XADD` to a stream, pipelined per batch.
+//!
+//! URL: `redis://[USER:PASSWORD@]HOST:PORT[/DB][?mode=list|stream&key=TEMPLATE&maxlen=N]`
+//! (`rediss://` for TLS). `key` defaults to `postbox:{event_type}`; placeholders
+//! are `{event_type}`, `{aggregate_type}` and `{aggregate_id}`. In stream mode
+//! each entry has the fields `id` (event id), `type` and `body` (the CloudEvents
+//! JSON) plus one field per producer header (`h:NAME`); `maxlen` trims the
+//! stream approximately (`MAXLEN ~ N`).
+//!
+//! A reply to the whole pipeline is the only acknowledgement Redis gives: any
+//! error makes the whole batch a retry (a retry may duplicate entries; consumers
+//! deduplicate on the event id).
+
+mod config;
+#[cfg(test)]
+mod tests;
+
+pub use config::Mode;
+
+use crate::{BuiltSink, KeyTemplate, SinkOptions};
+use async_trait::async_trait;
+use config::RedisConfig;
+use postbox_sink::cloudevents;
+use postbox_sink::{Message, Outcome, Secrets, Sink, SinkError};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+/// The registry's entry for this sink.
+pub(crate) const SINK: BuiltSink = BuiltSink {
+    usage: "redis://[USER:PASSWORD@]HOST:PORT[/DB][?mode=list|stream&key=TEMPLATE&maxlen=N]  Redis list or stream (rediss:// for TLS)",
+    build: |url, options| Ok(Arc::new(RedisSink::from_url(url, options.clone())?)),
+};
+
+/// The Redis sink; see the module docs for the URL.
+pub struct RedisSink {
+    client: redis::Client,
+    connection: Mutex<Option<ConnectionManager>>,
+    mode: Mode,
+    key: KeyTemplate,
+    maxlen: Option<usize>,
+    options: SinkOptions,
+    described: String,
+    /// The URL's credentials, masked in every error.
+    secrets: Secrets,
+}
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl RedisSink {
+    /// Parse the sink URL; connects lazily.
+    pub fn from_url(raw: &str, options: SinkOptions) -> Result<Self, SinkError> {
+        let RedisConfig {
+            client_url,
+            mode,
+            key,
+            maxlen,
+            described,
+        } = RedisConfig::from_url(raw)?;
+        // TCP_NODELAY: a batch goes out as one pipeline and waits for its
+        // replies; without it (the redis crate's default) a write that
+        // follows another before its ACK can wait for the server's delayed
+        // ACK, tens of milliseconds on an event's path.
+        let info = redis::IntoConnectionInfo::into_connection_info(client_url.as_str())
+            .map(|i| i.set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true)));
+        let client = info.and_then(redis::Client::open).map_err(|e| {
+            SinkError::Config(format!(
+                "sink URL is not a valid Redis URL: {}",
+                postbox::redact::sanitize_error(&e.to_string())
+            ))
+        })?;
+        let mut secrets = Secrets::new();
+        secrets.add_userinfo(raw, false);
+        Ok(Self {
+            client,
+            connection: Mutex::new(None),
+            mode,
+            key,
+            maxlen,
+            options,
+            described,
+            secrets,
+        })
+    }
+
+    async fn connection(&self) -> Result<ConnectionManager, redis::RedisError> {
+        let mut slot = self.connection.lock().await;
+        if let Some(c) = slot.as_ref() {
+            return Ok(c.clone());
+        }
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_secs(1));
+        let c = ConnectionManager::new_with_config(self.client.clone(), config).await?;
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+
+    fn pipeline(&self, batch: &[Message]) -> redis::Pipeline {
+        let mut pipe = redis::pipe();
+        for m in batch {
+            let key = self.key.render(m);
+            let body = cloudevents::to_json(m, &self.options.source);
+            match self.mode {
+                Mode::List => {
+                    pipe.cmd("LPUSH").arg(key).arg(body).ignore();
+                }
+                Mode::Stream => {
+                    let cmd = pipe.cmd("XADD").arg(key);
+                    if let Some(n) = self.maxlen {
+                        cmd.arg("MAXLEN").arg("~").arg(n);
+                    }
+                    cmd.arg("*")
+                        .arg("id")
+                        .arg(m.event_id.to_string())
+                        .arg("type")
+                        .arg(&m.event_type)
+                        .arg("body")
+                        .arg(body);
+                    for (name, value) in &m.headers {
+                        cmd.arg(format!("h:{name}")).arg(value);
+                    }
+                    cmd.ignore();
+                }
+            }
+        }
+        pipe
+    }
+}
+
+#[async_trait]
+impl Sink for RedisSink {
+    async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
+        if batch.is_empty() {
+            return Vec::new();
+        }
+        let result = match self.connection().await {
+            Ok(mut conn) => self.pipeline(batch).query_async::<()>(&mut conn).await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => vec![Outcome::Delivered; batch.len()],
+            Err(e) => {
+                let error = format!("redis: {}", postbox::redact::sanitize_error(&e.to_string()));
+                vec![Outcome::retry(error); batch.len()]
+            }
+        }
+    }
+
+    async fn check(&self) -> Result<(), SinkError> {
+        let unreachable = |e: redis::RedisError| SinkError::Unreachable {
+            sink: self.describe(),
+            reason: postbox::redact::sanitize_error(&e.to_string()),
+        };
+        let mut conn = self.connection().await.map_err(unreachable)?;
+        redis::cmd("PING")
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(unreachable)
+    }
+
+    fn describe(&self) -> String {
+        self.described.clone()
+    }
+
+    fn secrets(&self) -> &Secrets {
+        &self.secrets
+    }
+}
