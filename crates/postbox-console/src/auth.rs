@@ -4,13 +4,16 @@ use crate::{Console, ConsoleError};
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
 use axum::http::{header, HeaderMap};
+use hmac::{Hmac, Mac};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use std::sync::OnceLock;
+use subtle::ConstantTimeEq;
 
 /// The session cookie's name.
 pub(crate) const SESSION_COOKIE: &str = "postbox_session";
-/// The sign-in form's own CSRF cookie (there is no session yet).
+/// The sign-in form's cookie (there is no session yet): a random nonce the
+/// form's CSRF token is bound to ([`SignInTokens`]).
 pub(crate) const SIGN_IN_COOKIE: &str = "postbox_sign_in";
 
 /// Audit actions the console writes itself (replays and discards use `store::dlq`'s).
@@ -126,10 +129,72 @@ pub(crate) fn same_secret(a: &str, b: &str) -> bool {
     if a.len() != b.len() || a.is_empty() {
         return false;
     }
-    a.bytes()
-        .zip(b.bytes())
-        .fold(0_u8, |acc, (x, y)| acc | (x ^ y))
-        == 0
+    bool::from(a.as_bytes().ct_eq(b.as_bytes()))
+}
+
+/// The sign-in form's CSRF tokens, issued by this console process and
+/// checked against its own key (random, made at start, never stored or
+/// shown). A token is `EXPIRES.MAC`: an HMAC-SHA256 over the browser's
+/// sign-in cookie (a random nonce) and the expiry (Unix seconds), so a token
+/// made up, taken from another browser's form (another cookie), expired, or
+/// issued before a restart (another key) is refused.
+pub(crate) struct SignInTokens {
+    key: [u8; 32],
+}
+
+impl SignInTokens {
+    pub fn new() -> Self {
+        let mut key = [0_u8; 32];
+        rand::rng().fill_bytes(&mut key);
+        Self { key }
+    }
+
+    fn mac(&self, nonce: &str, expires: u64) -> Option<Vec<u8>> {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.key).ok()?;
+        mac.update(b"postbox console sign-in form\0");
+        mac.update(nonce.as_bytes());
+        mac.update(b"\0");
+        mac.update(expires.to_string().as_bytes());
+        Some(mac.finalize().into_bytes().to_vec())
+    }
+
+    /// The token of a form for the browser whose sign-in cookie is `nonce`,
+    /// valid until `expires` (Unix seconds).
+    pub fn issue(&self, nonce: &str, expires: u64) -> Option<String> {
+        self.mac(nonce, expires)
+            .map(|mac| format!("{expires}.{}", hex(&mac)))
+    }
+
+    /// Whether `token` is one this process issued for the sign-in cookie
+    /// `nonce`, and not expired at `now` (Unix seconds).
+    pub fn verify(&self, nonce: &str, token: &str, now: u64) -> bool {
+        if nonce.is_empty() {
+            return false;
+        }
+        let Some((expires, given)) = token.split_once('.') else {
+            return false;
+        };
+        if expires.is_empty() || !expires.bytes().all(|b| b.is_ascii_digit()) {
+            return false;
+        }
+        let Ok(expires) = expires.parse::<u64>() else {
+            return false;
+        };
+        if expires <= now {
+            return false;
+        }
+        match self.mac(nonce, expires) {
+            Some(mac) => same_secret(given, &hex(&mac)),
+            None => false,
+        }
+    }
+}
+
+/// Seconds since the Unix epoch (0 if the clock is before it).
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// A cookie's value from the request's `Cookie` headers.
@@ -252,5 +317,25 @@ mod tests {
         assert!(same_secret("abc", "abc"));
         assert!(!same_secret("abc", "abd"));
         assert!(!same_secret("", ""));
+    }
+
+    #[test]
+    fn sign_in_tokens_are_bound_to_their_cookie_their_expiry_and_their_key() {
+        let tokens = SignInTokens::new();
+        let now = 1_000_000;
+        let token = tokens.issue("nonce-a", now + 60).unwrap();
+        assert!(tokens.verify("nonce-a", &token, now));
+        // Another browser's cookie, a token made up, the cookie as its own token.
+        assert!(!tokens.verify("nonce-b", &token, now));
+        assert!(!tokens.verify("", &token, now));
+        assert!(!tokens.verify("nonce-a", "nonce-a", now));
+        assert!(!tokens.verify("nonce-a", &format!("{}.00", now + 60), now));
+        // Expired; an expiry moved later.
+        assert!(!tokens.verify("nonce-a", &token, now + 60));
+        let (_, mac) = token.split_once('.').unwrap();
+        assert!(!tokens.verify("nonce-a", &format!("{}.{mac}", now + 3600), now));
+        assert!(!tokens.verify("nonce-a", &format!("+{}.{mac}", now + 60), now));
+        // Another process (a restart): another key.
+        assert!(!SignInTokens::new().verify("nonce-a", &token, now));
     }
 }

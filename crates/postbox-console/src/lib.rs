@@ -13,7 +13,9 @@
 //!   ([`add_user`]). A session is a random token in an `HttpOnly`,
 //!   `SameSite=Strict` cookie (`Secure` when the console sits behind TLS);
 //!   only the token's SHA-256 is stored. Every state-changing request carries
-//!   the session's CSRF token (the sign-in form its own, double-submitted).
+//!   the session's CSRF token (the sign-in form its own: an HMAC the console
+//!   process issues under a key it makes at start, bound to the form's cookie
+//!   and expiring).
 //!   One guard checks the session, the token and the role in front of every
 //!   state-changing route, from one table ([`state_changing_routes`]); a
 //!   state-changing route without a row is refused. Sign-in attempts and
@@ -114,6 +116,9 @@ pub struct ConsoleConfig {
     pub secure_cookies: bool,
     /// How long a session lasts after sign-in.
     pub session_lifetime: Duration,
+    /// How long a sign-in form (its CSRF token) can be sent after it was
+    /// shown. A form shown before the console restarted is refused too.
+    pub sign_in_form_lifetime: Duration,
     /// Sign-in attempts per client address; failed sign-ins per user name
     /// before the name is protected (see the crate's sign-in limits).
     pub sign_in_limit: RateLimit,
@@ -163,6 +168,7 @@ impl ConsoleConfig {
             redactor: PayloadRedactor::default(),
             secure_cookies: false,
             session_lifetime: Duration::from_secs(12 * 3600),
+            sign_in_form_lifetime: Duration::from_secs(3600),
             sign_in_limit: RateLimit::per_minute(5),
             sign_in_delay: Duration::from_secs(2),
             trusted_proxies: Vec::new(),
@@ -184,6 +190,8 @@ pub(crate) struct Inner {
     pub home: ConsoleStore,
     pub served: Served,
     pub sign_in: limit::SignInLimits,
+    /// This process's key for the sign-in form's CSRF tokens.
+    pub sign_in_tokens: auth::SignInTokens,
     pub actions: limit::Limiter,
     pub jobs: jobs::Jobs,
 }
@@ -232,6 +240,7 @@ impl Console {
             home: ConsoleStore::new(pool, &config.schema),
             served,
             sign_in: limit::SignInLimits::new(config.sign_in_limit, config.sign_in_delay),
+            sign_in_tokens: auth::SignInTokens::new(),
             actions: limit::Limiter::new(config.action_limit),
             jobs: jobs::Jobs::default(),
             config,

@@ -7,4 +7,5 @@ mod browser;
 mod guard;
 mod outboxes;
 mod pages;
+mod sign_in_token;
 mod support;

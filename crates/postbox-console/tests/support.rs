@@ -145,6 +145,20 @@ impl Agent {
         Self::from_address(h, "127.0.0.1")
     }
 
+    /// An agent of the console at `base` (`http://ADDR`).
+    pub fn at(base: &str) -> Agent {
+        Agent {
+            base: base.to_owned(),
+            client: postbox_testkit::http()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .unwrap(),
+            cookies: Vec::new(),
+            csrf: String::new(),
+            extra: Vec::new(),
+        }
+    }
+
     /// An agent whose connections come from `local` (any of 127.0.0.0/8).
     pub fn from_address(h: &Harness, local: &str) -> Agent {
         Agent {

@@ -13,8 +13,8 @@
 //!
 //! and hands the handler the session it checked ([`Checked`]), which only
 //! the guard makes. Sign-in itself has no session yet: its row says so, and
-//! its handler checks the sign-in form's own double-submitted token and the
-//! sign-in rate limits.
+//! its handler checks the sign-in form's own token (issued by the console
+//! process, bound to the form's cookie) and the sign-in rate limits.
 
 use crate::auth::{self, Role, Session};
 use crate::form::FormData;
@@ -33,7 +33,8 @@ use std::pin::Pin;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
     /// The sign-in form: there is no session yet. Its handler checks the
-    /// form's own double-submitted token and the sign-in rate limits.
+    /// form's own token (issued by the console process, bound to the form's
+    /// cookie) and the sign-in rate limits.
     SignIn,
     /// A live session, the session's CSRF token in the form, and at least
     /// this role (`Viewer`: any signed-in user).

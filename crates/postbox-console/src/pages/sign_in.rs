@@ -1,6 +1,7 @@
-//! `/sign-in` and `/sign-out`: the sign-in form (its own double-submitted
-//! CSRF token, the sign-in rate limits), sessions made and ended, each
-//! attempt in the home schema's audit log.
+//! `/sign-in` and `/sign-out`: the sign-in form (its own CSRF token, which
+//! this console process issued and binds to the form's cookie; the sign-in
+//! rate limits), sessions made and ended, each attempt in the home schema's
+//! audit log.
 
 use crate::auth::{
     self, ACTION_SIGN_IN, ACTION_SIGN_IN_FAILED, ACTION_SIGN_OUT, SESSION_COOKIE, SIGN_IN_COOKIE,
@@ -36,14 +37,28 @@ fn sign_in_form(
     name: &str,
     error: Option<&str>,
 ) -> Response {
-    let token = auth::random_token();
+    // A fresh nonce in the cookie, and the form's token bound to it.
+    let nonce = auth::random_token();
+    let lifetime = console.inner.config.sign_in_form_lifetime.as_secs().max(1);
+    let Some(token) = console
+        .inner
+        .sign_in_tokens
+        .issue(&nonce, auth::unix_now().saturating_add(lifetime))
+    else {
+        return internal(&"cannot make the sign-in form's token").into_response();
+    };
     let markup = render(&SignInView {
         csrf: &token,
         next,
         name,
         error,
     });
-    let cookie = auth::set_cookie(SIGN_IN_COOKIE, &token, 3600, auth::secure(console, headers));
+    let cookie = auth::set_cookie(
+        SIGN_IN_COOKIE,
+        &nonce,
+        lifetime,
+        auth::secure(console, headers),
+    );
     let mut res = (status, page(markup)).into_response();
     if let Ok(v) = HeaderValue::from_str(&cookie) {
         res.headers_mut().append(header::SET_COOKIE, v);
@@ -95,8 +110,15 @@ pub(super) async fn sign_in(
     let name = form.get("name").unwrap_or("");
     let password = form.all("password").next().unwrap_or_default().to_owned();
     let next = auth::safe_next(form.get("next"));
-    let expected = auth::cookie(&headers, SIGN_IN_COOKIE).unwrap_or("");
-    if !auth::same_secret(form.get("csrf").unwrap_or(""), expected) {
+    // The form's token must be one this process issued for this browser's
+    // sign-in cookie, not expired: a token made up, taken from another
+    // browser, or from before a restart is refused with a fresh form.
+    let nonce = auth::cookie(&headers, SIGN_IN_COOKIE).unwrap_or("");
+    if !console
+        .inner
+        .sign_in_tokens
+        .verify(nonce, form.get("csrf").unwrap_or(""), auth::unix_now())
+    {
         audit_sign_in(&console, name, false, "csrf", &client.addr).await;
         return sign_in_form(
             &console,
