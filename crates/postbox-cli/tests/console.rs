@@ -184,6 +184,118 @@ async fn users_come_from_standard_input_and_the_console_serves_them() {
     db.drop_schema().await;
 }
 
+fn add_user_with(db: &TestDb, args: &[&str], password: &str) -> Output {
+    let mut all = vec!["add-user"];
+    all.extend_from_slice(args);
+    all.push("--password-stdin");
+    let mut child = console(db, &all)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{password}\n").as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+async fn outboxes_of(db: &TestDb, name: &str) -> Vec<String> {
+    sqlx::query_scalar(trusted(
+        &db.sql("SELECT outboxes FROM {schema}.console_users WHERE name = $1"),
+    ))
+    .bind(name)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn add_user_limits_a_role_to_some_outboxes_and_running_it_again_changes_that() {
+    let db = TestDb::new().await;
+    let pw = "correct horse battery";
+    let out = add_user_with(
+        &db,
+        &[
+            "olga",
+            "--role",
+            "operator",
+            "--outboxes",
+            "tenant_a, tenant_b*,app_?/t_*",
+        ],
+        pw,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "created console user olga (operator, outboxes tenant_a,tenant_b*,app_?/t_*)\n"
+    );
+    assert_eq!(
+        outboxes_of(&db, "olga").await,
+        ["tenant_a", "tenant_b*", "app_?/t_*"]
+    );
+
+    // A session, ended by the next add-user.
+    let session: Vec<u8> = vec![1, 2, 3];
+    sqlx::query(trusted(&db.sql(
+        "INSERT INTO {schema}.console_sessions (token_hash, user_name, csrf_token, expires_at) \
+         VALUES ($1, 'olga', 'x', now() + interval '1 hour')",
+    )))
+    .bind(&session)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+
+    // Again without --outboxes: the role and password change, the limit stays.
+    let out = add_user_with(&db, &["olga", "--role", "viewer"], pw);
+    assert_eq!(
+        text(&out.stdout),
+        "updated console user olga (viewer, outboxes tenant_a,tenant_b*,app_?/t_*)\n"
+    );
+    assert_eq!(
+        outboxes_of(&db, "olga").await,
+        ["tenant_a", "tenant_b*", "app_?/t_*"]
+    );
+    let sessions: i64 = sqlx::query_scalar(trusted(
+        &db.sql("SELECT count(*) FROM {schema}.console_sessions WHERE user_name = 'olga'"),
+    ))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(sessions, 0, "add-user ends the user's sessions");
+
+    // Another limit; then '*', every outbox.
+    let out = add_user_with(
+        &db,
+        &["olga", "--role", "operator", "--outboxes", "db2/tenant_c"],
+        pw,
+    );
+    assert_eq!(
+        text(&out.stdout),
+        "updated console user olga (operator, outboxes db2/tenant_c)\n"
+    );
+    let out = add_user_with(&db, &["olga", "--role", "operator", "--outboxes", "*"], pw);
+    assert_eq!(text(&out.stdout), "updated console user olga (operator)\n");
+    assert!(outboxes_of(&db, "olga").await.is_empty());
+
+    // Malformed patterns are refused before anything is stored.
+    for bad in ["", "Tenant_A", "a/b/c", "tenant a", "tenant_a,"] {
+        let out = add_user_with(&db, &["olga", "--role", "operator", "--outboxes", bad], pw);
+        assert!(!out.status.success(), "{bad:?}");
+        let err = text(&out.stderr);
+        assert!(err.contains("invalid outbox pattern"), "{bad:?}: {err}");
+        assert!(
+            err.contains("SCHEMA_GLOB or DATABASE_GLOB/SCHEMA_GLOB"),
+            "{err}"
+        );
+    }
+    assert!(outboxes_of(&db, "olga").await.is_empty());
+    db.drop_schema().await;
+}
+
 #[tokio::test]
 async fn an_unmigrated_schema_is_named_with_what_to_do() {
     let db = TestDb::empty().await;

@@ -1,5 +1,6 @@
 //! Users, passwords, sessions and CSRF tokens.
 
+use crate::scope::OutboxPatterns;
 use crate::{Console, ConsoleError};
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
@@ -20,6 +21,8 @@ pub(crate) const SIGN_IN_COOKIE: &str = "postbox_sign_in";
 pub(crate) const ACTION_SIGN_IN: &str = "console.sign_in";
 pub(crate) const ACTION_SIGN_IN_FAILED: &str = "console.sign_in_failed";
 pub(crate) const ACTION_SIGN_OUT: &str = "console.sign_out";
+/// What the console's own actions start with.
+pub(crate) const CONSOLE_ACTIONS: &str = "console.";
 
 /// What a console user may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,6 +236,9 @@ pub(crate) fn set_cookie(name: &str, value: &str, max_age: u64, secure: bool) ->
 pub(crate) struct Session {
     pub user: String,
     pub role: Role,
+    /// The outboxes the role applies to (migration 23; checked on every
+    /// request about an outbox: [`crate::http::access`]).
+    pub outboxes: OutboxPatterns,
     pub csrf: String,
     pub token_hash: Vec<u8>,
 }

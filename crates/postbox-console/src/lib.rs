@@ -6,7 +6,10 @@
 //!   outbox they name, each under `/o/<database>/<schema>/` with the same
 //!   pages, and an all-outboxes overview at `/`. Users, sessions and the
 //!   audit of sign-ins stay in the home schema either way; one sign-in covers
-//!   every outbox, and a role applies to all of them.
+//!   every outbox, and a role applies to all of them unless the user's
+//!   outbox patterns limit it ([`OutboxPatterns`], [`set_user`]): a user sees
+//!   and acts in only the outboxes its patterns name, everywhere else the
+//!   console answers as if the outbox did not exist.
 //!
 //! - **Access.** Users have a role: `viewer` looks, `operator` also replays
 //!   and discards dead letters. Passwords are stored as argon2 hashes
@@ -50,6 +53,7 @@ mod limit;
 mod outboxes;
 mod pages;
 mod samples;
+mod scope;
 mod views;
 
 pub use auth::{hash_password, verify_password, Role};
@@ -58,6 +62,7 @@ pub use http::guard::{Access, StateChangingRoute};
 pub use limit::RateLimit;
 pub use outboxes::OutboxSource;
 pub use postbox::redact::PayloadRedactor;
+pub use scope::OutboxPatterns;
 
 use outboxes::{Directory, Outbox};
 use postbox::Schema;
@@ -80,14 +85,18 @@ pub enum ConsoleError {
     /// Roles are `viewer` and `operator`.
     #[error("unknown role {0:?}: expected viewer or operator")]
     UnknownRole(String),
+    /// An outbox pattern is `SCHEMA_GLOB` or `DATABASE_GLOB/SCHEMA_GLOB`
+    /// (`*` any run, `?` one character), comma-separated; `*` is every outbox.
+    #[error("invalid outbox pattern {pattern:?}: {why} (patterns are SCHEMA_GLOB or DATABASE_GLOB/SCHEMA_GLOB, comma-separated; '*' is every outbox)")]
+    InvalidOutboxPattern { pattern: String, why: &'static str },
     /// argon2 refused to hash (it does not in practice).
     #[error("cannot hash the password: {0}")]
     Hash(String),
     /// The database refused or failed a statement.
     #[error("database error")]
     Database(#[from] sqlx::Error),
-    /// The schema lacks the console's tables.
-    #[error("schema {0} has no console tables (migration 6): run `postbox migrate` first")]
+    /// The schema lacks the console's tables, or its users' outbox column.
+    #[error("schema {0} has no console tables, or not their latest version (migrations 6 and 23): run `postbox migrate` first")]
     NotMigrated(String),
     /// The listening socket failed.
     #[error("cannot serve the console")]
@@ -193,6 +202,12 @@ pub(crate) struct Inner {
     /// This process's key for the sign-in form's CSRF tokens.
     pub sign_in_tokens: auth::SignInTokens,
     pub actions: limit::Limiter,
+    /// Requests refused because the user's outboxes do not include the
+    /// one asked for: how many are logged (see [`http::access`]).
+    pub refusals: limit::LogLimit,
+    /// The home pool's database: serving one outbox, the database its
+    /// users' outbox patterns are matched against.
+    pub home_database: String,
     pub jobs: jobs::Jobs,
 }
 
@@ -236,12 +251,21 @@ impl Console {
                 config.overview_cache_for,
             )))
         };
+        let home_database = {
+            let connect = pool.connect_options();
+            connect
+                .get_database()
+                .unwrap_or_else(|| connect.get_username())
+                .to_owned()
+        };
         let inner = Inner {
             home: ConsoleStore::new(pool, &config.schema),
             served,
             sign_in: limit::SignInLimits::new(config.sign_in_limit, config.sign_in_delay),
             sign_in_tokens: auth::SignInTokens::new(),
             actions: limit::Limiter::new(config.action_limit),
+            refusals: limit::LogLimit::new(RateLimit::per_minute(10)),
+            home_database,
             jobs: jobs::Jobs::default(),
             config,
         };
@@ -344,8 +368,9 @@ pub fn state_changing_routes() -> &'static [StateChangingRoute] {
 }
 
 /// Create user `name` with `role`, or give an existing user this role and
-/// password; the user's open sessions end either way. Returns true when the
-/// user is new.
+/// password (an existing user keeps its outbox patterns; a new one may use
+/// every outbox); the user's open sessions end either way. Returns true when
+/// the user is new.
 pub async fn add_user(
     pool: &PgPool,
     schema: &Schema,
@@ -353,6 +378,32 @@ pub async fn add_user(
     role: Role,
     password: &str,
 ) -> Result<bool, ConsoleError> {
+    Ok(set_user(pool, schema, name, role, None, password)
+        .await?
+        .created)
+}
+
+/// A user as [`set_user`] stored it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredUser {
+    /// Whether the user is new.
+    pub created: bool,
+    /// The outboxes the user's role applies to now.
+    pub outboxes: OutboxPatterns,
+}
+
+/// Create user `name` with `role`, or give an existing user this role and
+/// password, and the outboxes the role applies to when `outboxes` is given
+/// (`None`: an existing user keeps its own, a new one may use every
+/// outbox); the user's open sessions end either way.
+pub async fn set_user(
+    pool: &PgPool,
+    schema: &Schema,
+    name: &str,
+    role: Role,
+    outboxes: Option<&OutboxPatterns>,
+    password: &str,
+) -> Result<StoredUser, ConsoleError> {
     auth::check_user_name(name)?;
     auth::check_password(password)?;
     let hash = {
@@ -363,13 +414,23 @@ pub async fn add_user(
     };
     let store = ConsoleStore::new(pool.clone(), schema);
     check_schema(&store, schema).await?;
-    Ok(store.upsert_user(name, role.as_str(), &hash).await?)
+    let patterns = outboxes.map(OutboxPatterns::to_stored);
+    let (created, stored) = store
+        .upsert_user(name, role.as_str(), &hash, patterns.as_deref())
+        .await?;
+    Ok(StoredUser {
+        created,
+        outboxes: OutboxPatterns::from_stored(&stored)?,
+    })
 }
 
 async fn check_schema(store: &ConsoleStore, schema: &Schema) -> Result<(), ConsoleError> {
     match store.user("").await {
         Ok(_) => Ok(()),
-        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42P01") => {
+        // No table (migration 6), or no outboxes column (migration 23).
+        Err(sqlx::Error::Database(db))
+            if matches!(db.code().as_deref(), Some("42P01" | "42703")) =>
+        {
             Err(ConsoleError::NotMigrated(schema.name().to_owned()))
         }
         Err(e) => Err(e.into()),

@@ -9,6 +9,7 @@ use governor::state::keyed::HashMapStateStore;
 use governor::{Quota, RateLimiter};
 use std::collections::HashMap;
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -69,6 +70,35 @@ impl<C: Clock> Limiter<C> {
         self.limiter
             .check_key(&key.to_owned())
             .map_err(|refused| refused.wait_time_from(self.limiter.clock().now()))
+    }
+}
+
+/// A bound on the log lines about something that may repeat without end
+/// (a refused request): at most the limit's lines, the others counted and
+/// told in the next line logged.
+pub(crate) struct LogLimit {
+    lines: Limiter,
+    left_out: AtomicU64,
+}
+
+impl LogLimit {
+    pub fn new(limit: RateLimit) -> Self {
+        Self {
+            lines: Limiter::new(limit),
+            left_out: AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(n)`: log this one, and say that `n` were left out since the
+    /// last line; `None`: leave it out (it is counted).
+    pub fn admit(&self) -> Option<u64> {
+        match self.lines.check("") {
+            Ok(()) => Some(self.left_out.swap(0, Ordering::Relaxed)),
+            Err(_) => {
+                self.left_out.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
     }
 }
 
@@ -332,5 +362,18 @@ mod tests {
         });
         assert!(l.check("a").is_ok());
         assert_eq!(l.check("a").unwrap_err(), Duration::from_millis(1));
+    }
+
+    #[test]
+    fn log_lines_beyond_the_limit_are_counted_for_the_next_one() {
+        let l = LogLimit::new(RateLimit {
+            burst: 2,
+            per: Duration::from_secs(3600),
+        });
+        assert_eq!(l.admit(), Some(0));
+        assert_eq!(l.admit(), Some(0));
+        assert_eq!(l.admit(), None);
+        assert_eq!(l.admit(), None);
+        assert_eq!(l.left_out.load(Ordering::Relaxed), 2);
     }
 }

@@ -5,6 +5,7 @@
 mod access;
 mod browser;
 mod guard;
+mod outbox_roles;
 mod outboxes;
 mod pages;
 mod sign_in_token;

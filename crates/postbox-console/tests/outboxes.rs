@@ -15,14 +15,14 @@ use uuid::Uuid;
 
 /// A console whose home is its own schema, serving `tenants` (and no other
 /// schema of the test database).
-struct Many {
-    h: Harness,
-    tenants: Vec<TestDb>,
-    database: String,
+pub(crate) struct Many {
+    pub h: Harness,
+    pub tenants: Vec<TestDb>,
+    pub database: String,
 }
 
 impl Many {
-    async fn start(n: usize) -> Many {
+    pub async fn start(n: usize) -> Many {
         Self::start_with(n, |_| {}).await
     }
 
@@ -75,16 +75,16 @@ impl Many {
     }
 
     /// `<database>/<schema>` of tenant `i`.
-    fn name(&self, i: usize) -> String {
+    pub fn name(&self, i: usize) -> String {
         format!("{}/{}", self.database, self.tenants[i].schema.name())
     }
 
     /// Tenant `i`'s pages.
-    fn at(&self, i: usize, path: &str) -> String {
+    pub fn at(&self, i: usize, path: &str) -> String {
         format!("/o/{}{path}", self.name(i))
     }
 
-    async fn finish(self) {
+    pub async fn finish(self) {
         for t in self.tenants {
             t.drop_schema().await;
         }
@@ -92,7 +92,7 @@ impl Many {
     }
 }
 
-async fn status(db: &TestDb, id: Uuid) -> String {
+pub(crate) async fn status(db: &TestDb, id: Uuid) -> String {
     sqlx::query_scalar(trusted(
         &db.sql("SELECT status::text FROM {schema}.outbox WHERE event_id = $1"),
     ))
@@ -103,7 +103,7 @@ async fn status(db: &TestDb, id: Uuid) -> String {
 }
 
 /// (actor, action, count, the selection's outbox) of every audit entry of `db`.
-async fn audit(db: &TestDb) -> Vec<(String, String, i64, Option<String>)> {
+pub(crate) async fn audit(db: &TestDb) -> Vec<(String, String, i64, Option<String>)> {
     sqlx::query_as(trusted(&db.sql(
         "SELECT actor, action, count, selection->>'outbox' FROM {schema}.audit_log ORDER BY id",
     )))

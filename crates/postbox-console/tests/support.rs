@@ -3,7 +3,7 @@
 
 use postbox::statements::trusted;
 use postbox::NewEvent;
-use postbox_console::{Console, ConsoleConfig, Role};
+use postbox_console::{Console, ConsoleConfig, OutboxPatterns, Role};
 use postbox_testkit::TestDb;
 use reqwest::header::{COOKIE, LOCATION, SET_COOKIE};
 use reqwest::StatusCode;
@@ -56,6 +56,45 @@ impl Harness {
         postbox_console::add_user(&self.db.pool, &self.db.schema, name, role, PASSWORD)
             .await
             .unwrap();
+    }
+
+    /// User `name` with `role`, limited to the outboxes `patterns` names.
+    pub async fn limited_user(&self, name: &str, role: Role, patterns: &str) {
+        let patterns = OutboxPatterns::parse(patterns).unwrap();
+        postbox_console::set_user(
+            &self.db.pool,
+            &self.db.schema,
+            name,
+            role,
+            Some(&patterns),
+            PASSWORD,
+        )
+        .await
+        .unwrap();
+    }
+
+    /// A new agent signed in as `name`, who already exists; its CSRF token
+    /// is the session's as the database keeps it (whatever pages it may see).
+    pub async fn signed_in_as(&self, name: &str) -> Agent {
+        let mut agent = Agent::new(self);
+        let res = agent.sign_in(name, PASSWORD).await;
+        assert_eq!(res.status, StatusCode::SEE_OTHER, "{}", res.body);
+        let session = agent
+            .cookies
+            .iter()
+            .find(|(k, _)| k == "postbox_session")
+            .map(|(_, v)| v.clone())
+            .expect("a session cookie");
+        let hash = sha256(&session);
+        agent.csrf =
+            sqlx::query_scalar(trusted(&self.db.sql(
+                "SELECT csrf_token FROM {schema}.console_sessions WHERE token_hash = $1",
+            )))
+            .bind(hash)
+            .fetch_one(&self.db.pool)
+            .await
+            .unwrap();
+        agent
     }
 
     /// A new agent signed in as `name` (created with `role` first).
@@ -255,6 +294,12 @@ impl Agent {
         assert_eq!(page.status, StatusCode::OK, "{}", page.body);
         self.csrf = hidden(&page.body, "csrf");
     }
+}
+
+/// SHA-256 of `s`, as the console stores a session token.
+fn sha256(s: &str) -> Vec<u8> {
+    use sha2::Digest;
+    sha2::Sha256::digest(s.as_bytes()).to_vec()
 }
 
 /// The value of the first hidden input `name` in `html`.

@@ -1,17 +1,21 @@
 -- The console's own tables (users, sessions) and what its overview reads.
 
 -- name: user_upsert
--- Create console user $1 with role $2 and password hash $3, or replace the
--- role and hash of an existing one. Returns true when the user is new.
-INSERT INTO {schema}.console_users AS u (name, role, password_hash)
-VALUES ($1, $2, $3)
+-- Create console user $1 with role $2, password hash $3 and outbox patterns
+-- $4 (migration 23; empty: every outbox), or replace the role and hash of an
+-- existing one, and its patterns unless $4 is NULL (a new user then gets
+-- none: every outbox). Returns whether the user is new, and the patterns
+-- stored.
+INSERT INTO {schema}.console_users AS u (name, role, password_hash, outboxes)
+VALUES ($1, $2, $3, coalesce($4::text[], '{}'))
 ON CONFLICT (name) DO UPDATE
-SET role = excluded.role, password_hash = excluded.password_hash, updated_at = now()
-RETURNING (xmax = 0) AS created;
+SET role = excluded.role, password_hash = excluded.password_hash,
+    outboxes = coalesce($4::text[], u.outboxes), updated_at = now()
+RETURNING (xmax = 0) AS created, outboxes;
 
 -- name: user_get
--- One console user by name: role and password hash.
-SELECT role, password_hash FROM {schema}.console_users WHERE name = $1;
+-- One console user by name: role, password hash and outbox patterns.
+SELECT role, password_hash, outboxes FROM {schema}.console_users WHERE name = $1;
 
 -- name: user_delete
 -- Remove console user $1 (their sessions go with them). Returns the name when it existed.
@@ -31,8 +35,8 @@ VALUES ($1, $2, $3, now() + make_interval(secs => $4));
 
 -- name: session_get
 -- The live session whose token hashes to $1: its user, the user's current
--- role, and the session's CSRF token.
-SELECT s.user_name, u.role, s.csrf_token
+-- role and outbox patterns (migration 23), and the session's CSRF token.
+SELECT s.user_name, u.role, u.outboxes, s.csrf_token
 FROM {schema}.console_sessions s
 JOIN {schema}.console_users u ON u.name = s.user_name
 WHERE s.token_hash = $1 AND s.expires_at > now();

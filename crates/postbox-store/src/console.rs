@@ -66,6 +66,9 @@ pub struct StoredUser {
     pub role: String,
     /// The argon2 PHC string.
     pub password_hash: String,
+    /// The outboxes the user's role applies to, as patterns (migration 23;
+    /// empty: every outbox). The console parses and checks them.
+    pub outboxes: Vec<String>,
 }
 
 /// A live session.
@@ -75,6 +78,8 @@ pub struct StoredSession {
     pub user: String,
     /// The user's role now (a changed role applies to open sessions).
     pub role: String,
+    /// The user's outbox patterns now (empty: every outbox).
+    pub outboxes: Vec<String>,
     pub csrf_token: String,
 }
 
@@ -154,19 +159,24 @@ impl ConsoleStore {
         }
     }
 
-    /// Create a user or replace an existing one's role and hash; ends the
-    /// user's open sessions either way. Returns true when the user is new.
+    /// Create a user or replace an existing one's role and hash, and its
+    /// outbox patterns when `outboxes` is given (`None`: an existing user
+    /// keeps its own, a new one gets none, which is every outbox); ends the
+    /// user's open sessions either way. Returns whether the user is new, and
+    /// the patterns stored.
     pub async fn upsert_user(
         &self,
         name: &str,
         role: &str,
         password_hash: &str,
-    ) -> Result<bool, sqlx::Error> {
+        outboxes: Option<&[String]>,
+    ) -> Result<(bool, Vec<String>), sqlx::Error> {
         let mut tx = self.pool.begin().await?;
-        let created: bool = sqlx::query_scalar(trusted(&self.sql.user_upsert))
+        let stored: (bool, Vec<String>) = sqlx::query_as(trusted(&self.sql.user_upsert))
             .bind(name)
             .bind(role)
             .bind(password_hash)
+            .bind(outboxes)
             .fetch_one(&mut *tx)
             .await?;
         sqlx::query(trusted(&self.sql.sessions_end_user))
@@ -174,7 +184,7 @@ impl ConsoleStore {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        Ok(created)
+        Ok(stored)
     }
 
     /// Remove a user and their sessions; false when there was no such user.
@@ -328,12 +338,14 @@ impl ConsoleStore {
     /// Audit entries, newest first: below entry id `before`, of `action` and
     /// `actor` when given. Entries of action `actor_hidden` (when given) never
     /// match the `actor` filter: for readers who may not see those actors.
+    /// With `action_prefix`, only the actions starting with it.
     pub async fn audit_page(
         &self,
         before: Option<i64>,
         action: Option<&str>,
         actor: Option<&str>,
         actor_hidden: Option<&str>,
+        action_prefix: Option<&str>,
         limit: i64,
     ) -> Result<Vec<AuditEntry>, sqlx::Error> {
         sqlx::query_as(trusted(&self.sql.audit.page))
@@ -342,6 +354,7 @@ impl ConsoleStore {
             .bind(actor)
             .bind(limit.max(0))
             .bind(actor_hidden)
+            .bind(action_prefix)
             .fetch_all(&self.pool)
             .await
     }

@@ -132,6 +132,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "reader_failures",
         sql: include_str!("../migrations/0022_reader_failures.sql"),
     },
+    Migration {
+        version: 23,
+        name: "console_outboxes",
+        sql: include_str!("../migrations/0023_console_outboxes.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.

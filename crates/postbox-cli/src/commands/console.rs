@@ -5,7 +5,7 @@
 use crate::context::{cancel_on_signal, AnyError, Settings};
 use crate::output::{errln, outln};
 use clap::{Args, Subcommand};
-use postbox_console::{Cidr, Console, ConsoleConfig, Role};
+use postbox_console::{Cidr, Console, ConsoleConfig, OutboxPatterns, Role};
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
@@ -50,7 +50,7 @@ pub struct ServeArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum ConsoleCommand {
-    /// Create a console user, or set an existing user's role and password (their sessions end)
+    /// Create a console user, or set an existing user's role, password and outboxes (their sessions end)
     AddUser(AddUserArgs),
     /// Remove a console user (their sessions end)
     RemoveUser(RemoveUserArgs),
@@ -63,6 +63,12 @@ pub struct AddUserArgs {
     /// viewer (can look) or operator (can also replay and discard)
     #[arg(long, value_parser = ["viewer", "operator"])]
     pub role: String,
+    /// The outboxes the role applies to, comma-separated: SCHEMA_GLOB or
+    /// DATABASE_GLOB/SCHEMA_GLOB (`*` any run, `?` one character), e.g.
+    /// 'tenant_a,tenant_b*'; '*' is every outbox. A new user without it may
+    /// use every outbox; an existing one keeps its own
+    #[arg(long, value_name = "PATTERNS")]
+    pub outboxes: Option<String>,
     /// Read the password from the first line of standard input (required: never from a flag)
     #[arg(long, required = true)]
     pub password_stdin: bool,
@@ -83,15 +89,32 @@ pub async fn run(settings: &Settings, args: ConsoleArgs) -> Result<ExitCode, Any
 
 async fn add_user(settings: &Settings, args: AddUserArgs) -> Result<ExitCode, AnyError> {
     let role = Role::parse(&args.role)?;
+    let outboxes = args
+        .outboxes
+        .as_deref()
+        .map(OutboxPatterns::parse)
+        .transpose()?;
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line)?;
     let password = line.trim_end_matches(['\r', '\n']);
     let pool = settings.pool("postbox-console").await?;
-    let created =
-        postbox_console::add_user(&pool, &settings.schema, &args.name, role, password).await?;
+    let stored = postbox_console::set_user(
+        &pool,
+        &settings.schema,
+        &args.name,
+        role,
+        outboxes.as_ref(),
+        password,
+    )
+    .await?;
+    let limit = if stored.outboxes.is_every() {
+        String::new()
+    } else {
+        format!(", outboxes {}", stored.outboxes)
+    };
     outln!(
-        "{} console user {} ({})",
-        if created { "created" } else { "updated" },
+        "{} console user {} ({}{limit})",
+        if stored.created { "created" } else { "updated" },
         args.name,
         role.as_str()
     );

@@ -14,7 +14,9 @@
 //! and hands the handler the session it checked ([`Checked`]), which only
 //! the guard makes. Sign-in itself has no session yet: its row says so, and
 //! its handler checks the sign-in form's own token (issued by the console
-//! process, bound to the form's cookie) and the sign-in rate limits.
+//! process, bound to the form's cookie) and the sign-in rate limits. Before
+//! the guard, the outbox check ([`crate::http::access`]) has refused a user
+//! whose role does not apply to the outbox the request is about.
 
 use crate::auth::{self, Role, Session};
 use crate::form::FormData;

@@ -1,14 +1,16 @@
-//! The router. Every route is mounted from one list (the pages' `routes`):
-//! a page as it is, a state-changing handler only behind the guard
-//! ([`crate::http::guard`]), which checks the request's session, CSRF token
-//! and role before its handler runs. Serving many outboxes, a layer in front
-//! of the routes ([`choose_outbox`]) takes the outbox prefix off the path.
-//! Every response carries the security headers.
+//! The router. Every route is mounted from one list (the pages' `routes`),
+//! behind the outbox check ([`crate::http::access`]: the user's role must
+//! apply to the outbox the request is about): a page as it is, a
+//! state-changing handler only behind the guard ([`crate::http::guard`]),
+//! which checks the request's session, CSRF token and role before its
+//! handler runs. Serving many outboxes, a layer in front of the routes
+//! ([`choose_outbox`]) takes the outbox prefix off the path, and checks that
+//! the user may use that outbox. Every response carries the security headers.
 
 use crate::auth::Session;
-use crate::http::guard;
 use crate::http::outbox::Chosen;
 use crate::http::reply::{not_found, Fail};
+use crate::http::{access, guard};
 use crate::outboxes;
 use crate::{Console, Served};
 use axum::extract::{FromRequestParts, Request, State};
@@ -29,24 +31,27 @@ pub(crate) struct Routes {
 }
 
 impl Routes {
-    /// A page (GET, and HEAD with it): the handler takes the [`Session`] if it needs one.
+    /// A page (GET, and HEAD with it): the handler takes the [`Session`] if
+    /// it needs one. Behind the outbox check.
     pub(crate) fn get<H: Handler<T, Console>, T: 'static>(
         mut self,
         path: &'static str,
         handler: H,
     ) -> Self {
+        let handler = access::scoped(path, handler);
         self.router = self.router.route(path, on(MethodFilter::GET, handler));
         self.mounted.push((Method::GET, path));
         self
     }
 
-    /// A form's target: behind the guard, which needs the route's row.
+    /// A form's target: behind the outbox check, then the guard, which
+    /// needs the route's row.
     pub(crate) fn post<H: Handler<T, Console>, T: 'static>(
         mut self,
         path: &'static str,
         handler: H,
     ) -> Self {
-        let handler = guard::guarded(Method::POST, path, handler);
+        let handler = access::scoped(path, guard::guarded(Method::POST, path, handler));
         self.router = self.router.route(path, on(MethodFilter::POST, handler));
         self.mounted.push((Method::POST, path));
         self
@@ -76,10 +81,11 @@ pub(crate) fn router(console: Console, routes: Routes) -> Router {
         .layer(axum::middleware::map_response(security_headers))
 }
 
-/// `/o/<database>/<schema>/REST`: find the outbox, hand the request on as
-/// `/REST` with the outbox among its extensions. An outbox the console does
-/// not serve gets a clear page (after sign-in, like any page).
-async fn choose_outbox(State(console): State<Console>, mut req: Request, next: Next) -> Response {
+/// `/o/<database>/<schema>/REST`: find the outbox, check that the user's
+/// role applies to it, hand the request on as `/REST` with the outbox among
+/// its extensions. An outbox the console does not serve, or one the user
+/// may not use, gets the same clear page (after sign-in, like any page).
+async fn choose_outbox(State(console): State<Console>, req: Request, next: Next) -> Response {
     let Some(rest) = req.uri().path().strip_prefix("/o/") else {
         return next.run(req).await;
     };
@@ -107,6 +113,10 @@ async fn choose_outbox(State(console): State<Console>, mut req: Request, next: N
             return sign_in_first;
         }
         return Fail::NoOutbox.into_response();
+    };
+    let mut req = match access::check(&console, req, &outbox).await {
+        Ok(req) => req,
+        Err(refused) => return refused,
     };
     *req.uri_mut() = uri;
     // Its backlog is sampled for its charts while someone looks at it.

@@ -3,6 +3,7 @@
 use crate::auth::{cookie, token_hash, Role, Session, SESSION_COOKIE};
 use crate::http::outbox::Chosen;
 use crate::http::reply::{internal, see_other};
+use crate::scope::OutboxPatterns;
 use crate::Console;
 use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::request::Parts;
@@ -26,12 +27,20 @@ impl IntoResponse for SignInFirst {
     }
 }
 
+/// A session already found for this request (by the outbox check in front
+/// of the routes, [`crate::http::access`]), so that it is read once.
+#[derive(Clone)]
+pub(crate) struct Found(pub Session);
+
 /// The signed-in user: anyone without a live session goes to the sign-in
 /// page, coming back to where they were going.
 impl FromRequestParts<Console> for Session {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, console: &Console) -> Result<Self, Response> {
+        if let Some(Found(session)) = parts.extensions.get::<Found>() {
+            return Ok(session.clone());
+        }
         let next = if parts.method == axum::http::Method::GET {
             // Under an outbox's prefix, the path the browser asked for.
             let base = parts
@@ -59,9 +68,14 @@ impl FromRequestParts<Console> for Session {
         let Ok(role) = Role::parse(&stored.role) else {
             return Err(SignInFirst { next }.into_response());
         };
+        // The table's constraint keeps the patterns parseable; should one
+        // not parse, the user may see nothing rather than everything.
+        let outboxes = OutboxPatterns::from_stored(&stored.outboxes)
+            .map_err(|e| internal(&e).into_response())?;
         Ok(Session {
             user: stored.user,
             role,
+            outboxes,
             csrf: stored.csrf_token,
             token_hash: hash,
         })

@@ -1,7 +1,7 @@
 //! `/audit`: an outbox's audit log, filtered, a page at a time; serving many
 //! outboxes, without a prefix, the home schema's (sign-ins and sign-outs).
 
-use crate::auth::{Session, ACTION_SIGN_IN_FAILED};
+use crate::auth::{Session, ACTION_SIGN_IN_FAILED, CONSOLE_ACTIONS};
 use crate::form::FormData;
 use crate::http::outbox::{frame, Place};
 use crate::http::reply::{failed, internal, page, Fail};
@@ -28,12 +28,17 @@ pub(super) async fn audit(
         Place::All => None,
     };
     let log = outbox.as_ref().map_or(&console.inner.home, |o| &o.console);
+    // Above the outboxes, a user limited to some of them reads the sign-in
+    // log alone: the home schema's other entries are about its own outbox.
+    let console_only =
+        (outbox.is_none() && !session.outboxes.is_every()).then_some(CONSOLE_ACTIONS);
     let mut entries = log
         .audit_page(
             q.get("before").and_then(|b| b.parse().ok()),
             q.get("action"),
             q.get("actor"),
             (!session.is_operator()).then_some(ACTION_SIGN_IN_FAILED),
+            console_only,
             page_size + 1,
         )
         .await

@@ -5,6 +5,7 @@
 
 use crate::auth::Session;
 use crate::form::FormData;
+use crate::http::access;
 use crate::http::outbox::{frame, Place};
 use crate::http::reply::{failed, page, Fail};
 use crate::jobs::Job;
@@ -113,8 +114,8 @@ async fn all_outboxes(
     let q = FormData::parse(query.unwrap_or_default().as_bytes());
     let order = OutboxOrder::parse(q.get("sort"));
     let read = directory.overview().await;
-    let known = &read.known;
-    let mut lines = read.lines.to_vec();
+    // Only the outboxes the user's role applies to.
+    let (mut lines, outboxes, problems) = access::visible(console, session, &read);
     let mut total = postbox_store::Backlog::default();
     for b in lines.iter().filter_map(|l| l.backlog.as_ref().ok()) {
         total.pending += b.pending;
@@ -163,8 +164,8 @@ async fn all_outboxes(
         &here,
         &OutboxesView {
             lines: &shown,
-            problems: &known.problems,
-            outboxes: known.outboxes.len(),
+            problems,
+            outboxes,
             unreadable,
             total,
             order,
