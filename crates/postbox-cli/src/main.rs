@@ -8,7 +8,7 @@ mod output;
 mod commands;
 mod config;
 mod context;
-mod observe;
+mod metrics_endpoint;
 #[cfg(feature = "otel")]
 mod otel;
 mod tenants;

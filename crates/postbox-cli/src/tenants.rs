@@ -4,7 +4,7 @@
 //! `postbox_relay::tenants`), `migrate`, `status`, `dlq` and `console`.
 
 use crate::context::{AnyError, Settings};
-use crate::observe;
+use crate::metrics_endpoint;
 use clap::Args;
 use postbox::Schema;
 use postbox_relay::{
@@ -257,10 +257,14 @@ pub async fn relay(
         // /readyz checks the database --database-url names.
         let options = db::options(settings.database_url.as_deref(), "postbox-relay")?;
         let store = postbox_relay::Store::new(db::lazy_pool(options, 1), settings.schema.clone());
-        let endpoint =
-            observe::Endpoint::bind_labelled(addr, store, sinks, section.aggregate_metrics)
-                .await?
-                .with_outboxes(tenants.clone());
+        let endpoint = metrics_endpoint::Endpoint::bind_labelled(
+            addr,
+            store,
+            sinks,
+            section.aggregate_metrics,
+        )
+        .await?
+        .with_outboxes(tenants.clone());
         if let Some(bound) = endpoint.local_addr() {
             tracing::info!("serving /metrics, /healthz, /readyz and /outboxes on http://{bound}");
         }

@@ -45,7 +45,7 @@
 
 mod assets;
 mod auth;
-mod client;
+mod client_addr;
 mod form;
 mod http;
 mod jobs;
@@ -57,7 +57,7 @@ mod scope;
 mod views;
 
 pub use auth::{hash_password, verify_password, Role};
-pub use client::{Cidr, CidrError};
+pub use client_addr::{Cidr, CidrError};
 pub use http::guard::{Access, StateChangingRoute};
 pub use limit::RateLimit;
 pub use outboxes::OutboxSource;

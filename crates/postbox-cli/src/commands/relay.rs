@@ -3,7 +3,7 @@
 
 use crate::config::SinkSection;
 use crate::context::{cancel_on_signal, error_chain, name_the_flag, AnyError, Settings};
-use crate::observe;
+use crate::metrics_endpoint;
 use crate::output::outln;
 use clap::Args;
 use postbox::Schema;
@@ -241,7 +241,7 @@ pub async fn run(settings: &Settings, args: RelayArgs) -> Result<ExitCode, AnyEr
     let serving = CancellationToken::new();
     let _stop_serving = serving.clone().drop_guard();
     if let Some(addr) = &args.metrics_listen {
-        let endpoint = observe::Endpoint::bind(addr, store, sinks)
+        let endpoint = metrics_endpoint::Endpoint::bind(addr, store, sinks)
             .await?
             .with_reader(relay.stats());
         if let Some(bound) = endpoint.local_addr() {

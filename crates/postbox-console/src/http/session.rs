@@ -103,14 +103,14 @@ impl FromRequestParts<Console> for ClientAddr {
             .map(|c| c.0.ip());
         Ok(match peer {
             Some(peer) => {
-                let ip = crate::client::client_ip(
+                let ip = crate::client_addr::client_ip(
                     peer,
                     &parts.headers,
                     &console.inner.config.trusted_proxies,
                 );
                 ClientAddr {
                     addr: ip.to_string(),
-                    key: crate::client::limit_key(ip),
+                    key: crate::client_addr::limit_key(ip),
                 }
             }
             None => ClientAddr {

@@ -1,7 +1,7 @@
 //! What every reading mode shares: the state of one `run` ([`Shared`]), the
 //! publish path every event takes to its destination ([`publish::publish_to`],
-//! with per-destination failure tracking in [`trouble`]), the page publisher
-//! the stream readers share ([`page`]), the wake-up signals ([`Signals`]),
+//! with per-destination failure tracking in [`outages`]), the page publisher
+//! the stream readers share ([`page_publisher`]), the wake-up signals ([`Signals`]),
 //! the batch permits of a multi-outbox relay ([`permits`]), and the counters
 //! ([`Stats`]).
 //!
@@ -9,12 +9,12 @@
 //! background task (`crate::tasks`) or the multi-outbox layer
 //! (`crate::tenants`); they import this. `.ci/layers` checks it.
 
-pub(crate) mod page;
+pub(crate) mod outages;
+pub(crate) mod page_publisher;
 pub mod permits;
 pub(crate) mod publish;
 mod signals;
 mod stats;
-pub(crate) mod trouble;
 
 pub(crate) use signals::Signals;
 pub use stats::{RunMode, Stats, StatsSnapshot};
@@ -45,7 +45,7 @@ pub(crate) struct Shared {
     /// Cancelled on SIGTERM: stop reading, release what was not published.
     pub(crate) shutdown: CancellationToken,
     /// Per destination (by index): its current run of failures, if any.
-    pub(crate) trouble: Vec<trouble::Trouble>,
+    pub(crate) trouble: Vec<outages::Trouble>,
     /// A permit per batch (claimed, read from the log or the slot), shared
     /// by many relays (see `Relay::with_batch_permits`).
     pub(crate) permits: Option<OutboxPermits>,

@@ -2,7 +2,7 @@
 //! to one destination, bounded by `publish_timeout`, each outcome cleaned of
 //! the sink's secrets, counted, and watched for runs of failures.
 
-use super::trouble::{whole_seconds, Report};
+use super::outages::{whole_seconds, Report};
 use super::Shared;
 use crate::config::ReadMode;
 use crate::redact::sanitize_error;
@@ -100,7 +100,7 @@ pub(crate) async fn publish_to(
 /// Say that destination `d` keeps failing (rate-limited by [`Trouble`]) or
 /// that it delivers again.
 ///
-/// [`Trouble`]: super::trouble::Trouble
+/// [`Trouble`]: super::outages::Trouble
 async fn speak_up(shared: &Shared, d: usize, report: Report, outcomes: &[Outcome]) {
     let destination = &shared.router.destinations()[d];
     match report {

@@ -34,7 +34,7 @@
 //! cap on batches in flight and the same fairness as claim-mode ones.
 
 use crate::backoff;
-use crate::engine::page::{Item, Pending, Published};
+use crate::engine::page_publisher::{Item, Pending, Published};
 use crate::engine::{spawn, RunMode, Shared, DB_RETRY_BASE, DB_RETRY_MAX};
 use crate::redact::sanitize_error;
 use crate::telemetry::metrics as m;
@@ -573,7 +573,7 @@ async fn publish_page(
             scheduled: e.scheduled,
         })
         .collect();
-    crate::engine::page::publish(shared, log, d, &items, ordered).await
+    crate::engine::page_publisher::publish(shared, log, d, &items, ordered).await
 }
 
 /// Count a settled page; `retried` of the hand-offs were tried and are not

@@ -29,7 +29,7 @@ mod stream;
 
 use crate::backoff;
 use crate::config::{LogicalTransport, ReadMode};
-use crate::engine::page::{Item, Outbox};
+use crate::engine::page_publisher::{Item, Outbox};
 use crate::engine::{RunMode, Shared, DB_RETRY_BASE, DB_RETRY_MAX};
 use crate::redact::sanitize_error;
 use crate::router::Router;
@@ -476,8 +476,9 @@ pub(crate) async fn publish_batch(
             scheduled: e.scheduled_after(now),
         })
         .collect();
-    let rounds = (0..router.destinations().len())
-        .map(|d| crate::engine::page::publish(shared, &batches.outbox, d, &items, batches.ordered));
+    let rounds = (0..router.destinations().len()).map(|d| {
+        crate::engine::page_publisher::publish(shared, &batches.outbox, d, &items, batches.ordered)
+    });
     let results = join_all(rounds).await;
     // Per event: whether some destination did not take it (now).
     let mut handed_off = vec![false; events.len()];
