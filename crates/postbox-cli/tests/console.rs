@@ -21,19 +21,7 @@ fn console(db: &TestDb, args: &[&str]) -> Command {
 }
 
 fn add_user(db: &TestDb, name: &str, role: &str, password: &str) -> Output {
-    let mut child = console(db, &["add-user", name, "--role", role, "--password-stdin"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(format!("{password}\n").as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
+    add_user_with(db, &[name, "--role", role], password)
 }
 
 fn text(b: &[u8]) -> String {

@@ -323,7 +323,7 @@ impl Directory {
             Err(poisoned) => *poisoned.into_inner() = pools,
         }
         for unlisted in &listing.unlisted {
-            let database = unlisted.database.as_ref().map(|(name, _)| name.as_str());
+            let database = (!unlisted.server).then_some(unlisted.database.as_str());
             found.failed(
                 unlisted.source,
                 database,

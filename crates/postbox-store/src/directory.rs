@@ -129,9 +129,12 @@ impl<T> Found<'_, T> {
 #[derive(Debug)]
 pub struct Unlisted {
     pub source: usize,
-    /// The database whose schemas could not be listed (with its key); `None`
-    /// when the server's list of databases could not be read.
-    pub database: Option<(String, String)>,
+    /// The database that could not be listed, and its key: its schemas, or
+    /// with `server`, the server's databases (read through this one).
+    pub database: String,
+    pub key: String,
+    /// The server's list of databases could not be read.
+    pub server: bool,
     /// What it was, for messages: `database app_1`, `the server of database postgres`.
     pub what: String,
     pub error: sqlx::Error,
@@ -140,7 +143,8 @@ pub struct Unlisted {
 /// One listing of every source.
 #[derive(Debug)]
 pub struct Listing<'a, T> {
-    /// In source order; an outbox named by two sources is found once.
+    /// Listed outboxes first, then discovered ones, each in source order; an
+    /// outbox named by two sources is found once, as the first names it.
     pub found: Vec<Found<'a, T>>,
     pub unlisted: Vec<Unlisted>,
 }
@@ -177,7 +181,19 @@ pub async fn list<'a, T>(
     };
     let mut listed: HashMap<String, Option<Vec<String>>> = HashMap::new();
     let mut seen = std::collections::HashSet::new();
-    for (i, source) in sources.iter().enumerate() {
+    // Listed outboxes first: one a pattern also matches keeps the listing's
+    // `with` (the relay: the outbox's own routes).
+    let listed_first = sources
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| matches!(s, Source::Outbox { .. }))
+        .chain(
+            sources
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| matches!(s, Source::Discover { .. })),
+        );
+    for (i, source) in listed_first {
         let (targets, wanted, with) = match source {
             Source::Outbox {
                 connect,
@@ -202,7 +218,9 @@ pub async fn list<'a, T>(
                             Err(error) => {
                                 listing.unlisted.push(Unlisted {
                                     source: i,
-                                    database: None,
+                                    database: database_of(connect),
+                                    key: key_of(connect),
+                                    server: true,
                                     what: format!(
                                         "the server of database {}",
                                         database_of(connect)
@@ -231,7 +249,9 @@ pub async fn list<'a, T>(
                     Err(error) => {
                         listing.unlisted.push(Unlisted {
                             source: i,
-                            database: Some((database.clone(), key.clone())),
+                            database: database.clone(),
+                            key: key.clone(),
+                            server: false,
                             what: format!("database {database}"),
                             error,
                         });

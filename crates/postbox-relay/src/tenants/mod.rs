@@ -533,19 +533,18 @@ impl Tenants {
         found.used = used;
         for unlisted in &listing.unlisted {
             let error = sanitize_error(&unlisted.error.to_string());
-            match &unlisted.database {
-                None => {
-                    found.keep_all = true;
-                    tracing::warn!(what = %unlisted.what, %error, "listing the server's databases failed; keeping the outboxes served");
-                    metrics::counter!(m::OUTBOX_ERRORS, "database" => unlisted.what.clone(), "kind" => "discovery").increment(1);
-                }
-                Some((database, key)) => {
-                    found.unseen.insert(key.clone());
-                    tracing::warn!(%database, %error, "listing the database's outboxes failed; its outboxes keep running and it is tried again next round");
-                    metrics::counter!(m::OUTBOX_ERRORS, "database" => database.clone(), "kind" => "discovery").increment(1);
-                }
+            let database = &unlisted.database;
+            if unlisted.server {
+                found.keep_all = true;
+                tracing::warn!(%database, %error, "listing the server's databases failed; keeping the outboxes served");
+            } else {
+                found.unseen.insert(unlisted.key.clone());
+                tracing::warn!(%database, %error, "listing the database's outboxes failed; its outboxes keep running and it is tried again next round");
             }
+            // Labelled with the database's name, as before the directory.
+            metrics::counter!(m::OUTBOX_ERRORS, "database" => database.clone(), "kind" => "discovery").increment(1);
         }
+
         for outbox in listing.found {
             let name = outbox.name();
             match outbox.presence {
