@@ -21,7 +21,7 @@ use crate::samples::Samples;
 use postbox::Schema;
 use postbox_store::directory::{self, Schemas, Source};
 use postbox_store::{Backlog, ConsoleStore, DeadLetters, Store};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::PgPool;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -308,7 +308,7 @@ impl Directory {
                 .entry(key.to_owned())
                 .or_insert_with(|| {
                     // Made on first use; it connects lazily.
-                    PgPoolOptions::new()
+                    postbox_store::connect::pool_options(connect)
                         .max_connections(size)
                         .min_connections(0)
                         .idle_timeout(Some(Duration::from_secs(10)))

@@ -108,9 +108,18 @@ pub fn wait_ended(pid: u32) -> io::Result<()> {
     }
 }
 
-/// Reap ended child `pid`: its exit status and its peak resident set size
-/// (`ru_maxrss`) in MB.
-pub fn reap(pid: u32) -> io::Result<(ExitStatus, f64)> {
+/// What reaping a child tells of it.
+#[derive(Clone, Copy, Debug)]
+pub struct Reaped {
+    pub status: ExitStatus,
+    /// Peak resident set size (`ru_maxrss`), in MB.
+    pub peak_rss_mb: f64,
+    /// User and system CPU time it used, in seconds.
+    pub cpu_s: f64,
+}
+
+/// Reap ended child `pid`: its exit status, peak memory and CPU time.
+pub fn reap(pid: u32) -> io::Result<Reaped> {
     let pid = pid_t(pid)?;
     loop {
         let mut status = 0;
@@ -119,10 +128,12 @@ pub fn reap(pid: u32) -> io::Result<(ExitStatus, f64)> {
         // SAFETY: both pointers are valid for the duration of the call.
         let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
         if r >= 0 {
-            return Ok((
-                ExitStatus::from_raw(status),
-                usage.ru_maxrss as f64 / 1024.0,
-            ));
+            let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+            return Ok(Reaped {
+                status: ExitStatus::from_raw(status),
+                peak_rss_mb: usage.ru_maxrss as f64 / 1024.0,
+                cpu_s: seconds(usage.ru_utime) + seconds(usage.ru_stime),
+            });
         }
         let err = io::Error::last_os_error();
         if err.kind() != io::ErrorKind::Interrupted {
@@ -192,6 +203,18 @@ pub fn system_user(name: &str) -> Option<User> {
             gid: pwd.pw_gid,
         });
     }
+}
+
+/// User and system CPU time this process has used so far, in seconds.
+pub fn own_cpu_seconds() -> f64 {
+    // SAFETY: rusage is plain data; getrusage fills it for this process.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: the pointer is valid for the duration of the call.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0.0;
+    }
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }
 
 /// Clock ticks per second (`sysconf(_SC_CLK_TCK)`), the unit of `/proc/PID/stat`'s CPU times.

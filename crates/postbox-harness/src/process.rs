@@ -20,6 +20,8 @@ pub struct Exit {
     pub status: ExitStatus,
     /// Peak resident set size, in MB.
     pub peak_rss_mb: f64,
+    /// User and system CPU time it used, in seconds.
+    pub cpu_s: f64,
 }
 
 /// What the waiting thread found: `None` while the child runs.
@@ -106,10 +108,11 @@ impl ChildProcess {
                 let ended = os::wait_ended(pid).and_then(|()| {
                     // Reap under the lock signals take.
                     let mut ended = waiting.ended();
-                    let (status, peak_rss_mb) = os::reap(pid)?;
+                    let reaped = os::reap(pid)?;
                     *ended = Some(Ok(Exit {
-                        status,
-                        peak_rss_mb,
+                        status: reaped.status,
+                        peak_rss_mb: reaped.peak_rss_mb,
+                        cpu_s: reaped.cpu_s,
                     }));
                     Ok(())
                 });

@@ -102,6 +102,8 @@ pub struct TogetherRun {
     pub elapsed: Duration,
     /// The largest peak RSS among them, in MB.
     pub peak_rss_mb: f64,
+    /// The CPU time they used together, in seconds.
+    pub cpu_s: f64,
 }
 
 /// Start `n` relays at once (`postbox relay --drain …`) and wait for all of them.
@@ -115,16 +117,19 @@ pub async fn run_together(
         children.push(command.spawn(None)?);
     }
     let mut peak = 0.0_f64;
+    let mut cpu_s = 0.0;
     for child in &children {
         let exit = child.wait().await?;
         if !exit.status.success() {
             return Err("a relay process failed; run it by hand to see why".into());
         }
         peak = peak.max(exit.peak_rss_mb);
+        cpu_s += exit.cpu_s;
     }
     Ok(TogetherRun {
         elapsed: started.elapsed(),
         peak_rss_mb: peak,
+        cpu_s,
     })
 }
 

@@ -76,6 +76,12 @@ pub struct BenchArgs {
         value_parser = super::parse_mode
     )]
     pub latency_modes: Vec<postbox_relay::ReadMode>,
+    /// Other systems the drain runs the same events through, into the same
+    /// sink, when the server has them: pgq (PgQ's canonical consumer; needs
+    /// the pgq extension, e.g. Debian's postgresql-15-pgq3; the bench
+    /// creates it and drops it again)
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub peers: Vec<Peer>,
     /// Schema the benchmark creates and drops (never your outbox's)
     #[arg(long, default_value = "postbox_bench")]
     pub bench_schema: String,
@@ -100,6 +106,11 @@ pub enum Part {
     Ordered,
     Sustained,
     Tenants,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Peer {
+    Pgq,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -150,6 +161,11 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> Result<ExitCode, AnyEr
         tenant_drain_events: args.tenant_drain_events,
         parts: args.only.into_iter().map(bench::Part::from).collect(),
         modes: args.modes.into_iter().map(bench::Mode::from).collect(),
+        peers: args
+            .peers
+            .into_iter()
+            .map(|Peer::Pgq| bench::Peer::Pgq)
+            .collect(),
         latency_modes: args.latency_modes,
         bench_schema: args.bench_schema,
         json: args.json,

@@ -11,7 +11,6 @@ use postbox::serve::{serve, Limits};
 use postbox::verify::{qstash, webhooks};
 use postbox::Outbox;
 use postbox_store::connect as db;
-use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -134,7 +133,7 @@ pub async fn run(settings: &Settings, args: ReceiveArgs) -> Result<ExitCode, Any
     }
     let options = db::options(settings.database_url.as_deref(), "postbox-receive")?;
     // Lazy: the receiver starts (and answers 503) while the database is down.
-    let pool = PgPoolOptions::new()
+    let pool = db::pool_options(&options)
         .max_connections(POOL_SIZE)
         .acquire_timeout(args.db_timeout)
         .connect_lazy_with(options.clone());

@@ -5,6 +5,9 @@
 //!   process, so its peak RSS is the real binary's) into the sink; in the same
 //!   run, the pure-SQL claim-and-ack loop on the same schema (no broker), and a
 //!   naive row-at-a-time relay (SELECT 100, then LPUSH + UPDATE + COMMIT per row).
+//!   With `--peers pgq` (`pgq.rs`), the same events through PgQ's canonical
+//!   consumer into the same sink. Each reading mode's CPU per million events,
+//!   the relay's and the PostgreSQL server's (`cpu.rs`).
 //! - **latency** (`latency.rs`): a steady producer at R events/s for T;
 //!   commit-to-Redis percentiles, once with LISTEN/NOTIFY and once with
 //!   polling only, then in log mode and in logical mode (producers `emit`).
@@ -34,7 +37,9 @@
 //! Its statements are `sql/bench.sql` ([`store::BenchStore`]); what it
 //! measured is a [`report::BenchReport`].
 
+mod cpu;
 mod latency;
+mod pgq;
 pub mod report;
 pub mod store;
 mod sustained;
@@ -48,7 +53,8 @@ use postbox_relay::ReadMode;
 use postbox_store::connect as db;
 use redis::AsyncCommands;
 use report::{
-    print_table, round2, BenchReport, Drain, LogScale, Machine, Ordered, Producer, Scale,
+    print_table, round2, BenchReport, Cost, Drain, LogScale, Machine, Ordered, PgqDrain, Producer,
+    Scale,
 };
 use std::time::{Duration, Instant};
 use store::BenchStore;
@@ -86,6 +92,8 @@ pub struct Options {
     pub tenant_drain_events: i64,
     /// Which parts to run.
     pub parts: Vec<Part>,
+    /// Other systems the drain compares with, when the server has them.
+    pub peers: Vec<Peer>,
     /// Reading modes of the scale-out and sustained runs.
     pub modes: Vec<Mode>,
     /// Reading modes of the latency run.
@@ -106,6 +114,13 @@ pub struct Options {
 pub enum Mode {
     Claim,
     Log,
+}
+
+/// Another system the drain runs the same events through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peer {
+    /// PgQ's canonical consumer (the `pgq` extension).
+    Pgq,
 }
 
 /// The parts of a benchmark run.
@@ -342,8 +357,23 @@ impl Bench<'_> {
         RelayCommand::new(self.url, &self.schema)
     }
 
-    /// Run `n` `postbox relay --drain` processes at once; wall time and the largest peak RSS.
-    async fn drain_with_relays(&self, n: usize, extra: &[&str]) -> Result<TogetherRun, AnyError> {
+    /// Run `n` `postbox relay --drain` processes at once; wall time, the
+    /// largest peak RSS, and the CPU the relays and the server used.
+    async fn drain_with_relays(&self, n: usize, extra: &[&str]) -> Result<Drained, AnyError> {
+        let postgres_before = cpu::postgres_seconds();
+        let run = self.run_relays(n, extra).await?;
+        let postgres_cpu_s = cpu::postgres_seconds()
+            .zip(postgres_before)
+            .map(|(after, before)| after - before);
+        Ok(Drained {
+            elapsed: run.elapsed,
+            peak_rss_mb: run.peak_rss_mb,
+            relay_cpu_s: run.cpu_s,
+            postgres_cpu_s,
+        })
+    }
+
+    async fn run_relays(&self, n: usize, extra: &[&str]) -> Result<TogetherRun, AnyError> {
         let command = self
             .relay()?
             .args(["--drain", "--sink", &self.sink])
@@ -391,6 +421,13 @@ impl Bench<'_> {
         let log_relay = self.drain_with_relays(1, &["--mode", "log"]).await?;
         let wal_log = self.store.wal_since(&lsn).await?;
         let log_after = self.store.log_size().await?;
+        // PgQ right after log mode: the design log mode follows, measured
+        // back to back on the same server state.
+        let pgq = if self.options.peers.contains(&Peer::Pgq) {
+            self.pgq_drain().await?
+        } else {
+            None
+        };
 
         crate::progressln!(
             "drain: the same events emitted into the WAL ({EMIT_PER_TRANSACTION} per transaction), through the relay in logical mode…"
@@ -429,7 +466,35 @@ impl Bench<'_> {
         let log_rate = options.events as f64 / log_relay.elapsed.as_secs_f64();
         let logical_rate = options.events as f64 / logical_relay.elapsed.as_secs_f64();
         let per_event = |bytes: i64| round2(bytes as f64 / options.events as f64);
+        let cost = |reader: &'static str, run: &Drained| Cost {
+            reader,
+            reader_cpu_s_per_million: cpu::per_million(run.relay_cpu_s, options.events),
+            postgres_cpu_s_per_million: run
+                .postgres_cpu_s
+                .map(|s| cpu::per_million(s, options.events)),
+        };
+        let mut costs = vec![
+            cost("claim", &relay),
+            cost("log", &log_relay),
+            cost("logical", &logical_relay),
+        ];
+        let pgq = pgq.map(|run| {
+            let rate = options.events as f64 / run.elapsed.as_secs_f64();
+            costs.push(Cost {
+                reader: "pgq",
+                reader_cpu_s_per_million: cpu::per_million(run.consumer_cpu_s, options.events),
+                postgres_cpu_s_per_million: run
+                    .postgres_cpu_s
+                    .map(|s| cpu::per_million(s, options.events)),
+            });
+            PgqDrain {
+                events_per_s: rate.round(),
+                log_vs_pgq: round2(log_rate / rate),
+            }
+        });
         Ok(Drain {
+            cost: costs,
+            pgq,
             wal_bytes_per_event: per_event(wal_claim),
             log_relay_events_per_s: log_rate.round(),
             log_relay_peak_rss_mb: log_relay.peak_rss_mb,
@@ -462,6 +527,36 @@ impl Bench<'_> {
         })
     }
 
+    /// The drain's events through PgQ's consumer into the same sink, or
+    /// `None` (said on stderr) when the server has no `pgq` extension.
+    async fn pgq_drain(&self) -> Result<Option<pgq::PgqRun>, AnyError> {
+        let events = self.options.events;
+        let queue = format!("{}_pgq", self.schema.name());
+        let Some(peer) = pgq::PgqPeer::open(self.pool.clone(), &queue).await? else {
+            crate::errln!(
+                "drain: PgQ skipped: the server has no pgq extension (Debian: apt-get install postgresql-15-pgq3)"
+            );
+            return Ok(None);
+        };
+        crate::progressln!(
+            "drain: the same events through PgQ's consumer ({} per batch)…",
+            self.options.batch_size
+        );
+        clear_redis(&self.sink).await;
+        let run = async {
+            peer.seed(events, i64::from(self.options.batch_size))
+                .await?;
+            let sink = postbox_relay::sinks::from_url(&self.sink, &Default::default())?;
+            peer.drain(sink.as_ref(), events).await
+        }
+        .await;
+        let closed = peer.close().await;
+        clear_redis(&self.sink).await;
+        let run = run?;
+        closed?;
+        Ok(Some(run))
+    }
+
     /// The replication slot of the benchmark's logical-mode runs.
     fn slot(&self) -> String {
         format!("{}_slot", self.schema.name())
@@ -490,7 +585,7 @@ impl Bench<'_> {
 
     /// A fresh schema; `n` events emitted into the WAL, `per_tx` per
     /// transaction, drained by one relay in logical mode.
-    async fn logical_drain(&self, n: i64, per_tx: i64) -> Result<TogetherRun, AnyError> {
+    async fn logical_drain(&self, n: i64, per_tx: i64) -> Result<Drained, AnyError> {
         self.reset().await?;
         let slot = self.slot();
         self.with_slot(async {
@@ -689,6 +784,18 @@ impl Bench<'_> {
         std::fs::write(&path, toml)?;
         Ok(path)
     }
+}
+
+/// Relays run to their end, with what they cost.
+struct Drained {
+    /// From the first start to the last exit.
+    elapsed: Duration,
+    /// The largest peak RSS among them, in MB.
+    peak_rss_mb: f64,
+    /// CPU the relays used, in seconds.
+    relay_cpu_s: f64,
+    /// CPU the PostgreSQL server used meanwhile, when it runs on this machine.
+    postgres_cpu_s: Option<f64>,
 }
 
 /// The naive relay: 100 rows at a time, then LPUSH + UPDATE + COMMIT per row.

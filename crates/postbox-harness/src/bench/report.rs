@@ -80,6 +80,26 @@ pub struct Machine {
     pub sink: String,
 }
 
+/// What one reader's drain cost in CPU, per million events delivered.
+#[derive(Debug, Serialize)]
+pub struct Cost {
+    /// `claim`, `log`, `logical` (the relay in that mode) or `pgq` (PgQ's consumer).
+    pub reader: &'static str,
+    /// The reader's process: the relay, or the bench's PgQ consumer.
+    pub reader_cpu_s_per_million: f64,
+    /// The PostgreSQL server's processes meanwhile, when it runs on this
+    /// machine.
+    pub postgres_cpu_s_per_million: Option<f64>,
+}
+
+/// The drain's events through PgQ's canonical consumer into the same sink.
+#[derive(Debug, Serialize)]
+pub struct PgqDrain {
+    pub events_per_s: f64,
+    /// Log mode's rate over PgQ's.
+    pub log_vs_pgq: f64,
+}
+
 #[derive(Debug, Serialize)]
 pub struct Drain {
     pub events: i64,
@@ -121,6 +141,10 @@ pub struct Drain {
     pub logical_big_transaction_events: i64,
     pub logical_big_transaction_events_per_s: f64,
     pub logical_big_transaction_peak_rss_mb: f64,
+    /// PgQ's consumer on the same events (`--peers pgq`).
+    pub pgq: Option<PgqDrain>,
+    /// CPU per million events, per reader.
+    pub cost: Vec<Cost>,
 }
 
 /// Producers committing one event per transaction as fast as they can,
@@ -255,6 +279,28 @@ pub(super) fn print_table(r: &BenchReport) {
             d.logical_big_transaction_events_per_s,
             d.logical_big_transaction_peak_rss_mb
         );
+        if let Some(p) = &d.pgq {
+            crate::outln!(
+                "  PgQ's consumer → sink      {:>9.0} events/s   log relay = {:.2} × PgQ",
+                p.events_per_s,
+                p.log_vs_pgq
+            );
+        }
+        crate::outln!("  CPU per million events delivered (reader + PostgreSQL server):");
+        for c in &d.cost {
+            let server = c
+                .postgres_cpu_s_per_million
+                .map_or_else(|| "not on this machine".to_owned(), |s| format!("{s:.1} s"));
+            let reader = if c.reader == "pgq" {
+                "PgQ consumer"
+            } else {
+                c.reader
+            };
+            crate::outln!(
+                "    {reader:<12} reader {:>6.1} s + server {server}",
+                c.reader_cpu_s_per_million
+            );
+        }
     }
     if let Some(p) = &r.producer {
         crate::outln!();

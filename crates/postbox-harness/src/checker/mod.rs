@@ -449,7 +449,7 @@ impl RunDatabase {
     /// A pool through the fault proxy, connecting on first use.
     fn proxied_pool(&self, application: &str, size: u32) -> Result<PgPool, AnyError> {
         let options = db::options(Some(&self.proxied_url), application)?;
-        Ok(sqlx::postgres::PgPoolOptions::new()
+        Ok(db::pool_options(&options)
             .max_connections(size)
             .acquire_timeout(Duration::from_secs(5))
             // Slow acquisitions are what the faults are for.

@@ -62,7 +62,7 @@ use crate::{metrics as m, Relay, RunMode, Stats, StatsSnapshot};
 use postbox::Schema;
 use postbox_store::directory::{self, Presence, Schemas, Source};
 use postbox_store::Store;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::PgPool;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -581,7 +581,7 @@ impl Tenants {
         let name = directory::database_of(connect);
         let key = directory::key_of(connect);
         databases.entry(key.clone()).or_insert_with(|| {
-            let pool = PgPoolOptions::new()
+            let pool = postbox_store::connect::pool_options(connect)
                 // The LISTEN connection is taken from the pool, on top.
                 .max_connections(self.config.pool_size + u32::from(self.config.relay.listen))
                 .min_connections(0)

@@ -7,6 +7,8 @@ use sqlx::{ConnectOptions, PgPool};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+pub mod nodelay;
+
 /// How long one-shot commands (and the workloads) keep retrying an unreachable database.
 pub const CONNECT_PATIENCE: Duration = Duration::from_secs(15);
 
@@ -49,9 +51,22 @@ pub fn target(options: &PgConnectOptions) -> String {
     )
 }
 
+/// The pool options every postbox pool starts from: each new connection gets
+/// `TCP_NODELAY` (see [`nodelay`]), so a TLS connection's small requests
+/// don't wait for the server's delayed acknowledgements.
+pub fn pool_options(options: &PgConnectOptions) -> PgPoolOptions {
+    let port = options.get_port();
+    PgPoolOptions::new().after_connect(move |_, _| {
+        Box::pin(async move {
+            nodelay::set_for_port(port);
+            Ok(())
+        })
+    })
+}
+
 /// A pool that connects on first use (the relay retries forever on its own).
 pub fn lazy_pool(options: PgConnectOptions, size: u32) -> PgPool {
-    PgPoolOptions::new()
+    pool_options(&options)
         .max_connections(size)
         .acquire_timeout(Duration::from_secs(10))
         .connect_lazy_with(options)
@@ -67,7 +82,7 @@ pub async fn pool(
     let mut attempt: u32 = 0;
     loop {
         attempt += 1;
-        let pool = PgPoolOptions::new()
+        let pool = pool_options(&options)
             .max_connections(size)
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options.clone())
