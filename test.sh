@@ -102,6 +102,19 @@ if ! python3 -c 'import standardwebhooks, jwt' >/dev/null 2>&1; then
   log "installing the independent signers used by the receiver tests"
   python3 -m pip install --quiet standardwebhooks pyjwt
 fi
+# PgQ, the peer `postbox bench --peers pgq` compares log mode with (its
+# test runs the comparison on tiny inputs).
+pg_major=$(ls /etc/postgresql | sort -n | tail -1)
+if [ ! -f "/usr/share/postgresql/$pg_major/extension/pgq.control" ]; then
+  log "installing PgQ (postgresql-$pg_major-pgq3) for the bench's peer row"
+  apt-get install -y -q "postgresql-$pg_major-pgq3" >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null && apt-get install -y -q "postgresql-$pg_major-pgq3" >/dev/null; }
+fi
+# The book's Python inbox consumer (docs/consuming.md) runs on psycopg 3.
+if ! python3 -c 'import psycopg' >/dev/null 2>&1; then
+  log "installing psycopg for the book's Python consumer"
+  python3 -m pip install --quiet 'psycopg[binary]'
+fi
 
 # Headless Chromium and its WebDriver, for the console's browser tests (which
 # fail under CI when these are missing).

@@ -66,6 +66,10 @@ pub enum Command {
     Log(log::LogArgs),
 }
 
+/// mimalloc: see the dependency's comment in Cargo.toml.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
     let cli = match Cli::from_arg_matches(&matches) {

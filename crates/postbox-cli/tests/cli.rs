@@ -346,6 +346,8 @@ async fn bench_runs_on_tiny_inputs() {
             &schema,
             "--sink",
             &sink,
+            "--peers",
+            "pgq",
             "--json",
         ],
     ));
@@ -353,6 +355,33 @@ async fn bench_runs_on_tiny_inputs() {
     assert!(
         r["drain"]["relay_events_per_s"].as_f64().unwrap() > 0.0,
         "{r}"
+    );
+    // PgQ's consumer ran on the same events (test.sh installs the
+    // extension), and each reader's CPU was measured.
+    assert!(
+        r["drain"]["pgq"]["events_per_s"].as_f64().unwrap() > 0.0,
+        "{r}"
+    );
+    let readers: Vec<&str> = r["drain"]["cost"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["reader"].as_str().unwrap())
+        .collect();
+    assert_eq!(readers, ["claim", "log", "logical", "pgq"], "{r}");
+    assert!(
+        r["drain"]["cost"][1]["reader_cpu_s_per_million"]
+            .as_f64()
+            .unwrap()
+            > 0.0,
+        "{r}"
+    );
+    assert!(
+        r["drain"]["cost"][1]["postgres_cpu_s_per_million"]
+            .as_f64()
+            .unwrap()
+            > 0.0,
+        "the server runs on this machine: {r}"
     );
     assert!(
         r["drain"]["ceiling_events_per_s"].as_f64().unwrap() > 0.0,
@@ -414,6 +443,14 @@ async fn bench_runs_on_tiny_inputs() {
         .await
         .unwrap();
     assert_eq!(left, 0, "the bench schema is dropped afterwards");
+    let pgq: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_extension WHERE extname = 'pgq'")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        pgq, 0,
+        "the extension the bench created is dropped afterwards"
+    );
     // The sustained run: producers, the relay with retention, samples, RSS.
     let out = ok(postbox(
         &db,

@@ -186,6 +186,60 @@ async fn publish_answers_one_outcome_per_message() {
     db.drop_schema().await;
 }
 
+/// A batch whose messages go to several keys, interleaved: each list gets
+/// its messages in the batch's order (runs bound for one key go out as one
+/// LPUSH of many bodies).
+#[tokio::test]
+async fn interleaved_keys_keep_the_batch_order_in_each_list() {
+    let prefix = unique("test:");
+    let url = format!("{}?key={prefix}:{{aggregate_id}}", redis_url());
+    let sink = sinks::from_url(&url, &SinkOptions::default()).unwrap();
+    let aggregates = ["a", "a", "b", "a", "b", "b", "b", "a"];
+    let batch: Vec<postbox_relay::Message> = aggregates
+        .iter()
+        .map(|aggregate| postbox_relay::Message {
+            event_id: Uuid::now_v7(),
+            event_type: "order.created".into(),
+            aggregate_type: "order".into(),
+            aggregate_id: (*aggregate).into(),
+            schema_version: 1,
+            payload: serde_json::value::RawValue::from_string("{}".into()).unwrap(),
+            headers: Default::default(),
+            created_at: chrono::Utc::now(),
+            attempt: 1,
+            sequence: None,
+            source: None,
+        })
+        .collect();
+    assert_eq!(
+        sink.publish(&batch).await,
+        vec![Outcome::Delivered; batch.len()]
+    );
+    let mut r = redis().await;
+    for key in ["a", "b"] {
+        let list = format!("{prefix}:{key}");
+        // LPUSH puts the newest at the head: read from the tail.
+        let mut bodies: Vec<String> = r.lrange(&list, 0, -1).await.unwrap();
+        bodies.reverse();
+        let got: Vec<String> = bodies
+            .iter()
+            .map(|b| {
+                serde_json::from_str::<serde_json::Value>(b).unwrap()["id"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect();
+        let want: Vec<String> = batch
+            .iter()
+            .filter(|m| m.aggregate_id == key)
+            .map(|m| m.event_id.to_string())
+            .collect();
+        assert_eq!(got, want, "{list}");
+        let _: () = r.del(&list).await.unwrap();
+    }
+}
+
 /// A broker URL carrying a password, unreachable: the stored `last_error`
 /// says what failed and never repeats the password.
 #[tokio::test]

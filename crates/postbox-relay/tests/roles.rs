@@ -1285,6 +1285,7 @@ async fn every_function_states_who_may_execute_it() {
         "enqueue (owner's rights): producer",
         "enqueue_many (owner's rights): producer",
         "enqueue_one (owner's rights): producer",
+        "inbox_apply: producer, relay, monitor, PUBLIC",
         "inbox_sequence: producer, relay, monitor, PUBLIC",
         "limits_payload_too_big: owner only",
         "log_handoff (owner's rights): relay",

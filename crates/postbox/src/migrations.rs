@@ -137,6 +137,16 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "console_outboxes",
         sql: include_str!("../migrations/0023_console_outboxes.sql"),
     },
+    Migration {
+        version: 24,
+        name: "inbox_apply",
+        sql: include_str!("../migrations/0024_inbox_apply.sql"),
+    },
+    Migration {
+        version: 25,
+        name: "log_page_snapshots",
+        sql: include_str!("../migrations/0025_log_page_snapshots.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.

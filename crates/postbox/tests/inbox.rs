@@ -1,6 +1,7 @@
 //! The inbox: record (consumer, event id) in the caller's transaction, learn whether
 //! it is new, purge old rows by age. Both drivers.
 
+use postbox::statements::trusted;
 use postbox::{Error, InboxOutcome, Outbox};
 use postbox_testkit::TestDb;
 use std::time::Duration;
@@ -144,6 +145,163 @@ async fn sqlx_purge_removes_only_old_rows_in_bounded_batches() {
     assert_eq!(third, 0);
     assert_eq!(db.count("SELECT count(*) FROM {schema}.inbox").await, 2);
     drop(conn);
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn sql_inbox_apply_shares_the_record_with_the_library() {
+    let db = TestDb::new().await;
+    let outbox = Outbox::new(db.schema.clone());
+    let apply = db.sql("SELECT {schema}.inbox_apply($1, $2)");
+    let event = Uuid::now_v7();
+    let first: bool = sqlx::query_scalar(trusted(&apply))
+        .bind("billing")
+        .bind(event)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let again: bool = sqlx::query_scalar(trusted(&apply))
+        .bind("billing")
+        .bind(event)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(first && !again);
+    // The library finds the record SQL wrote, and the other way round.
+    let mut conn = db.pool.acquire().await.unwrap();
+    let seen = postbox::sqlx::record_inbox(&outbox, &mut conn, "billing", event)
+        .await
+        .unwrap();
+    assert_eq!(seen, InboxOutcome::Duplicate);
+    let other = Uuid::now_v7();
+    let _ = postbox::sqlx::record_inbox(&outbox, &mut conn, "billing", other)
+        .await
+        .unwrap();
+    let by_sql: bool = sqlx::query_scalar(trusted(&apply))
+        .bind("billing")
+        .bind(other)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert!(!by_sql);
+
+    // A rolled-back apply leaves the event new.
+    let fresh = Uuid::now_v7();
+    let mut tx = db.pool.begin().await.unwrap();
+    let new: bool = sqlx::query_scalar(trusted(&apply))
+        .bind("billing")
+        .bind(fresh)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert!(new);
+    tx.rollback().await.unwrap();
+    assert_eq!(
+        db.count(&format!(
+            "SELECT count(*) FROM {{schema}}.inbox WHERE event_id = '{fresh}'"
+        ))
+        .await,
+        0
+    );
+
+    // Bad input: a clear error, nothing written.
+    for (consumer, code) in [("", "22023"), (&*"x".repeat(256), "22023")] {
+        let err = sqlx::query_scalar::<_, bool>(trusted(&apply))
+            .bind(consumer)
+            .bind(Uuid::now_v7())
+            .fetch_one(&db.pool)
+            .await
+            .unwrap_err();
+        let db_err = err.as_database_error().expect("a database error");
+        assert_eq!(db_err.code().as_deref(), Some(code), "{err}");
+    }
+    let err = sqlx::query_scalar::<_, bool>(trusted(&apply))
+        .bind("billing")
+        .bind(None::<Uuid>)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.as_database_error().and_then(|e| e.code()).as_deref(),
+        Some("22004")
+    );
+    assert_eq!(db.count("SELECT count(*) FROM {schema}.inbox").await, 2);
+    drop(conn);
+    db.drop_schema().await;
+}
+
+/// The Python consumer of docs/consuming.md, as printed there.
+fn python_consumer() -> String {
+    let doc = include_str!("../../../docs/consuming.md");
+    let start = doc
+        .find("```python\n# inbox_consumer.py")
+        .expect("docs/consuming.md has the Python consumer")
+        + "```python\n".len();
+    let len = doc[start..].find("```").expect("the block ends");
+    doc[start..start + len].to_owned()
+}
+
+const PSYCOPG_HINT: &str =
+    "install the test dependencies with: python3 -m pip install 'psycopg[binary]'";
+
+#[tokio::test]
+async fn the_book_s_python_consumer_applies_each_event_once() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE {schema}.invoices (order_id bigint NOT NULL, total_cents bigint NOT NULL)",
+    )
+    .await;
+    let script = std::env::temp_dir().join(format!("{}-inbox_consumer.py", db.schema.name()));
+    std::fs::write(&script, python_consumer()).unwrap();
+    let first = serde_json::json!({
+        "specversion": "1.0", "id": Uuid::now_v7(), "type": "order.placed", "source": "shop",
+        "data": {"order_id": 7, "total_cents": 1250}
+    });
+    let second = serde_json::json!({
+        "specversion": "1.0", "id": Uuid::now_v7(), "type": "order.placed", "source": "shop",
+        "data": {"order_id": 8, "total_cents": 990}
+    });
+    // The first event comes twice, as an at-least-once delivery may bring it.
+    let input = format!("{first}\n{second}\n{first}\n");
+    let run = tokio::process::Command::new("python3")
+        .arg(&script)
+        .env("DATABASE_URL", &db.url)
+        .env("POSTBOX_SCHEMA", db.schema.name())
+        .env("PGOPTIONS", format!("-c search_path={}", db.schema.name()))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run python3 ({e}); {PSYCOPG_HINT}"));
+    let mut run = run;
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = run.stdin.take().unwrap();
+        stdin.write_all(input.as_bytes()).await.unwrap();
+    }
+    let out = run.wait_with_output().await.unwrap();
+    let _ = std::fs::remove_file(&script);
+    assert!(
+        out.status.success(),
+        "the consumer failed ({}); {PSYCOPG_HINT}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    let id = |e: &serde_json::Value| e["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        printed.lines().collect::<Vec<_>>(),
+        [
+            format!("applied {}", id(&first)),
+            format!("applied {}", id(&second)),
+            format!("duplicate {}", id(&first)),
+        ]
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM {schema}.invoices").await,
+        2,
+        "each invoice once"
+    );
     db.drop_schema().await;
 }
 
