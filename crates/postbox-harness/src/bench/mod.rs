@@ -528,15 +528,16 @@ impl Bench<'_> {
     }
 
     /// The drain's events through PgQ's consumer into the same sink, or
-    /// `None` (said on stderr) when the server has no `pgq` extension.
+    /// `None` (said on stderr, with why) when PgQ cannot run on the server.
     async fn pgq_drain(&self) -> Result<Option<pgq::PgqRun>, AnyError> {
         let events = self.options.events;
         let queue = format!("{}_pgq", self.schema.name());
-        let Some(peer) = pgq::PgqPeer::open(self.pool.clone(), &queue).await? else {
-            crate::errln!(
-                "drain: PgQ skipped: the server has no pgq extension (Debian: apt-get install postgresql-15-pgq3)"
-            );
-            return Ok(None);
+        let peer = match pgq::PgqPeer::open(self.pool.clone(), &queue).await? {
+            Ok(peer) => peer,
+            Err(why) => {
+                crate::errln!("drain: PgQ skipped: {why}");
+                return Ok(None);
+            }
         };
         crate::progressln!(
             "drain: the same events through PgQ's consumer ({} per batch)…",

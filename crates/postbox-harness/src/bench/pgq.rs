@@ -75,21 +75,31 @@ pub struct PgqRun {
 }
 
 impl PgqPeer {
-    /// PgQ with a fresh `queue`, or `None` when the server cannot create
-    /// the extension.
-    pub async fn open(pool: PgPool, queue: &str) -> Result<Option<Self>, AnyError> {
+    /// PgQ on the bench's database, or why it is skipped: the server has no
+    /// `pgq` extension, or the bench's role may not create it (creating an
+    /// extension takes a superuser, or a trusted extension).
+    pub async fn open(pool: PgPool, queue: &str) -> Result<Result<Self, String>, AnyError> {
         let (available, statements) = Statements::from_file();
         let (available, installed): (bool, bool) =
             sqlx::query_as(trusted(&available)).fetch_one(&pool).await?;
         if !available {
-            return Ok(None);
+            return Ok(Err(
+                "the server has no pgq extension (Debian: apt-get install postgresql-15-pgq3)"
+                    .to_owned(),
+            ));
         }
         if !installed {
-            sqlx::raw_sql(trusted(&statements.create_extension))
+            let created = sqlx::raw_sql(trusted(&statements.create_extension))
                 .execute(&pool)
-                .await?;
+                .await;
+            if let Err(e) = created {
+                return Ok(Err(format!(
+                    "cannot create the pgq extension ({}); create it as a superuser first",
+                    postbox::redact::sanitize_error(&e.to_string())
+                )));
+            }
         }
-        Ok(Some(Self {
+        Ok(Ok(Self {
             pool,
             queue: queue.to_owned(),
             created_extension: !installed,
