@@ -86,7 +86,12 @@ impl RoleDb {
     /// schema is gone).
     async fn finish(self) {
         self.db.exec("DROP SCHEMA {schema} CASCADE").await;
-        for role in [&self.roles.producer, &self.roles.relay, &self.roles.monitor] {
+        for role in [
+            &self.roles.producer,
+            &self.roles.relay,
+            &self.roles.monitor,
+            &self.roles.consumer,
+        ] {
             sqlx::raw_sql(trusted(&format!("DROP OWNED BY {role}; DROP ROLE {role}")))
                 .execute(&self.db.pool)
                 .await
@@ -1219,15 +1224,89 @@ async fn the_producer_emits_in_either_setting_and_the_relay_reads_it() {
 /// whole matrix (producer, relay, monitor, any login through PUBLIC) is
 /// written down here, so a function added without deciding who may run it,
 /// or a grant widened by accident, fails this test.
+/// The consumer role reads consumer groups (receive, ack, nack) and
+/// nothing else: no table of the schema, no group of its own making, no
+/// event written, no other schema.
+#[tokio::test]
+async fn the_consumer_reads_groups_and_nothing_else() {
+    let r = RoleDb::new().await;
+    let owner = store(&r.db).groups();
+    owner
+        .create(&postbox_store::NewGroup::new("billing"))
+        .await
+        .unwrap();
+    r.db.exec(
+        "INSERT INTO {schema}.log (event_id, event_type, aggregate_type, aggregate_id, payload) \
+         SELECT gen_random_uuid(), 'order.placed', 'order', 'o' || i, '{}' \
+         FROM generate_series(1, 3) AS i",
+    )
+    .await;
+    let consumer = Store::new(r.pool_as(&r.roles.consumer).await, r.db.schema.clone());
+    let groups = consumer.groups();
+    let got = groups
+        .receive("billing", 10, Duration::from_secs(60), Duration::ZERO)
+        .await
+        .expect("the consumer receives");
+    assert_eq!(got.len(), 3);
+    assert!(groups
+        .nack("billing", &got[0].receipt, Duration::ZERO, Some("later"))
+        .await
+        .expect("the consumer nacks"));
+    let receipts: Vec<String> = got[1..].iter().map(|e| e.receipt.clone()).collect();
+    assert_eq!(
+        groups
+            .ack("billing", &receipts)
+            .await
+            .expect("the consumer acks"),
+        2
+    );
+
+    let pool = consumer.pool().clone();
+    for sql in [
+        "SELECT * FROM {schema}.log",
+        "SELECT * FROM {schema}.outbox",
+        "SELECT * FROM {schema}.group_batches",
+        "SELECT * FROM {schema}.consumer_groups",
+        "UPDATE {schema}.consumer_groups SET lo = '1:1:'",
+        "SELECT {schema}.create_group('mine')",
+        "SELECT {schema}.drop_group('billing')",
+        "SELECT {schema}.enqueue('t', 'a', '1', '{}')",
+        "SELECT {schema}.log_truncate(0, false)",
+        "INSERT INTO {schema}.log (event_id, event_type, aggregate_type, aggregate_id, payload) \
+         VALUES (gen_random_uuid(), 't', 'a', '1', '{}')",
+    ] {
+        assert_denied(sql, try_exec(&r, &pool, sql).await);
+    }
+    // Another outbox's schema in the same database is out of reach.
+    let other = TestDb::new().await;
+    store(&other)
+        .groups()
+        .create(&postbox_store::NewGroup::new("billing"))
+        .await
+        .unwrap();
+    assert_denied(
+        "the consumer reads another schema's group",
+        sqlx::query(trusted(
+            &other.sql("SELECT * FROM {schema}.receive('billing', 10)"),
+        ))
+        .fetch_all(&pool)
+        .await,
+    );
+    other.drop_schema().await;
+    pool.close().await;
+    r.finish().await;
+}
+
 #[tokio::test]
 async fn every_function_states_who_may_execute_it() {
     let r = RoleDb::new().await;
-    let rows: Vec<(String, bool, bool, bool, bool, bool)> = sqlx::query_as(
+    let rows: Vec<(String, bool, bool, bool, bool, bool, bool)> = sqlx::query_as(
         "SELECT p.oid::regprocedure::text,
                 p.prosecdef,
                 has_function_privilege($2, p.oid, 'EXECUTE'),
                 has_function_privilege($3, p.oid, 'EXECUTE'),
                 has_function_privilege($4, p.oid, 'EXECUTE'),
+                has_function_privilege($5, p.oid, 'EXECUTE'),
                 EXISTS (SELECT FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
                         WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE')
            FROM pg_proc p
@@ -1238,13 +1317,14 @@ async fn every_function_states_who_may_execute_it() {
     .bind(&r.roles.producer)
     .bind(&r.roles.relay)
     .bind(&r.roles.monitor)
+    .bind(&r.roles.consumer)
     .fetch_all(&r.db.pool)
     .await
     .unwrap();
     let prefix = format!("{}.", r.db.schema.name());
     let actual: Vec<String> = rows
         .iter()
-        .map(|(f, definer, producer, relay, monitor, public)| {
+        .map(|(f, definer, producer, relay, monitor, consumer, public)| {
             // A function that runs with its owner's rights is never for any
             // login: whoever may call it is named.
             assert!(
@@ -1255,6 +1335,7 @@ async fn every_function_states_who_may_execute_it() {
                 (*producer, "producer"),
                 (*relay, "relay"),
                 (*monitor, "monitor"),
+                (*consumer, "consumer"),
                 (*public, "PUBLIC"),
             ]
             .iter()
@@ -1279,35 +1360,42 @@ async fn every_function_states_who_may_execute_it() {
     // PUBLIC may run only functions that run with the caller's own rights
     // (they reach nothing the caller could not reach anyway).
     let expected = [
+        "ack (owner's rights): consumer",
         "check_payload (owner's rights): owner only",
+        "create_group: owner only",
+        "drop_group: owner only",
         "emit: producer",
         "emit_one (owner's rights): producer",
         "enqueue (owner's rights): producer",
         "enqueue_many (owner's rights): producer",
         "enqueue_one (owner's rights): producer",
-        "inbox_apply: producer, relay, monitor, PUBLIC",
-        "inbox_sequence: producer, relay, monitor, PUBLIC",
+        "glob_like: producer, relay, monitor, consumer, PUBLIC",
+        "group_receipts: owner only",
+        "inbox_apply: producer, relay, monitor, consumer, PUBLIC",
+        "inbox_sequence: producer, relay, monitor, consumer, PUBLIC",
         "limits_payload_too_big: owner only",
         "log_handoff (owner's rights): relay",
-        "log_open: producer, relay, monitor, PUBLIC",
-        "log_page: producer, relay, monitor, PUBLIC",
-        "log_part: producer, relay, monitor, PUBLIC",
-        "log_producing: producer, relay, monitor, PUBLIC",
+        "log_open: producer, relay, monitor, consumer, PUBLIC",
+        "log_page: producer, relay, monitor, consumer, PUBLIC",
+        "log_part: producer, relay, monitor, consumer, PUBLIC",
+        "log_producing: producer, relay, monitor, consumer, PUBLIC",
         "log_rotate (owner's rights): relay",
-        "log_segment: producer, relay, monitor, PUBLIC",
+        "log_segment: producer, relay, monitor, consumer, PUBLIC",
         "log_truncate (owner's rights): relay",
-        "logical_drop_slot: producer, relay, monitor, PUBLIC",
-        "logical_ensure_publication: producer, relay, monitor, PUBLIC",
-        "logical_ensure_slot: producer, relay, monitor, PUBLIC",
+        "logical_drop_slot: producer, relay, monitor, consumer, PUBLIC",
+        "logical_ensure_publication: producer, relay, monitor, consumer, PUBLIC",
+        "logical_ensure_slot: producer, relay, monitor, consumer, PUBLIC",
         "logical_handoff (owner's rights): owner only",
         "logical_handoff_verified (owner's rights): relay",
-        "logical_prefix: producer, relay, monitor, PUBLIC",
+        "logical_prefix: producer, relay, monitor, consumer, PUBLIC",
         "logical_read_failed (owner's rights): relay",
         "logical_read_now (owner's rights): relay",
         "logical_tag: owner only",
         "logical_verify (owner's rights): relay",
-        "notify_relays: producer, relay, monitor, PUBLIC",
-        "uuid_v7: producer, relay, monitor, PUBLIC",
+        "nack (owner's rights): consumer",
+        "notify_relays: producer, relay, monitor, consumer, PUBLIC",
+        "receive (owner's rights): consumer",
+        "uuid_v7: producer, relay, monitor, consumer, PUBLIC",
     ];
     assert_eq!(
         actual,

@@ -1,5 +1,6 @@
 -- The least-privilege roles of `postbox migrate --create-roles`: one
--- idempotent script; {producer}, {relay} and {monitor} are the role names.
+-- idempotent script; {producer}, {relay}, {monitor} and {consumer} are the
+-- role names.
 
 -- name: create_roles
 -- Least-privilege roles for postbox's schema {schema}. They are NOLOGIN
@@ -16,10 +17,13 @@ BEGIN
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = '{monitor}') THEN
     CREATE ROLE {monitor} NOLOGIN;
   END IF;
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = '{consumer}') THEN
+    CREATE ROLE {consumer} NOLOGIN;
+  END IF;
 END
 $roles$;
 
-GRANT USAGE ON SCHEMA {schema} TO {producer}, {relay}, {monitor};
+GRANT USAGE ON SCHEMA {schema} TO {producer}, {relay}, {monitor}, {consumer};
 
 -- Producer: can enqueue and nothing else. It calls the SECURITY DEFINER
 -- enqueue functions (migration 7; the Rust library calls enqueue_one and
@@ -129,3 +133,12 @@ GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {monitor};
 REVOKE ALL ON {schema}.console_users, {schema}.console_sessions FROM {monitor};
 -- Nor is the key that signs emitted events (migration 19): the owner's alone.
 REVOKE ALL ON {schema}.logical_key FROM {monitor};
+
+-- Consumer: reads consumer groups (migration 26) and nothing else. receive,
+-- ack and nack run with their owner's rights; the role has no table of the
+-- schema, cannot create or drop a group, and cannot write an event.
+GRANT EXECUTE ON FUNCTION
+    {schema}.receive(text, integer, interval, interval),
+    {schema}.ack(text, text[]),
+    {schema}.nack(text, text, interval, text)
+  TO {consumer};

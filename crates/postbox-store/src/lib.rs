@@ -20,6 +20,8 @@
 //!   read model of an outbox row);
 //! - [`ConsoleStore`] — the console's users, sessions and overview;
 //! - [`Log`] — log mode's snapshot cursors over the append-only log;
+//! - [`Groups`] — consumer groups that pull from the log (receive, ack,
+//!   nack), their status and dead letters;
 //! - [`Logical`] — logical mode's replication slot: peek, decode, confirm,
 //!   status, and the hand-off of what a destination did not take.
 //! - [`Tally`] — deliveries counted by minute, destination and reading mode;
@@ -38,6 +40,7 @@ mod dead_letters;
 pub mod directory;
 pub mod discovery;
 mod events;
+mod groups;
 mod log;
 mod logical;
 mod retention;
@@ -62,6 +65,9 @@ pub use dead_letters::{
     MAX_REASON_BYTES,
 };
 pub use events::{DeliveryRecord, EventQuery, EventRecord, EventRow, Events, Status, StatusFilter};
+pub use groups::{
+    GroupDeadLetter, GroupStart, GroupStatus, Groups, NewGroup, Received, ACTION_DROP_GROUP,
+};
 pub use log::{
     CursorDropped, CursorLag, Handoff, HeldEvents, Lease, Log, LogEvent, LogWindow, ProducerTarget,
     ACTION_DROP_CURSOR,

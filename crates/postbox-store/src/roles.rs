@@ -13,6 +13,8 @@ pub struct Roles {
     pub relay: String,
     /// Read-only.
     pub monitor: String,
+    /// Reads consumer groups (receive, ack, nack) and nothing else.
+    pub consumer: String,
 }
 
 /// The schema name is too long to derive role names from it.
@@ -23,7 +25,8 @@ pub struct RoleNameError {
 }
 
 impl Roles {
-    /// `<schema>_producer`, `<schema>_relay`, `<schema>_monitor`.
+    /// `<schema>_producer`, `<schema>_relay`, `<schema>_monitor`,
+    /// `<schema>_consumer`.
     pub fn for_schema(schema: &Schema) -> Result<Self, RoleNameError> {
         let name = schema.name();
         if name.len() + "_producer".len() > 63 {
@@ -35,6 +38,7 @@ impl Roles {
             producer: format!("{name}_producer"),
             relay: format!("{name}_relay"),
             monitor: format!("{name}_monitor"),
+            consumer: format!("{name}_consumer"),
         })
     }
 
@@ -50,6 +54,7 @@ impl Roles {
                 ("producer", &self.producer),
                 ("relay", &self.relay),
                 ("monitor", &self.monitor),
+                ("consumer", &self.consumer),
             ],
         );
         file.finish();

@@ -147,6 +147,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "log_page_snapshots",
         sql: include_str!("../migrations/0025_log_page_snapshots.sql"),
     },
+    Migration {
+        version: 26,
+        name: "consumer_groups",
+        sql: include_str!("../migrations/0026_consumer_groups.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.

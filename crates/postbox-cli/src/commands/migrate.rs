@@ -13,7 +13,8 @@ use std::process::ExitCode;
 #[derive(Args, Debug)]
 pub struct MigrateArgs {
     /// Also create the NOLOGIN roles <schema>_producer (can only enqueue),
-    /// <schema>_relay (what the relay needs) and <schema>_monitor (read-only),
+    /// <schema>_relay (what the relay needs), <schema>_monitor (read-only) and
+    /// <schema>_consumer (reads consumer groups: receive, ack, nack),
     /// for a DBA to grant to login users. Idempotent.
     #[arg(long)]
     pub create_roles: bool,
@@ -162,8 +163,8 @@ async fn migrate_one(
             .create_roles()
             .await?;
         lines.push(format!(
-            "roles {}, {} and {} are in place (NOLOGIN: GRANT them to login users)",
-            roles.producer, roles.relay, roles.monitor
+            "roles {}, {}, {} and {} are in place (NOLOGIN: GRANT them to login users)",
+            roles.producer, roles.relay, roles.monitor, roles.consumer
         ));
     }
     Ok(())

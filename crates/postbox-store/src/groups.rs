@@ -1,0 +1,323 @@
+//! Consumer groups (migration 26): readers that pull events from the log,
+//! each group once, over SQL. The reading calls are the schema's own
+//! functions (`receive`, `ack`, `nack`), so this is what any driver does;
+//! the CLI, the status views and the tests use it.
+
+use crate::catalog;
+use chrono::{DateTime, Utc};
+use postbox::statements::trusted;
+use postbox::Schema;
+use sqlx::PgPool;
+use std::sync::Arc;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// Where a new group starts reading.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GroupStart {
+    /// Events committed from now on.
+    Now,
+    /// Everything the log still retains.
+    Beginning,
+    /// Retained events created at or after this time.
+    At(DateTime<Utc>),
+}
+
+impl GroupStart {
+    fn as_sql(&self) -> String {
+        match self {
+            GroupStart::Now => "now".to_owned(),
+            GroupStart::Beginning => "beginning".to_owned(),
+            GroupStart::At(t) => t.to_rfc3339(),
+        }
+    }
+}
+
+impl std::str::FromStr for GroupStart {
+    type Err = String;
+
+    /// `now`, `beginning`, or an RFC 3339 time (`2026-12-01T00:00:00Z`).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "now" => Ok(GroupStart::Now),
+            "beginning" => Ok(GroupStart::Beginning),
+            other => DateTime::parse_from_rfc3339(other)
+                .map(|t| GroupStart::At(t.with_timezone(&Utc)))
+                .map_err(|_| {
+                    format!(
+                        "{other:?} is not a start: use now, beginning or an RFC 3339 time \
+                         such as 2026-12-01T00:00:00Z"
+                    )
+                }),
+        }
+    }
+}
+
+/// A group to create.
+#[derive(Clone, Debug)]
+pub struct NewGroup {
+    pub name: String,
+    pub start: GroupStart,
+    /// Event-type globs the group reads (`None`: every type).
+    pub types: Option<Vec<String>>,
+    /// Never hand out an aggregate's event while an earlier one is in flight.
+    pub ordered: bool,
+    /// Hand-outs before an event becomes a dead letter (1 to 1000).
+    pub max_attempts: i32,
+}
+
+impl NewGroup {
+    /// A group reading every type from now on, unordered, 5 attempts.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            start: GroupStart::Now,
+            types: None,
+            ordered: false,
+            max_attempts: 5,
+        }
+    }
+}
+
+/// One group as `status`, metrics and the console show it.
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
+pub struct GroupStatus {
+    pub name: String,
+    pub types: Option<Vec<String>>,
+    pub ordered: bool,
+    pub max_attempts: i32,
+    /// Hand-outs so far, redeliveries included.
+    pub received: i64,
+    /// Events that became dead letters so far.
+    pub dead_lettered: i64,
+    pub created_at: DateTime<Utc>,
+    /// The last `receive` call.
+    pub read_at: Option<DateTime<Utc>>,
+    /// Committed events of its types the group has not read yet.
+    pub unread: i64,
+    /// Handed out, not acknowledged, visibility not over.
+    pub in_flight: i64,
+    /// Read and waiting to be handed out (again).
+    pub waiting: i64,
+    pub dead_letters: i64,
+    /// Readers seen in the last minute.
+    pub readers: i64,
+    /// Age of its oldest event not acknowledged (`None`: none).
+    pub lag_seconds: Option<f64>,
+}
+
+/// An event handed out by `receive`.
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
+pub struct Received {
+    /// Acknowledges (or nacks) this hand-out of the event.
+    pub receipt: String,
+    /// The event's id in the log.
+    pub id: i64,
+    pub event_id: Uuid,
+    pub event_type: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub sequence: Option<i64>,
+    pub schema_version: i32,
+    pub payload: serde_json::Value,
+    pub headers: serde_json::Value,
+    pub created_at: DateTime<Utc>,
+    /// 1 on the first hand-out.
+    pub attempts: i32,
+}
+
+/// One of a group's dead letters.
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
+pub struct GroupDeadLetter {
+    pub id: i64,
+    pub event_id: Uuid,
+    pub event_type: Option<String>,
+    pub aggregate_type: Option<String>,
+    pub aggregate_id: Option<String>,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub dead_at: DateTime<Utc>,
+}
+
+/// The action recorded in the audit log when a group is dropped.
+pub const ACTION_DROP_GROUP: &str = "group_drop";
+
+struct Queries {
+    create: String,
+    drop: String,
+    receive: String,
+    ack: String,
+    nack: String,
+    status: String,
+    dead_letters: String,
+    audit_insert: String,
+}
+
+impl Queries {
+    fn new(schema: &Schema) -> Self {
+        let mut file = catalog("groups.sql", include_str!("../sql/groups.sql"));
+        let queries = Self {
+            create: file.render("create", schema),
+            drop: file.render("drop", schema),
+            receive: file.render("receive", schema),
+            ack: file.render("ack", schema),
+            nack: file.render("nack", schema),
+            status: file.render("status", schema),
+            dead_letters: file.render("dead_letters", schema),
+            audit_insert: crate::dead_letters::AuditQueries::new(schema).insert,
+        };
+        file.finish();
+        queries
+    }
+}
+
+/// The consumer groups of one schema.
+#[derive(Clone)]
+pub struct Groups {
+    pool: PgPool,
+    sql: Arc<Queries>,
+}
+
+impl Groups {
+    pub fn new(pool: PgPool, schema: &Schema) -> Self {
+        Self {
+            pool,
+            sql: Arc::new(Queries::new(schema)),
+        }
+    }
+
+    /// Create a group (the schema's owner: `create_group` is not granted to
+    /// any role). A name taken already is SQLSTATE 42710; a bad name,
+    /// start, type list or attempt count 22023.
+    pub async fn create(&self, group: &NewGroup) -> Result<(), sqlx::Error> {
+        sqlx::query(trusted(&self.sql.create))
+            .bind(&group.name)
+            .bind(group.start.as_sql())
+            .bind(&group.types)
+            .bind(group.ordered)
+            .bind(group.max_attempts)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Drop a group with everything it holds, recorded in the audit log in
+    /// the same transaction. False when there was no such group.
+    pub async fn drop_group(
+        &self,
+        name: &str,
+        actor: &str,
+        reason: Option<&str>,
+    ) -> Result<bool, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let existed: bool = sqlx::query_scalar(trusted(&self.sql.drop))
+            .bind(name)
+            .fetch_one(&mut *tx)
+            .await?;
+        if !existed {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        let selection = serde_json::json!({ "group": name });
+        sqlx::query(trusted(&self.sql.audit_insert))
+            .bind(actor)
+            .bind(ACTION_DROP_GROUP)
+            .bind(selection.to_string())
+            .bind(1_i64)
+            .bind(reason)
+            .bind("[]")
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Every group with its counts.
+    pub async fn status(&self) -> Result<Vec<GroupStatus>, sqlx::Error> {
+        sqlx::query_as(trusted(&self.sql.status))
+            .fetch_all(&self.pool)
+            .await
+    }
+
+    /// Up to `max` events of `group`, hidden from its other readers for
+    /// `visibility`; waits up to `wait` for the log to grow when there is
+    /// nothing to hand out.
+    pub async fn receive(
+        &self,
+        group: &str,
+        max: i32,
+        visibility: Duration,
+        wait: Duration,
+    ) -> Result<Vec<Received>, sqlx::Error> {
+        sqlx::query_as(trusted(&self.sql.receive))
+            .bind(group)
+            .bind(max)
+            .bind(visibility.as_secs_f64())
+            .bind(wait.as_secs_f64())
+            .fetch_all(&self.pool)
+            .await
+    }
+
+    /// Acknowledge hand-outs; returns how many were still in flight.
+    pub async fn ack(&self, group: &str, receipts: &[String]) -> Result<i32, sqlx::Error> {
+        sqlx::query_scalar(trusted(&self.sql.ack))
+            .bind(group)
+            .bind(receipts)
+            .fetch_one(&self.pool)
+            .await
+    }
+
+    /// Give a hand-out back, to come again after `delay`; false when its
+    /// receipt no longer names an event in flight.
+    pub async fn nack(
+        &self,
+        group: &str,
+        receipt: &str,
+        delay: Duration,
+        error: Option<&str>,
+    ) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar(trusted(&self.sql.nack))
+            .bind(group)
+            .bind(receipt)
+            .bind(delay.as_secs_f64())
+            .bind(error)
+            .fetch_one(&self.pool)
+            .await
+    }
+
+    /// A group's dead letters after log id `after`, oldest first.
+    pub async fn dead_letters(
+        &self,
+        group: &str,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<GroupDeadLetter>, sqlx::Error> {
+        sqlx::query_as(trusted(&self.sql.dead_letters))
+            .bind(group)
+            .bind(after)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+    }
+}
+
+impl crate::Store {
+    /// The schema's consumer groups.
+    pub fn groups(&self) -> Groups {
+        Groups::new(self.pool.clone(), &self.schema)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn starts_parse() {
+        assert_eq!("now".parse::<GroupStart>(), Ok(GroupStart::Now));
+        assert_eq!("beginning".parse::<GroupStart>(), Ok(GroupStart::Beginning));
+        let at: GroupStart = "2026-12-01T00:00:00Z".parse().unwrap();
+        assert_eq!(at.as_sql(), "2026-12-01T00:00:00+00:00");
+        assert!("yesterday".parse::<GroupStart>().is_err());
+    }
+}
