@@ -328,6 +328,21 @@ pub fn os_user() -> Option<String> {
     (out.status.success() && !name.is_empty()).then_some(name)
 }
 
+/// Who an audited action is recorded under: `--actor` when given, else the
+/// OS user; 1 to 255 bytes.
+pub fn actor(given: Option<String>) -> Result<String, AnyError> {
+    let actor = match given {
+        Some(a) => a,
+        None => os_user().ok_or(
+            "cannot tell who you are ($USER is unset and `whoami` failed): pass --actor NAME",
+        )?,
+    };
+    if actor.is_empty() || actor.len() > 255 {
+        return Err("--actor: must be 1 to 255 bytes long".into());
+    }
+    Ok(actor)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

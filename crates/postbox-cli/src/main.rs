@@ -16,8 +16,8 @@ mod tenants;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use commands::{
-    bench, completions, console, demo, dlq, enqueue, log, man, migrate, purge, receive, relay,
-    slot, status, verify,
+    bench, completions, console, demo, dlq, enqueue, group, log, man, migrate, purge, receive,
+    relay, slot, status, verify,
 };
 use context::{error_chain, AnyError, Global, Settings};
 use std::process::ExitCode;
@@ -64,6 +64,8 @@ pub enum Command {
     Slot(slot::SlotArgs),
     /// Log mode's cursors: how far each destination is behind, whether a relay reads it, and drop (audited)
     Log(log::LogArgs),
+    /// Consumer groups that pull from the log over SQL: create, list (unread, in flight, dead letters, readers), dead letters, drop (audited)
+    Group(group::GroupArgs),
 }
 
 /// mimalloc: see the dependency's comment in Cargo.toml.
@@ -165,6 +167,7 @@ async fn run(cli: Cli) -> Result<ExitCode, AnyError> {
         Command::Completions(_) | Command::Man(_) => unreachable!("handled before the runtime"),
         Command::Slot(args) => slot::run(&settings, args).await,
         Command::Log(args) => log::run(&settings, args).await,
+        Command::Group(args) => group::run(&settings, args).await,
     };
     match result {
         // Before `postbox migrate`, say so instead of "relation does not exist".

@@ -125,3 +125,95 @@ async fn a_removed_destinations_cursor_is_reported_and_dropped_audited() {
     let _ = std::fs::remove_file(after);
     db.drop_schema().await;
 }
+
+/// A consumer group through the binary: created (with a warning while
+/// producers still write to the outbox table), listed with what it holds,
+/// reported by `status` when no reader calls `receive` on it, dropped
+/// audited.
+#[tokio::test]
+async fn a_consumer_group_is_created_listed_reported_and_dropped() {
+    let db = TestDb::new().await;
+    let cfg = config(&db, "groups", &["search"]);
+    let o = postbox(
+        &db,
+        &cfg,
+        &["group", "create", "billing", "--types", "order.*"],
+    );
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("created consumer group billing"), "{t}");
+    assert!(
+        t.contains("postbox migrate --mode log"),
+        "claim mode is named: {t}"
+    );
+    let o = postbox(&db, &cfg, &["group", "create", "billing"]);
+    assert!(
+        !o.status.success() && text(&o).contains("exists already"),
+        "{}",
+        text(&o)
+    );
+    let o = postbox(&db, &cfg, &["group", "create", "x", "--start", "yesterday"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+
+    db.exec(
+        "INSERT INTO {schema}.log (event_id, event_type, aggregate_type, aggregate_id, payload) \
+         SELECT gen_random_uuid(), 'order.placed', 'order', i::text, '{}' FROM generate_series(1, 3) AS i",
+    )
+    .await;
+    let taken: i64 = sqlx::query_scalar(trusted(
+        &db.sql("SELECT count(*) FROM {schema}.receive('billing', 1)"),
+    ))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(taken, 1);
+    let o = postbox(&db, &cfg, &["group", "list", "--json"]);
+    let groups: serde_json::Value = serde_json::from_slice(&o.stdout).expect("group list --json");
+    let g = &groups[0];
+    assert_eq!(
+        (&g["name"], &g["unread"], &g["in_flight"], &g["readers"]),
+        (&"billing".into(), &2.into(), &1.into(), &1.into()),
+        "{groups}"
+    );
+    let o = postbox(&db, &cfg, &["status"]);
+    let t = text(&o);
+    assert!(
+        t.contains("consumer groups") && t.contains("unread 2, in flight 1"),
+        "{t}"
+    );
+    wait_for(
+        "status to say billing is not read",
+        Duration::from_secs(30),
+        || async {
+            let o = postbox(&db, &cfg, &["status", "--inactive-warn", "1s"]);
+            let t = text(&o);
+            o.status.code() == Some(1) && t.contains("postbox group drop billing")
+        },
+    )
+    .await;
+    let o = postbox(&db, &cfg, &["group", "dead-letters", "billing"]);
+    assert!(text(&o).contains("no dead letter"), "{}", text(&o));
+    let o = postbox(
+        &db,
+        &cfg,
+        &[
+            "group", "drop", "billing", "--reason", "moved", "--actor", "ops",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o = postbox(&db, &cfg, &["group", "drop", "billing", "--actor", "ops"]);
+    assert!(
+        text(&o).contains("no consumer group named billing"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM {schema}.audit_log WHERE action = 'group_drop' AND actor = 'ops'"
+        )
+        .await,
+        1
+    );
+    let _ = std::fs::remove_file(cfg);
+    db.drop_schema().await;
+}

@@ -127,3 +127,61 @@ fn a_reclaimed_lease_and_a_lost_ack_are_counted() {
     assert_eq!(counters.get(m::LEASES_RECLAIMED), 10);
     assert_eq!(counters.get(m::ACKS_LOST), 10);
 }
+
+/// Each consumer group's gauges follow what it holds: unread, in flight,
+/// waiting, dead letters, readers, lag.
+#[test]
+fn consumer_groups_have_gauges() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let db = TestDb::new().await;
+            let store = store(&db);
+            let groups = store.groups();
+            groups
+                .create(&postbox_store::NewGroup::new("billing"))
+                .await
+                .unwrap();
+            db.exec(
+                "INSERT INTO {schema}.log (event_id, event_type, aggregate_type, aggregate_id, payload) \
+                 SELECT gen_random_uuid(), 't', 'a', i::text, '{}' FROM generate_series(1, 5) AS i",
+            )
+            .await;
+            let got = groups
+                .receive("billing", 2, Duration::from_secs(60), Duration::ZERO)
+                .await
+                .unwrap();
+            groups
+                .nack("billing", &got[0].receipt, Duration::from_secs(60), None)
+                .await
+                .unwrap();
+            m::refresh_log_lag(&store).await.unwrap();
+            let gauges: HashMap<String, f64> = snapshotter
+                .snapshot()
+                .into_vec()
+                .into_iter()
+                .filter(|(key, ..)| {
+                    key.key()
+                        .labels()
+                        .any(|l| l.key() == "group" && l.value() == "billing")
+                })
+                .filter_map(|(key, _, _, value)| match value {
+                    DebugValue::Gauge(g) => Some((key.key().name().to_owned(), g.into_inner())),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(gauges[m::GROUP_UNREAD], 3.0, "{gauges:?}");
+            assert_eq!(gauges[m::GROUP_IN_FLIGHT], 1.0);
+            assert_eq!(gauges[m::GROUP_WAITING], 1.0);
+            assert_eq!(gauges[m::GROUP_DEAD_LETTERS], 0.0);
+            assert_eq!(gauges[m::GROUP_READERS], 1.0);
+            assert!(gauges[m::GROUP_LAG_SECONDS] >= 0.0);
+            db.drop_schema().await;
+        })
+    });
+}

@@ -80,7 +80,7 @@ impl NewGroup {
 }
 
 /// One group as `status`, metrics and the console show it.
-#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, sqlx::FromRow)]
 pub struct GroupStatus {
     pub name: String,
     pub types: Option<Vec<String>>,
@@ -106,6 +106,18 @@ pub struct GroupStatus {
     pub lag_seconds: Option<f64>,
 }
 
+impl GroupStatus {
+    /// Whether the group has events to hand out (or in flight) and no
+    /// reader has called `receive` on it for longer than `bound`: it keeps
+    /// the log's segments from being truncated.
+    pub fn unread_longer_than(&self, bound: Duration) -> bool {
+        let busy = self.unread > 0 || self.in_flight > 0 || self.waiting > 0;
+        let since = self.read_at.unwrap_or(self.created_at);
+        let idle = (Utc::now() - since).to_std().unwrap_or_default();
+        busy && idle > bound
+    }
+}
+
 /// An event handed out by `receive`.
 #[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
 pub struct Received {
@@ -127,7 +139,7 @@ pub struct Received {
 }
 
 /// One of a group's dead letters.
-#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, sqlx::FromRow)]
 pub struct GroupDeadLetter {
     pub id: i64,
     pub event_id: Uuid,

@@ -241,6 +241,16 @@ fn python_consumer() -> String {
     doc[start..start + len].to_owned()
 }
 
+fn python_group_reader() -> String {
+    let doc = include_str!("../../../docs/consumer-groups.md");
+    let start = doc
+        .find("```python\n# group_reader.py")
+        .expect("docs/consumer-groups.md has the Python reader")
+        + "```python\n".len();
+    let len = doc[start..].find("```").expect("the block ends");
+    doc[start..start + len].to_owned()
+}
+
 const PSYCOPG_HINT: &str =
     "install the test dependencies with: python3 -m pip install 'psycopg[binary]'";
 
@@ -390,4 +400,66 @@ mod with_tokio_postgres {
         assert_eq!(db.count("SELECT count(*) FROM {schema}.inbox").await, 2);
         db.drop_schema().await;
     }
+}
+
+/// The book's Python reader of a consumer group: each event's effect once
+/// (one was applied before its acknowledgement was lost), a poison event
+/// given back with its error, the rest acknowledged.
+#[tokio::test]
+async fn the_book_s_python_group_reader_applies_each_event_once() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE {schema}.invoices (order_id bigint NOT NULL, total_cents bigint NOT NULL); \
+         SELECT {schema}.create_group('billing'); \
+         INSERT INTO {schema}.log (event_id, event_type, aggregate_type, aggregate_id, payload) VALUES \
+           ('01900000-0000-7000-8000-000000000001', 'order.placed', 'order', '7', '{\"order_id\": 7, \"total_cents\": 1250}'), \
+           ('01900000-0000-7000-8000-000000000002', 'order.placed', 'order', '8', '{\"order_id\": 8, \"total_cents\": 990}'), \
+           ('01900000-0000-7000-8000-000000000003', 'order.placed', 'order', '9', '{\"order_id\": 9}'); \
+         INSERT INTO {schema}.inbox (consumer, event_id) VALUES ('billing', '01900000-0000-7000-8000-000000000002')",
+    )
+    .await;
+    let script = std::env::temp_dir().join(format!("{}-group_reader.py", db.schema.name()));
+    std::fs::write(&script, python_group_reader()).unwrap();
+    let out = tokio::process::Command::new("python3")
+        .arg(&script)
+        .env("DATABASE_URL", &db.url)
+        .env("POSTBOX_SCHEMA", db.schema.name())
+        .env("PGOPTIONS", format!("-c search_path={}", db.schema.name()))
+        .env("STOP_WHEN_IDLE", "1")
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("cannot run python3 ({e}); {PSYCOPG_HINT}"));
+    let _ = std::fs::remove_file(&script);
+    assert!(
+        out.status.success(),
+        "the reader failed ({}); {PSYCOPG_HINT}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .collect::<Vec<_>>(),
+        [
+            "applied 01900000-0000-7000-8000-000000000001",
+            "duplicate 01900000-0000-7000-8000-000000000002",
+        ]
+    );
+    assert_eq!(db.count("SELECT count(*) FROM {schema}.invoices").await, 1);
+    // The poison event waits to come again, with the reader's error.
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM {schema}.group_waiting \
+             WHERE group_name = 'billing' AND last_error LIKE '%total_cents%'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM {schema}.group_batches")
+            .await,
+        0,
+        "the rest acknowledged"
+    );
+    db.drop_schema().await;
 }

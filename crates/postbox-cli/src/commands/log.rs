@@ -2,7 +2,7 @@
 //! behind, whether a relay reads it, and dropping one whose destination is
 //! gone (a cursor no relay reads keeps every log segment from truncation).
 
-use crate::context::{os_user, AnyError, Settings};
+use crate::context::{actor as actor_or_user, AnyError, Settings};
 use crate::output::outln;
 use clap::{Args, Subcommand};
 use postbox_relay::router::DEFAULT_DESTINATION;
@@ -144,15 +144,7 @@ pub async fn run(settings: &Settings, args: LogArgs) -> Result<ExitCode, AnyErro
             reason,
             actor,
         } => {
-            let actor = match actor {
-                Some(a) => a,
-                None => os_user().ok_or(
-                    "cannot tell who you are ($USER is unset and `whoami` failed): pass --actor NAME",
-                )?,
-            };
-            if actor.is_empty() || actor.len() > 255 {
-                return Err("--actor: must be 1 to 255 bytes long".into());
-            }
+            let actor = actor_or_user(actor)?;
             match log
                 .drop_cursor(&name, force, &actor, reason.as_deref())
                 .await?

@@ -8,6 +8,7 @@ pub mod console;
 pub mod demo;
 pub mod dlq;
 pub mod enqueue;
+pub mod group;
 pub mod log;
 pub mod man;
 pub mod migrate;

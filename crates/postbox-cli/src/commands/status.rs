@@ -7,7 +7,9 @@ use clap::Args;
 use postbox::Schema;
 use postbox_relay::health::{findings, Finding, Problem};
 use postbox_relay::Store;
-use postbox_store::{AttemptsCount, CursorLag, DestinationCounts, SlotStatus, StatusCounts};
+use postbox_store::{
+    AttemptsCount, CursorLag, DestinationCounts, GroupStatus, SlotStatus, StatusCounts,
+};
 use std::process::ExitCode;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -55,6 +57,7 @@ pub async fn run(settings: &Settings, args: StatusArgs) -> Result<ExitCode, AnyE
         // slot or a log cursor has gone unread longer, as `slot status` does.
         let unread = report.logical_slot_unread_too_long
             || !report.log_cursors_unread.is_empty()
+            || !report.consumer_groups_unread.is_empty()
             || report
                 .logical_slot
                 .as_ref()
@@ -128,6 +131,13 @@ struct StatusReport {
     log_cursors_unread: Vec<String>,
     /// Log mode: the log's size on disk.
     log_bytes: i64,
+    /// Log mode: consumer groups (unread, in flight, waiting, dead letters,
+    /// readers in the last minute, oldest unacknowledged).
+    consumer_groups: Vec<GroupStatus>,
+    /// Log mode: the groups with events that no reader has called
+    /// `receive` on for longer than `--inactive-warn`: each keeps the log
+    /// from being truncated.
+    consumer_groups_unread: Vec<String>,
     /// Logical mode: the replication slot this schema's relay reads
     /// (`relay.logical_slot`, or `postbox_<schema>`), when it exists.
     logical_slot: Option<SlotStatus>,
@@ -156,7 +166,13 @@ async fn status_report(
         .filter(|c| c.unread_seconds > inactive_warn.as_secs_f64())
         .map(|c| c.destination.clone())
         .collect();
-    let log_bytes = if log_cursors.is_empty() {
+    let consumer_groups = store.groups().status().await?;
+    let consumer_groups_unread = consumer_groups
+        .iter()
+        .filter(|g| g.unread_longer_than(inactive_warn))
+        .map(|g| g.name.clone())
+        .collect();
+    let log_bytes = if log_cursors.is_empty() && consumer_groups.is_empty() {
         0
     } else {
         log.log_bytes().await?
@@ -173,6 +189,8 @@ async fn status_report(
         log_cursors,
         log_cursors_unread,
         log_bytes,
+        consumer_groups,
+        consumer_groups_unread,
         logical_slot,
         dead_letters: counts.failed,
         counts,
@@ -257,6 +275,22 @@ fn render_status(schema: &Schema, r: &StatusReport) -> String {
                     r.log_bytes as f64 / 1048576.0,
                     c.destination,
                     c.destination
+                );
+            }
+        }
+    }
+    if !r.consumer_groups.is_empty() {
+        let _ = writeln!(out, "consumer groups");
+        for g in &r.consumer_groups {
+            let _ = writeln!(out, "  {}", super::group::summary(g));
+            if r.consumer_groups_unread.contains(&g.name) {
+                let _ = writeln!(
+                    out,
+                    "    NOT READ for longer than {}: no reader calls receive on {}, and it keeps the log ({:.1} MB) from being truncated; start its readers, or if it is gone: postbox group drop {}",
+                    humantime::format_duration(r.inactive_warn),
+                    g.name,
+                    r.log_bytes as f64 / 1048576.0,
+                    g.name
                 );
             }
         }

@@ -42,6 +42,20 @@ pub use postbox::received::{INBOX_DUPLICATES, RECEIVE_REJECTED};
 pub const LOG_LAG_EVENTS: &str = "postbox_log_lag_events";
 /// Log mode: age of the oldest event a destination's cursor has not read (0 when caught up).
 pub const LOG_LAG_SECONDS: &str = "postbox_log_lag_seconds";
+/// Log mode, consumer groups (label `group`): committed events of the
+/// group's types it has not read yet.
+pub const GROUP_UNREAD: &str = "postbox_group_unread_events";
+/// …events handed out and not acknowledged, visibility not over.
+pub const GROUP_IN_FLIGHT: &str = "postbox_group_in_flight_events";
+/// …events waiting to be handed out (again): nacked, timed out, scheduled,
+/// or behind their aggregate in an ordered group.
+pub const GROUP_WAITING: &str = "postbox_group_waiting_events";
+/// …the group's dead letters.
+pub const GROUP_DEAD_LETTERS: &str = "postbox_group_dead_letters";
+/// …readers that called `receive` in the last minute.
+pub const GROUP_READERS: &str = "postbox_group_readers";
+/// …age of the group's oldest event not acknowledged (0 when none).
+pub const GROUP_LAG_SECONDS: &str = "postbox_group_lag_seconds";
 /// Logical mode: WAL written since the replication slot's confirmed position (label `slot`).
 pub const SLOT_LAG_BYTES: &str = "postbox_slot_lag_bytes";
 /// Logical mode: seconds since the relay last read the slot up to the WAL's
@@ -126,6 +140,28 @@ pub fn describe() {
     describe_gauge!(
         LOG_LAG_EVENTS,
         "Log mode: committed events a destination's cursor has not read"
+    );
+    describe_gauge!(
+        GROUP_UNREAD,
+        "Consumer groups: committed events of the group's types it has not read"
+    );
+    describe_gauge!(
+        GROUP_IN_FLIGHT,
+        "Consumer groups: events handed out and not acknowledged"
+    );
+    describe_gauge!(
+        GROUP_WAITING,
+        "Consumer groups: events waiting to be handed out (again)"
+    );
+    describe_gauge!(GROUP_DEAD_LETTERS, "Consumer groups: dead letters");
+    describe_gauge!(
+        GROUP_READERS,
+        "Consumer groups: readers that called receive in the last minute"
+    );
+    describe_gauge!(
+        GROUP_LAG_SECONDS,
+        Unit::Seconds,
+        "Consumer groups: age of the oldest event not acknowledged"
     );
     describe_gauge!(
         LOG_LAG_SECONDS,
@@ -242,11 +278,21 @@ pub fn record_commit_to_delivery(created: impl Iterator<Item = chrono::DateTime<
     }
 }
 
-/// Refresh log mode's lag gauges, one pair per cursor.
+/// Refresh log mode's lag gauges, one pair per cursor, and each consumer
+/// group's gauges.
 pub async fn refresh_log_lag(store: &Store) -> Result<(), sqlx::Error> {
     for c in store.log().cursor_lag().await? {
         gauge!(LOG_LAG_EVENTS, "destination" => c.destination.clone()).set(c.lag_events as f64);
         gauge!(LOG_LAG_SECONDS, "destination" => c.destination).set(c.lag_seconds.unwrap_or(0.0));
+    }
+    for g in store.groups().status().await? {
+        let group = || g.name.clone();
+        gauge!(GROUP_UNREAD, "group" => group()).set(g.unread as f64);
+        gauge!(GROUP_IN_FLIGHT, "group" => group()).set(g.in_flight as f64);
+        gauge!(GROUP_WAITING, "group" => group()).set(g.waiting as f64);
+        gauge!(GROUP_DEAD_LETTERS, "group" => group()).set(g.dead_letters as f64);
+        gauge!(GROUP_READERS, "group" => group()).set(g.readers as f64);
+        gauge!(GROUP_LAG_SECONDS, "group" => group()).set(g.lag_seconds.unwrap_or(0.0));
     }
     Ok(())
 }
