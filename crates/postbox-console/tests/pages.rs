@@ -773,6 +773,46 @@ async fn the_overview_shows_log_cursors_in_log_mode() {
     h.finish().await;
 }
 
+/// The overview shows each consumer group with what it holds.
+#[tokio::test]
+async fn the_overview_shows_consumer_groups() {
+    let h = Harness::start().await;
+    let mut a = h.signed_in("victor", Role::Viewer).await;
+    let page = a.get("/").await;
+    assert!(
+        !page.body.contains("Consumer groups"),
+        "no groups, no section"
+    );
+    let store = postbox_store::Store::new(h.db.pool.clone(), h.db.schema.clone());
+    let mut ledger = postbox_store::NewGroup::new("ledger");
+    ledger.ordered = true;
+    store.groups().create(&ledger).await.unwrap();
+    h.db.exec(
+        "INSERT INTO {schema}.log (event_id, event_type, aggregate_type, aggregate_id, payload) \
+         SELECT gen_random_uuid(), 't', 'a', i::text, '{}' FROM generate_series(1, 4) AS i",
+    )
+    .await;
+    store
+        .groups()
+        .receive(
+            "ledger",
+            1,
+            std::time::Duration::from_secs(60),
+            std::time::Duration::ZERO,
+        )
+        .await
+        .unwrap();
+    let page = a.get("/").await;
+    let b = &page.body;
+    assert!(b.contains("id=\"consumer-groups\""), "{b}");
+    assert!(
+        b.contains("<td>ledger</td><td class=\"num\">3</td><td class=\"num\">1</td>"),
+        "3 unread, 1 in flight: {b}"
+    );
+    assert!(b.contains("ordered; max attempts 5"), "{b}");
+    h.finish().await;
+}
+
 /// In logical mode the overview shows the schema's replication slot and a
 /// reader that keeps failing, with its (masked) error, as the relay noted it.
 #[tokio::test]

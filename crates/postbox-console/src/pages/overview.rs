@@ -19,8 +19,8 @@ use axum::response::Response;
 use chrono::{DateTime, Utc};
 use maud::{html, Markup};
 use postbox_store::{
-    rough_duration, Backlog, CursorLag, DestinationCounts, ProducerTarget, RecentDeliveries,
-    RelaySeen, SlotStatus, StatusCounts, Unread,
+    rough_duration, Backlog, CursorLag, DestinationCounts, GroupStatus, ProducerTarget,
+    RecentDeliveries, RelaySeen, SlotStatus, StatusCounts, Unread,
 };
 
 /// Minutes shown in the delivery-rate chart, and the newest outbox rows it counts among.
@@ -58,6 +58,7 @@ pub(super) async fn overview(
     let log = o.store.log();
     let producers = log.producer_target().await.map_err(|e| failed(o, &e))?;
     let cursors = log.cursor_lag().await.map_err(|e| failed(o, &e))?;
+    let consumer_groups = o.store.groups().status().await.map_err(|e| failed(o, &e))?;
     // Logical mode: the slots this schema's relays read, and how their
     // readers fare (migration 22 notes a reader's failures).
     let slots: Vec<SlotStatus> = o
@@ -92,6 +93,7 @@ pub(super) async fn overview(
             history: &history,
             producers,
             cursors: &cursors,
+            consumer_groups: &consumer_groups,
             slots: &slots,
             recent: &recent,
             refresh_ms: console.inner.refresh_ms(),
@@ -206,6 +208,8 @@ pub(crate) struct OverviewView<'a> {
     /// Log mode: which table producers write to, and each cursor's lag.
     pub producers: ProducerTarget,
     pub cursors: &'a [CursorLag],
+    /// Log mode: the consumer groups that pull from the log.
+    pub consumer_groups: &'a [GroupStatus],
     /// Logical mode: the replication slots this schema's relays read.
     pub slots: &'a [SlotStatus],
     /// Deliveries per destination and reading mode over the rate's window.
@@ -342,6 +346,39 @@ fn render(here: &Frame<'_>, v: &OverviewView<'_>) -> Markup {
                             }
                         } }
                     }
+                }
+            }
+            @if !v.consumer_groups.is_empty() {
+                section {
+                    h2 { "Consumer groups " span.sub { "readers pulling from the log over SQL" } }
+                    div.scroll { table #consumer-groups {
+                        thead { tr {
+                            th { "Group" } th.num { "Unread" } th.num { "In flight" } th.num { "Waiting" }
+                            th.num { "Dead letters" } th.num { "Readers (last minute)" } th { "Oldest unacknowledged" } th { "Settings" }
+                        } }
+                        tbody {
+                            @for g in v.consumer_groups {
+                                @let idle = g.unread_longer_than(std::time::Duration::from_secs(300));
+                                tr.(if idle || g.dead_letters > 0 { "warn" } else { "" }) {
+                                    td { (g.name) }
+                                    td.num { (g.unread) }
+                                    td.num { (g.in_flight) }
+                                    td.num { (g.waiting) }
+                                    td.num { (g.dead_letters) }
+                                    td.num { (g.readers) }
+                                    td {
+                                        (g.lag_seconds.map_or_else(|| "none".to_owned(), age))
+                                        @if idle { " — NOT READ for over 5 minutes: it keeps the log from being truncated (postbox group drop " (g.name) " if it is gone)" }
+                                    }
+                                    td {
+                                        @if g.ordered { "ordered; " }
+                                        @if let Some(types) = &g.types { "types " (types.join(", ")) "; " }
+                                        "max attempts " (g.max_attempts)
+                                    }
+                                }
+                            }
+                        }
+                    } }
                 }
             }
             @if !v.slots.is_empty() {
