@@ -348,12 +348,32 @@ async fn bench_runs_on_tiny_inputs() {
             &sink,
             "--peers",
             "pgq",
+            "--only",
+            "drain,latency,producer,scale,ordered,groups",
             "--json",
         ],
     ));
     let r: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(
         r["drain"]["relay_events_per_s"].as_f64().unwrap() > 0.0,
+        "{r}"
+    );
+    // Consumer groups read by one and four readers, and PgQ's consumer API.
+    let groups: Vec<(String, f64)> = r["groups"]["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            (
+                g["reader"].as_str().unwrap().to_owned(),
+                g["events_per_s"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(groups.len(), 3, "{r}");
+    assert!(groups.iter().all(|(_, rate)| *rate > 0.0), "{r}");
+    assert!(
+        groups.iter().any(|(reader, _)| reader.starts_with("PgQ")),
         "{r}"
     );
     // PgQ's consumer ran on the same events (test.sh installs the

@@ -440,3 +440,36 @@ async fn the_log_keeps_a_segment_until_every_group_is_done_with_it() {
     assert_eq!(truncate().await, Some(10));
     db.drop_schema().await;
 }
+
+#[tokio::test]
+async fn a_partial_ack_settles_only_the_events_it_names() {
+    let db = TestDb::new().await;
+    let g = groups(&db);
+    g.create(&NewGroup::new("billing")).await.unwrap();
+    append(&db, 10, 10, 10).await;
+    let batch = g
+        .receive("billing", 10, Duration::from_secs(1), NO_WAIT)
+        .await
+        .unwrap();
+    assert_eq!(batch.len(), 10);
+    // Three of them, one named twice: three acknowledged, then none again.
+    let mut some = receipts(&batch[2..5]);
+    some.push(some[0].clone());
+    assert_eq!(g.ack("billing", &some).await.unwrap(), 3);
+    assert_eq!(g.ack("billing", &some).await.unwrap(), 0);
+    // The other seven come back when their visibility ends.
+    let mut back: Vec<i64> = Vec::new();
+    let deadline = tokio::time::Instant::now() + MINUTE;
+    while back.len() < 7 && tokio::time::Instant::now() < deadline {
+        let again = g
+            .receive("billing", 10, MINUTE, Duration::from_millis(200))
+            .await
+            .unwrap();
+        back.extend(again.iter().map(|r| r.id));
+    }
+    back.sort();
+    let mut expected: Vec<i64> = batch[..2].iter().chain(&batch[5..]).map(|r| r.id).collect();
+    expected.sort();
+    assert_eq!(back, expected);
+    db.drop_schema().await;
+}

@@ -445,9 +445,10 @@ BEGIN
 END
 $fn$;
 
--- The (batch, event id) pairs of `receipts`; a malformed receipt is an error.
+-- The batches `receipts` name, each with its event ids in ascending order;
+-- a malformed receipt is an error.
 CREATE FUNCTION {schema}.group_receipts(caller text, receipts text[])
-RETURNS TABLE (batch_id uuid, id bigint)
+RETURNS TABLE (batch_id uuid, ids bigint[])
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp AS $fn$
 BEGIN
@@ -459,13 +460,17 @@ BEGIN
     RAISE EXCEPTION 'postbox.%: a receipt must not be NULL', caller USING ERRCODE = '22023';
   END IF;
   -- (Casts, not a regular expression: checking 1,000 receipts against one
-  -- took 9 ms.)
+  -- took 9 ms; and one uuid cast per batch, not per receipt.)
   BEGIN
     RETURN QUERY
-    SELECT split_part(r.x, ':', 1)::uuid,
-           (CASE WHEN split_part(r.x, ':', 3) = '' THEN split_part(r.x, ':', 2)
-                 ELSE 'malformed' END)::bigint
-    FROM unnest(receipts) r(x);
+    SELECT g.batch::uuid, g.ids
+    FROM (SELECT split_part(r.x, ':', 1) AS batch,
+                 array_agg(e.id ORDER BY e.id) AS ids
+          FROM unnest(receipts) r(x),
+               LATERAL (SELECT (CASE WHEN split_part(r.x, ':', 3) = ''
+                                     THEN split_part(r.x, ':', 2)
+                                     ELSE 'malformed' END)::bigint AS id) e
+          GROUP BY 1) g;
   EXCEPTION WHEN invalid_text_representation OR numeric_value_out_of_range THEN
     RAISE EXCEPTION 'postbox.%: a receipt is the text receive returned (<batch>:<id>)', caller
       USING ERRCODE = '22023';
@@ -491,18 +496,21 @@ BEGIN
       USING ERRCODE = '42704';
   END IF;
   FOR r IN
-    SELECT x.batch_id, array_agg(x.id) AS acked
-    FROM {schema}.group_receipts('ack', receipts) x
-    GROUP BY x.batch_id
+    SELECT x.batch_id, x.ids AS acked FROM {schema}.group_receipts('ack', receipts) x
   LOOP
     SELECT k.ids, k.attempts, k.agg_keys INTO b FROM {schema}.group_batches k
     WHERE k.batch_id = r.batch_id AND k.group_name = ack.consumer_group
     FOR UPDATE;
     CONTINUE WHEN NOT FOUND;
-    -- (IN over a subquery hashes the receipts: `<@` and `<> ALL` compare
-    -- every pair.)
-    SELECT count(*) INTO matched FROM unnest(b.ids) AS e(id)
-    WHERE e.id IN (SELECT a.id FROM unnest(r.acked) AS a(id));
+    -- The whole batch (the usual case): its ids, sorted, are the receipts'.
+    -- Otherwise count the matches (IN over a subquery hashes the receipts:
+    -- `<@` and `<> ALL` compare every pair).
+    IF r.acked = ARRAY(SELECT e.id FROM unnest(b.ids) AS e(id) ORDER BY e.id) THEN
+      matched := cardinality(b.ids);
+    ELSE
+      SELECT count(*) INTO matched FROM unnest(b.ids) AS e(id)
+      WHERE e.id IN (SELECT a.id FROM unnest(r.acked) AS a(id));
+    END IF;
     IF matched = cardinality(b.ids) THEN
       DELETE FROM {schema}.group_batches k WHERE k.batch_id = r.batch_id;
     ELSIF matched > 0 THEN
@@ -545,7 +553,8 @@ BEGIN
     RAISE EXCEPTION 'postbox.nack: no consumer group %', quote_literal(left(consumer_group, 64))
       USING ERRCODE = '42704';
   END IF;
-  SELECT x.batch_id, x.id INTO r FROM {schema}.group_receipts('nack', ARRAY[receipt]) x;
+  SELECT x.batch_id, x.ids[1] AS id INTO r
+  FROM {schema}.group_receipts('nack', ARRAY[receipt]) x;
   SELECT k.ids, k.attempts, k.agg_keys INTO b FROM {schema}.group_batches k
   WHERE k.batch_id = r.batch_id AND k.group_name = nack.consumer_group
   FOR UPDATE;

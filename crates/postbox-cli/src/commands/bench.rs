@@ -106,6 +106,8 @@ pub enum Part {
     Ordered,
     Sustained,
     Tenants,
+    /// Consumer groups read over SQL (receive + ack), 1 and 4 readers; with --peers pgq, against PgQ's consumer API
+    Groups,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -138,6 +140,7 @@ impl From<Part> for bench::Part {
             Part::Ordered => bench::Part::Ordered,
             Part::Sustained => bench::Part::Sustained,
             Part::Tenants => bench::Part::Tenants,
+            Part::Groups => bench::Part::Groups,
         }
     }
 }

@@ -29,6 +29,9 @@
 //!   size and dead tuples sampled throughout, and the relay's peak RSS; in
 //!   log mode (`--modes log`), the log's segments and the outbox sampled
 //!   with autovacuum off and no vacuum step. (Not in the default set.)
+//! - **groups** (`groups.rs`): consumer groups read over SQL (receive a
+//!   batch, ack it) by one and by four readers, against PgQ's consumer API
+//!   with `--peers pgq`. (Not in the default set.)
 //! - **tenants** (`tenants.rs`): one relay process serving hundreds of
 //!   outboxes over many databases: RSS, connections, idle CPU, cross-tenant
 //!   latency under a backlog, drain of 100 outboxes against one. (Not in the
@@ -38,6 +41,7 @@
 //! measured is a [`report::BenchReport`].
 
 mod cpu;
+mod groups;
 mod latency;
 mod pgq;
 pub mod report;
@@ -133,6 +137,7 @@ pub enum Part {
     Ordered,
     Sustained,
     Tenants,
+    Groups,
 }
 
 const REDIS_DEFAULT: &str = "redis://127.0.0.1:6379";
@@ -282,6 +287,9 @@ async fn run_on(url: &str, options: &Options) -> Result<BenchReport, AnyError> {
     }
     if parts.contains(&Part::Tenants) {
         report.tenants = Some(bench.tenants().await?);
+    }
+    if parts.contains(&Part::Groups) {
+        report.groups = Some(bench.groups().await?);
     }
     bench.reset().await?;
     bench.store.drop_schema().await?;
@@ -548,7 +556,7 @@ impl Bench<'_> {
             peer.seed(events, i64::from(self.options.batch_size))
                 .await?;
             let sink = postbox_relay::sinks::from_url(&self.sink, &Default::default())?;
-            peer.drain(sink.as_ref(), events).await
+            peer.drain(Some(sink.as_ref()), events).await
         }
         .await;
         let closed = peer.close().await;

@@ -133,8 +133,10 @@ impl PgqPeer {
         Ok(())
     }
 
-    /// Drain the queue's `n` events through `sink` with PgQ's consumer loop.
-    pub async fn drain(&self, sink: &dyn Sink, n: i64) -> Result<PgqRun, AnyError> {
+    /// Drain the queue's `n` events through `sink` with PgQ's consumer loop
+    /// (without one: read and finish each batch, as a consumer of PgQ's
+    /// API alone does).
+    pub async fn drain(&self, sink: Option<&dyn Sink>, n: i64) -> Result<PgqRun, AnyError> {
         let cpu_before = crate::os::own_cpu_seconds();
         let postgres_before = super::cpu::postgres_seconds();
         let started = Instant::now();
@@ -157,9 +159,13 @@ impl PgqPeer {
                 .into_iter()
                 .map(EventRow::into_message)
                 .collect::<Result<Vec<_>, _>>()?;
-            for outcome in sink.publish(&messages).await {
-                if outcome != Outcome::Delivered {
-                    return Err(format!("pgq: the sink did not take an event: {outcome:?}").into());
+            if let Some(sink) = sink {
+                for outcome in sink.publish(&messages).await {
+                    if outcome != Outcome::Delivered {
+                        return Err(
+                            format!("pgq: the sink did not take an event: {outcome:?}").into()
+                        );
+                    }
                 }
             }
             sqlx::query(trusted(&self.sql.finish_batch))

@@ -18,6 +18,30 @@ pub struct BenchReport {
     /// The sustained run in log mode, autovacuum off and no vacuum step.
     pub log_sustained: Option<LogSustained>,
     pub tenants: Option<super::tenants::Tenants>,
+    /// Consumer groups read over SQL, against PgQ's consumer API.
+    pub groups: Option<Groups>,
+}
+
+/// Consumer groups: `events` received and acknowledged `batch_size` at a
+/// time, per reader setup, each run twice (the order reversed).
+#[derive(Debug, Serialize)]
+pub struct Groups {
+    pub events: i64,
+    pub batch_size: i32,
+    pub rows: Vec<GroupsRow>,
+    /// Why PgQ's row is missing, when `--peers pgq` asked for it.
+    pub pgq_skipped: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct GroupsRow {
+    pub reader: String,
+    pub readers: usize,
+    pub rounds_events_per_s: Vec<f64>,
+    /// The rounds' mean.
+    pub events_per_s: f64,
+    /// Against PgQ's consumer API in the same run.
+    pub vs_pgq: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -353,6 +377,28 @@ pub(super) fn print_table(r: &BenchReport) {
                 l.p99_ms,
                 l.max_ms
             );
+        }
+    }
+    if let Some(g) = &r.groups {
+        crate::outln!();
+        crate::outln!(
+            "consumer groups ({} events, {} per receive, no sink; mean of 2 rounds, order reversed in the second)",
+            g.events,
+            g.batch_size
+        );
+        for row in &g.rows {
+            crate::outln!(
+                "  {:<30} {:>9.0} events/s{}",
+                row.reader,
+                row.events_per_s,
+                row.vs_pgq
+                    .filter(|_| row.reader.starts_with("SQL"))
+                    .map(|v| format!("   = {v:.2} × PgQ"))
+                    .unwrap_or_default()
+            );
+        }
+        if let Some(why) = &g.pgq_skipped {
+            crate::outln!("  PgQ skipped: {why}");
         }
     }
     if let Some(o) = &r.ordered {
