@@ -116,6 +116,13 @@ if ! python3 -c 'import psycopg' >/dev/null 2>&1; then
   python3 -m pip install --quiet 'psycopg[binary]'
 fi
 
+# The book's Node.js group reader (docs/consumer-groups.md) runs on pg,
+# installed globally (the test puts `npm root -g` on NODE_PATH).
+if ! NODE_PATH="$(npm root -g)" node -e 'require("pg")' >/dev/null 2>&1; then
+  log "installing pg for the book's Node.js group reader"
+  npm install -g --silent pg@8 >/dev/null
+fi
+
 # Headless Chromium and its WebDriver, for the console's browser tests (which
 # fail under CI when these are missing).
 if [ ! -x /usr/bin/chromedriver ] || [ ! -x /usr/bin/chromium ]; then

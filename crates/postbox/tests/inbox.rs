@@ -241,12 +241,15 @@ fn python_consumer() -> String {
     doc[start..start + len].to_owned()
 }
 
-fn python_group_reader() -> String {
+/// The reader of docs/consumer-groups.md whose block starts with `first_line`.
+fn group_reader(fence: &str, first_line: &str) -> String {
     let doc = include_str!("../../../docs/consumer-groups.md");
+    let opening = format!("```{fence}\n{first_line}");
     let start = doc
-        .find("```python\n# group_reader.py")
-        .expect("docs/consumer-groups.md has the Python reader")
-        + "```python\n".len();
+        .find(&opening)
+        .unwrap_or_else(|| panic!("docs/consumer-groups.md has {first_line}"))
+        + fence.len()
+        + 4;
     let len = doc[start..].find("```").expect("the block ends");
     doc[start..start + len].to_owned()
 }
@@ -402,11 +405,15 @@ mod with_tokio_postgres {
     }
 }
 
-/// The book's Python reader of a consumer group: each event's effect once
-/// (one was applied before its acknowledgement was lost), a poison event
-/// given back with its error, the rest acknowledged.
-#[tokio::test]
-async fn the_book_s_python_group_reader_applies_each_event_once() {
+/// The book's readers of a consumer group, in Python and in Node.js: each
+/// event's effect once (one was applied before its acknowledgement was
+/// lost), a poison event given back with its error, the rest acknowledged.
+async fn the_book_s_group_reader_applies_each_event_once(
+    program: &str,
+    script_name: &str,
+    source: String,
+    hint: &str,
+) {
     let db = TestDb::new().await;
     db.exec(
         "CREATE TABLE {schema}.invoices (order_id bigint NOT NULL, total_cents bigint NOT NULL); \
@@ -418,21 +425,27 @@ async fn the_book_s_python_group_reader_applies_each_event_once() {
          INSERT INTO {schema}.inbox (consumer, event_id) VALUES ('billing', '01900000-0000-7000-8000-000000000002')",
     )
     .await;
-    let script = std::env::temp_dir().join(format!("{}-group_reader.py", db.schema.name()));
-    std::fs::write(&script, python_group_reader()).unwrap();
-    let out = tokio::process::Command::new("python3")
+    let script = std::env::temp_dir().join(format!("{}-{script_name}", db.schema.name()));
+    std::fs::write(&script, source).unwrap();
+    let global_modules = std::process::Command::new("npm")
+        .args(["root", "-g"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let out = tokio::process::Command::new(program)
         .arg(&script)
         .env("DATABASE_URL", &db.url)
         .env("POSTBOX_SCHEMA", db.schema.name())
         .env("PGOPTIONS", format!("-c search_path={}", db.schema.name()))
+        .env("NODE_PATH", global_modules)
         .env("STOP_WHEN_IDLE", "1")
         .output()
         .await
-        .unwrap_or_else(|e| panic!("cannot run python3 ({e}); {PSYCOPG_HINT}"));
+        .unwrap_or_else(|e| panic!("cannot run {program} ({e}); {hint}"));
     let _ = std::fs::remove_file(&script);
     assert!(
         out.status.success(),
-        "the reader failed ({}); {PSYCOPG_HINT}\n{}",
+        "the reader failed ({}); {hint}\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
@@ -462,4 +475,26 @@ async fn the_book_s_python_group_reader_applies_each_event_once() {
         "the rest acknowledged"
     );
     db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn the_book_s_python_group_reader_applies_each_event_once() {
+    the_book_s_group_reader_applies_each_event_once(
+        "python3",
+        "group_reader.py",
+        group_reader("python", "# group_reader.py"),
+        PSYCOPG_HINT,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn the_book_s_node_group_reader_applies_each_event_once() {
+    the_book_s_group_reader_applies_each_event_once(
+        "node",
+        "group_reader.js",
+        group_reader("javascript", "// group_reader.js"),
+        "install the test dependencies with: npm install -g pg@8",
+    )
+    .await;
 }
