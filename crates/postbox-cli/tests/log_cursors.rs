@@ -193,6 +193,23 @@ async fn a_consumer_group_is_created_listed_reported_and_dropped() {
     .await;
     let o = postbox(&db, &cfg, &["group", "dead-letters", "billing"]);
     assert!(text(&o).contains("no dead letter"), "{}", text(&o));
+    let o = postbox(&db, &cfg, &["group", "replay-dead", "billing"]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "--event-id or --all: {}",
+        text(&o)
+    );
+    let o = postbox(
+        &db,
+        &cfg,
+        &["group", "replay-dead", "billing", "--all", "--actor", "ops"],
+    );
+    assert!(
+        text(&o).contains("0 dead letter(s) of billing"),
+        "{}",
+        text(&o)
+    );
     let o = postbox(
         &db,
         &cfg,

@@ -1371,6 +1371,7 @@ async fn every_function_states_who_may_execute_it() {
         "enqueue_one (owner's rights): producer",
         "glob_like: producer, relay, monitor, consumer, PUBLIC",
         "group_receipts: owner only",
+        "group_replay_dead: owner only",
         "inbox_apply: producer, relay, monitor, consumer, PUBLIC",
         "inbox_sequence: producer, relay, monitor, consumer, PUBLIC",
         "limits_payload_too_big: owner only",

@@ -27,8 +27,8 @@ SELECT {schema}.nack($1, $2, make_interval(secs => $3), $4) AS nacked;
 SELECT g.name, g.types, g.ordered, g.max_attempts, g.received, g.dead_lettered,
        g.created_at, g.read_at,
        u.unread, i.in_flight, w.waiting,
-       (SELECT count(*) FROM {schema}.group_dead_letters d WHERE d.group_name = g.name)
-         AS dead_letters,
+       (SELECT count(*) FROM {schema}.group_dead_letters d
+        WHERE d.group_name = g.name AND d.replayed_at IS NULL) AS dead_letters,
        (SELECT count(*) FROM {schema}.group_readers r
         WHERE r.group_name = g.name AND r.seen_at > now() - interval '60 seconds') AS readers,
        extract(epoch FROM now() - least(
@@ -54,9 +54,13 @@ CROSS JOIN LATERAL (
 ORDER BY g.name;
 
 -- name: dead_letters
--- A group's dead letters, oldest first, after id $2, at most $3.
+-- A group's dead letters not replayed, oldest first, after id $2, at most $3.
 SELECT id, event_id, event_type, aggregate_type, aggregate_id, attempts, last_error, dead_at
 FROM {schema}.group_dead_letters
-WHERE group_name = $1 AND id > $2
+WHERE group_name = $1 AND id > $2 AND replayed_at IS NULL
 ORDER BY id
 LIMIT $3;
+
+-- name: replay_dead
+-- Dead letters of group $1 (of event ids $2; all when NULL) back to the group.
+SELECT {schema}.group_replay_dead($1, $2) AS replayed;

@@ -153,6 +153,8 @@ pub struct GroupDeadLetter {
 
 /// The action recorded in the audit log when a group is dropped.
 pub const ACTION_DROP_GROUP: &str = "group_drop";
+/// …and when a group's dead letters are replayed.
+pub const ACTION_REPLAY_GROUP_DEAD: &str = "group_replay_dead";
 
 struct Queries {
     create: String,
@@ -162,6 +164,7 @@ struct Queries {
     nack: String,
     status: String,
     dead_letters: String,
+    replay_dead: String,
     audit_insert: String,
 }
 
@@ -176,6 +179,7 @@ impl Queries {
             nack: file.render("nack", schema),
             status: file.render("status", schema),
             dead_letters: file.render("dead_letters", schema),
+            replay_dead: file.render("replay_dead", schema),
             audit_insert: crate::dead_letters::AuditQueries::new(schema).insert,
         };
         file.finish();
@@ -295,6 +299,36 @@ impl Groups {
             .bind(error)
             .fetch_one(&self.pool)
             .await
+    }
+
+    /// Give `group`'s dead letters (those of `event_ids`, or all) back to
+    /// it, to be handed out again with a fresh attempt count; recorded in
+    /// the audit log in the same transaction. Returns how many.
+    pub async fn replay_dead(
+        &self,
+        group: &str,
+        event_ids: Option<&[Uuid]>,
+        actor: &str,
+        reason: Option<&str>,
+    ) -> Result<i32, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let replayed: i32 = sqlx::query_scalar(trusted(&self.sql.replay_dead))
+            .bind(group)
+            .bind(event_ids)
+            .fetch_one(&mut *tx)
+            .await?;
+        let selection = serde_json::json!({ "group": group, "event_ids": event_ids });
+        sqlx::query(trusted(&self.sql.audit_insert))
+            .bind(actor)
+            .bind(ACTION_REPLAY_GROUP_DEAD)
+            .bind(selection.to_string())
+            .bind(i64::from(replayed))
+            .bind(reason)
+            .bind("[]")
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(replayed)
     }
 
     /// A group's dead letters after log id `after`, oldest first.

@@ -67,6 +67,7 @@ pub use dead_letters::{
 pub use events::{DeliveryRecord, EventQuery, EventRecord, EventRow, Events, Status, StatusFilter};
 pub use groups::{
     GroupDeadLetter, GroupStart, GroupStatus, Groups, NewGroup, Received, ACTION_DROP_GROUP,
+    ACTION_REPLAY_GROUP_DEAD,
 };
 pub use log::{
     CursorDropped, CursorLag, Handoff, HeldEvents, Lease, Log, LogEvent, LogWindow, ProducerTarget,

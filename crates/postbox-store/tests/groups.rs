@@ -473,3 +473,68 @@ async fn a_partial_ack_settles_only_the_events_it_names() {
     assert_eq!(back, expected);
     db.drop_schema().await;
 }
+
+#[tokio::test]
+async fn a_replayed_dead_letter_comes_again_even_once_the_log_lost_it() {
+    let db = TestDb::new().await;
+    let g = groups(&db);
+    let mut group = NewGroup::new("billing");
+    group.max_attempts = 1;
+    g.create(&group).await.unwrap();
+    append(&db, 2, 2, 2).await;
+    let first = g.receive("billing", 10, MINUTE, NO_WAIT).await.unwrap();
+    assert_eq!(first.len(), 2);
+    for r in &first {
+        g.nack("billing", &r.receipt, NO_WAIT, Some("down"))
+            .await
+            .unwrap();
+    }
+    assert!(g
+        .receive("billing", 10, MINUTE, NO_WAIT)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(g.dead_letters("billing", 0, 10).await.unwrap().len(), 2);
+    // The log no longer has the first (truncated since, say).
+    sqlx::query(trusted(&db.sql("DELETE FROM {schema}.log WHERE id = $1")))
+        .bind(first[0].id)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let replayed = g
+        .replay_dead("billing", Some(&[first[0].event_id]), "test", Some("fixed"))
+        .await
+        .unwrap();
+    assert_eq!(replayed, 1);
+    assert_eq!(g.dead_letters("billing", 0, 10).await.unwrap().len(), 1);
+    let again = g.receive("billing", 10, MINUTE, NO_WAIT).await.unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(
+        (again[0].event_id, again[0].attempts, &again[0].payload),
+        (first[0].event_id, 1, &first[0].payload),
+        "the same event, from the group's copy, on a fresh attempt"
+    );
+    // It dies again: a dead letter once more, with its new error.
+    g.nack("billing", &again[0].receipt, NO_WAIT, Some("down again"))
+        .await
+        .unwrap();
+    assert!(g
+        .receive("billing", 10, MINUTE, NO_WAIT)
+        .await
+        .unwrap()
+        .is_empty());
+    let dead = g.dead_letters("billing", 0, 10).await.unwrap();
+    assert_eq!(dead.len(), 2);
+    assert_eq!(dead[0].last_error.as_deref(), Some("down again"));
+    // Everything else: replayed at once, audited.
+    assert_eq!(
+        g.replay_dead("billing", None, "test", None).await.unwrap(),
+        2
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM {schema}.audit_log WHERE action = 'group_replay_dead'")
+            .await,
+        2
+    );
+    db.drop_schema().await;
+}

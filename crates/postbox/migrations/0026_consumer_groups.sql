@@ -101,7 +101,9 @@ CREATE INDEX group_waiting_aggregate_idx ON {schema}.group_waiting (group_name, 
 
 -- Events a group gave up on after `max_attempts` hand-outs, copied from the
 -- log (which may truncate them afterwards) with the last error a reader
--- gave. Nothing deletes them but dropping the group.
+-- gave. Nothing deletes them but dropping the group. A replayed one
+-- (`group_replay_dead`) waits in the group again, `replayed_at` set, and is
+-- read from here when the log no longer has it.
 CREATE TABLE {schema}.group_dead_letters (
     group_name     text NOT NULL,
     id             bigint NOT NULL,
@@ -117,6 +119,7 @@ CREATE TABLE {schema}.group_dead_letters (
     attempts       integer NOT NULL,
     last_error     text,
     dead_at        timestamptz NOT NULL DEFAULT now(),
+    replayed_at    timestamptz,
     PRIMARY KEY (group_name, id)
 );
 
@@ -294,11 +297,19 @@ BEGIN
   INSERT INTO {schema}.group_dead_letters
     (group_name, id, event_id, event_type, aggregate_type, aggregate_id, schema_version,
      payload, headers, sequence, created_at, attempts, last_error)
-  SELECT g.name, d.id, l.event_id, l.event_type, l.aggregate_type, l.aggregate_id,
-         l.schema_version, l.payload, l.headers, l.sequence, l.created_at, d.attempts,
-         d.last_error
-  FROM dead d JOIN {schema}.log l ON l.id = d.id
-  ON CONFLICT DO NOTHING;
+  SELECT g.name, d.id, coalesce(l.event_id, x.event_id),
+         coalesce(l.event_type, x.event_type), coalesce(l.aggregate_type, x.aggregate_type),
+         coalesce(l.aggregate_id, x.aggregate_id), coalesce(l.schema_version, x.schema_version),
+         coalesce(l.payload, x.payload), coalesce(l.headers, x.headers),
+         coalesce(l.sequence, x.sequence), coalesce(l.created_at, x.created_at),
+         d.attempts, d.last_error
+  FROM dead d
+  LEFT JOIN {schema}.log l ON l.id = d.id
+  LEFT JOIN {schema}.group_dead_letters x ON x.group_name = g.name AND x.id = d.id
+  WHERE l.id IS NOT NULL OR x.id IS NOT NULL
+  ON CONFLICT ON CONSTRAINT group_dead_letters_pkey DO UPDATE
+  SET attempts = EXCLUDED.attempts, last_error = EXCLUDED.last_error,
+      dead_at = now(), replayed_at = NULL;
   GET DIAGNOSTICS n_dead = ROW_COUNT;
 
   -- An ordered group hands out no event of an aggregate in flight.
@@ -433,14 +444,23 @@ BEGIN
   ON CONFLICT (group_name, reader) DO UPDATE SET seen_at = EXCLUDED.seen_at
   WHERE r.seen_at < EXCLUDED.seen_at - interval '1 second';
 
+  -- The content from the log; a replayed dead letter the log no longer has,
+  -- from the group's copy. (OFFSET 0 keeps each look-up an index probe:
+  -- flattened, the planner hashed the whole log.)
   IF cardinality(out_ids) > 0 THEN
     RETURN QUERY
-    SELECT batch::text || ':' || l.id, l.id, l.event_id, l.event_type, l.aggregate_type,
-           l.aggregate_id, l.sequence, l.schema_version, l.payload, l.headers, l.created_at,
-           h.attempts
+    SELECT batch::text || ':' || h.id, h.id, coalesce(l.event_id, d.event_id),
+           coalesce(l.event_type, d.event_type), coalesce(l.aggregate_type, d.aggregate_type),
+           coalesce(l.aggregate_id, d.aggregate_id), coalesce(l.sequence, d.sequence),
+           coalesce(l.schema_version, d.schema_version), coalesce(l.payload, d.payload),
+           coalesce(l.headers, d.headers), coalesce(l.created_at, d.created_at), h.attempts
     FROM unnest(out_ids, out_tries) AS h(id, attempts)
-    CROSS JOIN LATERAL (SELECT * FROM {schema}.log x WHERE x.id = h.id OFFSET 0) l
-    ORDER BY l.id;
+    LEFT JOIN LATERAL (SELECT * FROM {schema}.log x WHERE x.id = h.id OFFSET 0) l ON true
+    LEFT JOIN LATERAL (SELECT * FROM {schema}.group_dead_letters y
+                       WHERE l.id IS NULL AND y.group_name = g.name AND y.id = h.id
+                       OFFSET 0) d ON true
+    WHERE l.id IS NOT NULL OR d.id IS NOT NULL
+    ORDER BY h.id;
   END IF;
 END
 $fn$;
@@ -584,7 +604,40 @@ BEGIN
 END
 $fn$;
 
+-- Give dead letters of `group_name` (those of `event_ids`, or all when
+-- NULL) back to the group: each waits to be handed out again, with a fresh
+-- attempt count, and is marked replayed. Returns how many.
+CREATE FUNCTION {schema}.group_replay_dead(group_name text, event_ids uuid[] DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  n integer;
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM {schema}.consumer_groups k WHERE k.name = group_replay_dead.group_name) THEN
+    RAISE EXCEPTION 'postbox.group_replay_dead: no consumer group %',
+      quote_literal(left(group_name, 64)) USING ERRCODE = '42704';
+  END IF;
+  WITH picked AS (
+    UPDATE {schema}.group_dead_letters d SET replayed_at = now()
+    WHERE d.group_name = group_replay_dead.group_name AND d.replayed_at IS NULL
+      AND (group_replay_dead.event_ids IS NULL OR d.event_id = ANY (group_replay_dead.event_ids))
+    RETURNING d.id, d.aggregate_type, d.aggregate_id)
+  INSERT INTO {schema}.group_waiting AS w (group_name, id, agg_key, attempts, visible_at, last_error)
+  SELECT group_replay_dead.group_name, p.id,
+         CASE WHEN k.ordered THEN pg_catalog.hashtextextended(
+                p.aggregate_type || '/' || p.aggregate_id, 0) END,
+         0, now(), 'replayed from the dead letters'
+  FROM picked p CROSS JOIN {schema}.consumer_groups k
+  WHERE k.name = group_replay_dead.group_name
+  ON CONFLICT ON CONSTRAINT group_waiting_pkey DO NOTHING;
+  GET DIAGNOSTICS n = ROW_COUNT;
+  RETURN n;
+END
+$fn$;
+
 REVOKE EXECUTE ON FUNCTION
+    {schema}.group_replay_dead(text, uuid[]),
     {schema}.create_group(text, text, text[], boolean, integer),
     {schema}.drop_group(text),
     {schema}.receive(text, integer, interval, interval),

@@ -52,6 +52,22 @@ pub enum GroupCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Give a group's dead letters back to it, to be handed out again (audited)
+    ReplayDead {
+        name: String,
+        /// Only this event (repeat for several)
+        #[arg(long = "event-id", value_name = "ID", required_unless_present = "all")]
+        event_ids: Vec<uuid::Uuid>,
+        /// Every dead letter of the group
+        #[arg(long, conflicts_with = "event_ids")]
+        all: bool,
+        /// Why (kept in the audit log)
+        #[arg(long)]
+        reason: Option<String>,
+        /// Who (kept in the audit log) [default: $USER]
+        #[arg(long)]
+        actor: Option<String>,
+    },
     /// Drop a group with everything it holds (audited)
     Drop {
         name: String,
@@ -139,6 +155,23 @@ pub async fn run(settings: &Settings, args: GroupArgs) -> Result<ExitCode, AnyEr
                     d.last_error.as_deref().unwrap_or("-")
                 );
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        GroupCommand::ReplayDead {
+            name,
+            event_ids,
+            all,
+            reason,
+            actor,
+        } => {
+            let actor = actor_or_user(actor)?;
+            let ids = (!all).then_some(event_ids.as_slice());
+            let n = groups
+                .replay_dead(&name, ids, &actor, reason.as_deref())
+                .await?;
+            outln!(
+                "{n} dead letter(s) of {name} wait to be handed out again; recorded in the audit log"
+            );
             Ok(ExitCode::SUCCESS)
         }
         GroupCommand::Drop {
