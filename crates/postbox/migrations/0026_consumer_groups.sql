@@ -235,6 +235,11 @@ DECLARE
   out_keys   bigint[] := '{}';
   ids        bigint[];
   keys       bigint[];
+  tries      integer[];
+  back_ids   bigint[] := '{}';
+  back_tries integer[] := '{}';
+  fresh      {schema}.log[] := '{}';
+  page_rows  {schema}.log[];
   last_id    bigint;
   batch      uuid;
   reader_name text;
@@ -339,6 +344,8 @@ BEGIN
          coalesce(array_agg(t.agg_key ORDER BY t.id), '{}')
   INTO out_ids, out_tries, out_keys FROM taken t;
   need := max_events - cardinality(out_ids);
+  back_ids := out_ids;
+  back_tries := out_tries;
   IF g.ordered THEN
     blocked := blocked || out_keys;
   END IF;
@@ -374,7 +381,7 @@ BEGIN
       -- scheduled for later, or (ordered) an earlier event of its aggregate
       -- is in flight, waiting, or earlier in this page.
       WITH page AS (
-        SELECT l.id, l.deliver_at,
+        SELECT l AS whole, l.id, l.deliver_at,
                CASE WHEN g.ordered THEN pg_catalog.hashtextextended(
                       l.aggregate_type || '/' || l.aggregate_id, 0) END AS agg_key
         FROM {schema}.log l
@@ -386,7 +393,7 @@ BEGIN
         ORDER BY l.id
         LIMIT need),
       judged AS (
-        SELECT p.id, p.deliver_at, p.agg_key,
+        SELECT p.whole, p.id, p.deliver_at, p.agg_key,
                coalesce(p.deliver_at <= t_now, true)
                AND (NOT g.ordered OR (
                      p.id = min(p.id) OVER (PARTITION BY p.agg_key)
@@ -402,11 +409,13 @@ BEGIN
         ON CONFLICT DO NOTHING)
       SELECT count(*), max(j.id),
              coalesce(array_agg(j.id ORDER BY j.id) FILTER (WHERE j.now_), '{}'),
-             coalesce(array_agg(j.agg_key ORDER BY j.id) FILTER (WHERE j.now_), '{}')
-      INTO n, last_id, ids, keys FROM judged j;
+             coalesce(array_agg(j.agg_key ORDER BY j.id) FILTER (WHERE j.now_), '{}'),
+             coalesce(array_agg(j.whole ORDER BY j.id) FILTER (WHERE j.now_), '{}')
+      INTO n, last_id, ids, keys, page_rows FROM judged j;
       out_ids := out_ids || ids;
       out_tries := out_tries || array_fill(1, ARRAY[cardinality(ids)]);
       out_keys := out_keys || keys;
+      fresh := fresh || page_rows;
     END IF;
     IF n >= need THEN
       -- A full page: the window may hold more.
@@ -444,23 +453,33 @@ BEGIN
   ON CONFLICT (group_name, reader) DO UPDATE SET seen_at = EXCLUDED.seen_at
   WHERE r.seen_at < EXCLUDED.seen_at - interval '1 second';
 
-  -- The content from the log; a replayed dead letter the log no longer has,
-  -- from the group's copy. (OFFSET 0 keeps each look-up an index probe:
-  -- flattened, the planner hashed the whole log.)
-  IF cardinality(out_ids) > 0 THEN
+  -- Events that came back: their content from the log, or for a replayed
+  -- dead letter the log no longer has, from the group's copy. (OFFSET 0
+  -- keeps each look-up an index probe: flattened, the planner hashed the
+  -- whole log.)
+  IF cardinality(back_ids) > 0 THEN
     RETURN QUERY
     SELECT batch::text || ':' || h.id, h.id, coalesce(l.event_id, d.event_id),
            coalesce(l.event_type, d.event_type), coalesce(l.aggregate_type, d.aggregate_type),
            coalesce(l.aggregate_id, d.aggregate_id), coalesce(l.sequence, d.sequence),
            coalesce(l.schema_version, d.schema_version), coalesce(l.payload, d.payload),
            coalesce(l.headers, d.headers), coalesce(l.created_at, d.created_at), h.attempts
-    FROM unnest(out_ids, out_tries) AS h(id, attempts)
+    FROM unnest(back_ids, back_tries) AS h(id, attempts)
     LEFT JOIN LATERAL (SELECT * FROM {schema}.log x WHERE x.id = h.id OFFSET 0) l ON true
     LEFT JOIN LATERAL (SELECT * FROM {schema}.group_dead_letters y
                        WHERE l.id IS NULL AND y.group_name = g.name AND y.id = h.id
                        OFFSET 0) d ON true
     WHERE l.id IS NOT NULL OR d.id IS NOT NULL
     ORDER BY h.id;
+  END IF;
+  -- New events, as the page read them (looking each up again by id cost
+  -- half the call).
+  IF cardinality(fresh) > 0 THEN
+    RETURN QUERY
+    SELECT batch::text || ':' || f.id, f.id, f.event_id, f.event_type, f.aggregate_type,
+           f.aggregate_id, f.sequence, f.schema_version, f.payload, f.headers, f.created_at, 1
+    FROM unnest(fresh) AS f
+    ORDER BY f.id;
   END IF;
 END
 $fn$;
