@@ -266,9 +266,13 @@ BEGIN
                    WHERE w.group_name = g.name AND w.visible_at <= clock_timestamp())
         OR EXISTS (SELECT 1 FROM {schema}.group_batches b
                    WHERE b.group_name = g.name AND b.visible_at <= clock_timestamp())
+        -- (Two look-ups along the txid index: as one with OR, the log
+        -- was scanned whole, 40 ms a look at 150,000 events.)
         OR EXISTS (SELECT 1 FROM {schema}.log l
-                   WHERE (l.txid >= pg_snapshot_xmax(g.lo)
-                          OR l.txid = ANY (ARRAY(SELECT pg_snapshot_xip(g.lo))))
+                   WHERE l.txid >= pg_snapshot_xmax(g.lo)
+                     AND (g.type_likes IS NULL OR l.event_type LIKE ANY (g.type_likes)))
+        OR EXISTS (SELECT 1 FROM {schema}.log l
+                   WHERE l.txid = ANY (ARRAY(SELECT pg_snapshot_xip(g.lo)))
                      AND (g.type_likes IS NULL OR l.event_type LIKE ANY (g.type_likes)))
         OR clock_timestamp() >= deadline;
       PERFORM pg_sleep(0.01);
