@@ -391,15 +391,19 @@ async fn a_reader_that_keeps_failing_is_unready_until_it_reads_again() {
 
     db.exec("UPDATE {schema}.logical_settings SET numbered_emits = false")
         .await;
-    sqlx::query(
-        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
-         WHERE slot_name = $1 AND active_pid IS NOT NULL",
-    )
-    .bind(&slot)
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    // The reading session is ended so that the next one checks the setting
+    // again. The slot is active only while a read is under way, so a single
+    // attempt can find no backend to end: end it at each look until the
+    // relay reports the failing reader.
     wait_for("unready", Duration::from_secs(60), || async {
+        sqlx::query(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+             WHERE slot_name = $1 AND active_pid IS NOT NULL",
+        )
+        .bind(&slot)
+        .execute(&db.pool)
+        .await
+        .unwrap();
         let answer = get(&addr, "/readyz").await;
         answer.starts_with("HTTP/1.1 503") && answer.contains("keeps failing")
     })
