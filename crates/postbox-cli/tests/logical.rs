@@ -120,6 +120,19 @@ impl Drop for DropSlot {
     fn drop(&mut self) {
         // Already dropped by a passing test: the second drop fails quietly.
         let _ = output(&self.url, &self.schema, &["slot", "drop", &self.slot]);
+        // `postbox slot drop` needs the schema, which a passing test has
+        // dropped by now: drop the slot itself too, or it stays on the
+        // server (whose slots are few) after every run.
+        // (The name is the test's own `pbx_…` letters and digits.)
+        let _ = std::process::Command::new("psql")
+            .arg(&self.url)
+            .arg("-qAtc")
+            .arg(format!(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                 WHERE slot_name = '{}' AND NOT active",
+                self.slot
+            ))
+            .output();
     }
 }
 
