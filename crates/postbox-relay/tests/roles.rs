@@ -863,6 +863,17 @@ async fn the_relay_runs_log_mode() {
         .await
         .unwrap();
     assert_eq!(in_log, 40, "the producer role appends to the log");
+    // The relay's log-mode gauges include each consumer group's.
+    store(&r.db)
+        .groups()
+        .create(&postbox_store::NewGroup::new("billing"))
+        .await
+        .unwrap();
+    let relay_store = r.relay().await;
+    postbox_relay::metrics::refresh_log_lag(&relay_store)
+        .await
+        .expect("the relay reads the log-mode gauges, consumer groups' included");
+    relay_store.pool().close().await;
 
     let (reject, retry) = (ids[0], ids[1]);
     let sink = ScriptedSink::new(move |m, before| {

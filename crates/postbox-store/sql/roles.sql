@@ -119,6 +119,10 @@ GRANT SELECT ON {schema}.logical_readers TO {relay};
 -- needs no grant: emit_one reads the setting as its owner, and only the
 -- owner changes it (postbox migrate --emit-sequence).
 GRANT SELECT ON {schema}.logical_settings TO {relay};
+-- Log mode: the relay's gauges include each consumer group's (migration
+-- 26): it reads the groups' tables, and changes none of them.
+GRANT SELECT ON {schema}.consumer_groups, {schema}.group_batches, {schema}.group_waiting,
+    {schema}.group_dead_letters, {schema}.group_readers TO {relay};
 -- Every mode: the relay counts deliveries by minute (migration 20).
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.deliveries_by_minute TO {relay};
 -- …and keeps what it set aside (migration 19), trimming the table.
