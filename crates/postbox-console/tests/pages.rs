@@ -916,14 +916,14 @@ async fn the_overview_counts_deliveries_in_every_reading_mode() {
         .add(
             "log",
             &[
-                ("billing".to_owned(), 22_000),
-                ("search".to_owned(), 22_000),
+                ("billing".to_owned(), 22_000, 0),
+                ("search".to_owned(), 22_000, 37),
             ],
         )
         .await
         .unwrap();
     tally
-        .add("logical", &[("audit".to_owned(), 500)])
+        .add("logical", &[("audit".to_owned(), 500, 0)])
         .await
         .unwrap();
     let mut a = h.signed_in("victor", Role::Viewer).await;
@@ -936,11 +936,21 @@ async fn the_overview_counts_deliveries_in_every_reading_mode() {
     assert!(b.contains("peak <strong>22500</strong>"), "chart: {b}");
     assert!(b.contains("id=\"delivered-by-destination\""), "{b}");
     assert!(
-        b.contains("<td>billing</td><td>the log</td><td class=\"num\">22000</td>"),
+        b.contains(
+            "<td>billing</td><td>the log</td><td class=\"num\">22000</td><td class=\"num\">0</td>"
+        ),
         "{b}"
     );
     assert!(
-        b.contains("<td>audit</td><td>the slot</td><td class=\"num\">500</td>"),
+        b.contains(
+            "<td>search</td><td>the log</td><td class=\"num\">22000</td><td class=\"num\">37</td>"
+        ),
+        "filtered out: {b}"
+    );
+    assert!(
+        b.contains(
+            "<td>audit</td><td>the slot</td><td class=\"num\">500</td><td class=\"num\">0</td>"
+        ),
         "{b}"
     );
     h.finish().await;

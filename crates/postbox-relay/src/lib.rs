@@ -11,7 +11,8 @@
 //! ([`metrics`]), OpenTelemetry spans and the outbox label; [`sink`] is the
 //! transport boundary (the `postbox-sink` crate) and [`sinks`] the
 //! transports (the `postbox-sinks` crate, re-exported here); [`router`]
-//! plans who gets what; [`tenants`] serves many outboxes from one process.
+//! plans who gets what; [`shape`] runs the routes' and destinations' jq
+//! filters and transforms; [`tenants`] serves many outboxes from one process.
 //! The data layer is the `postbox-store` crate (every statement the relay
 //! runs).
 //!
@@ -30,6 +31,7 @@ pub mod failpoint;
 mod modes;
 pub mod relay;
 pub mod router;
+pub mod shape;
 mod tasks;
 mod telemetry;
 pub mod tenants;

@@ -184,6 +184,12 @@ impl Relay {
                 .iter()
                 .map(|_| Default::default())
                 .collect(),
+            filtered: self
+                .router
+                .destinations()
+                .iter()
+                .map(|_| Default::default())
+                .collect(),
         });
         for d in self.router.destinations() {
             m::init_destination(&d.name);

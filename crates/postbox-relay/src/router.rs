@@ -14,7 +14,8 @@
 //! and each destination has its own attempts, backoff and dead letter.
 
 use crate::config::ConfigError;
-use crate::sink::{Outcome, Sink};
+use crate::shape::{Shape, Shaped};
+use crate::sink::{Message, Outcome, Sink};
 use postbox_store::{ClaimOrder, DeliveryState, DeliveryUpdate, Status};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -75,7 +76,7 @@ pub enum PoisonPolicy {
 }
 
 /// One `[[routes]]` entry of the config file.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteConfig {
     /// Event types this route takes: exact names or globs (`order.*`, `*`).
@@ -89,20 +90,54 @@ pub struct RouteConfig {
     /// For ordered routes: `block` (default) or `skip`.
     #[serde(default)]
     pub poison: PoisonPolicy,
+    /// A jq expression: the route carries an event to its destinations only
+    /// when its first output is true (see [`crate::shape`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<String>,
+    /// A jq expression whose first output is the payload this route's
+    /// destinations receive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transform: Option<String>,
+    /// A jq expression whose first output (an object of strings) is the set
+    /// of headers this route's destinations receive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<String>,
 }
 
 struct Route {
+    /// `routes[i]`, as the configuration names it.
+    name: String,
     patterns: Vec<Pattern>,
     to: Vec<usize>,
     ordered: bool,
     poison: PoisonPolicy,
+    shape: Shape,
 }
 
-/// A named sink.
+/// A named sink, with the expressions of its `[destinations.NAME]` section.
 #[derive(Clone)]
 pub struct Destination {
     pub name: String,
     pub sink: Arc<dyn Sink>,
+    /// Its own filter, transform and headers (see [`crate::shape`]).
+    pub shape: Shape,
+}
+
+impl Destination {
+    /// A destination without expressions of its own.
+    pub fn new(name: impl Into<String>, sink: Arc<dyn Sink>) -> Self {
+        Self {
+            name: name.into(),
+            sink,
+            shape: Shape::default(),
+        }
+    }
+
+    /// With these expressions.
+    pub fn with_shape(mut self, shape: Shape) -> Self {
+        self.shape = shape;
+        self
+    }
 }
 
 /// Destinations and the routes to them.
@@ -113,6 +148,8 @@ pub struct Router {
     /// (`[redact]`): their values are masked in what a destination answers
     /// too, before it is stored or logged.
     redactor: Option<std::sync::Arc<crate::redact::PayloadRedactor>>,
+    /// Per destination: whether any expression applies on the way there.
+    shaped: Vec<bool>,
 }
 
 fn check_destination_name(name: &str) -> Result<(), String> {
@@ -143,18 +180,29 @@ impl Router {
     }
 
     pub fn single(sink: Arc<dyn Sink>) -> Self {
+        Self::single_shaped(sink, Shape::default())
+    }
+
+    /// One sink taking every event, through `shape` (the `[sink]` section's
+    /// expressions).
+    pub fn single_shaped(sink: Arc<dyn Sink>, shape: Shape) -> Self {
+        let shaped = vec![!shape.is_empty()];
         Self {
             destinations: vec![Destination {
                 name: DEFAULT_DESTINATION.to_owned(),
                 sink,
+                shape,
             }],
             routes: vec![Route {
+                name: "routes[0]".into(),
                 patterns: vec![Pattern("*".into())],
                 to: vec![0],
                 ordered: false,
                 poison: PoisonPolicy::Block,
+                shape: Shape::default(),
             }],
             redactor: None,
+            shaped,
         }
     }
 
@@ -227,11 +275,19 @@ impl Router {
                     to.push(d);
                 }
             }
+            let shape = Shape::compile(
+                &format!("routes[{i}]"),
+                r.filter.as_deref(),
+                r.transform.as_deref(),
+                r.headers.as_deref(),
+            )?;
             built.push(Route {
+                name: format!("routes[{i}]"),
                 patterns,
                 to,
                 ordered: r.ordered,
                 poison: r.poison,
+                shape,
             });
         }
         for (i, d) in destinations.iter().enumerate() {
@@ -239,11 +295,63 @@ impl Router {
                 tracing::warn!(destination = %d.name, "no route sends events to this destination");
             }
         }
+        let shaped = (0..destinations.len())
+            .map(|d| {
+                !destinations[d].shape.is_empty()
+                    || built
+                        .iter()
+                        .any(|r| r.to.contains(&d) && !r.shape.is_empty())
+            })
+            .collect();
         Ok(Self {
             destinations,
             routes: built,
             redactor: None,
+            shaped,
         })
+    }
+
+    /// Whether any filter, transform or headers expression applies on the
+    /// way to destination `d`.
+    pub fn shapes(&self, d: usize) -> bool {
+        self.shaped.get(d).copied().unwrap_or(false)
+    }
+
+    /// What destination `d` gets of `m` (see [`crate::shape::shape`]): the
+    /// destination's expressions, then those of the routes that send `m`'s
+    /// event type there, in configuration order; at most `steps` steps per
+    /// expression.
+    pub fn shape(&self, d: usize, m: &Message, steps: u64) -> Shaped {
+        let destination = &self.destinations[d];
+        let routes: Vec<(&str, &Shape)> = self
+            .routes
+            .iter()
+            .filter(|r| r.to.contains(&d) && r.patterns.iter().any(|p| p.matches(&m.event_type)))
+            .map(|r| (r.name.as_str(), &r.shape))
+            .collect();
+        let owner = if destination.name == DEFAULT_DESTINATION && self.destinations.len() == 1 {
+            "sink".to_owned()
+        } else {
+            format!("destinations.{}", destination.name)
+        };
+        crate::shape::shape(m, &owner, &destination.shape, &routes, steps)
+    }
+
+    /// What every destination makes of `m`, in the order of
+    /// [`Router::destinations`], without sending anything (`postbox route
+    /// test`, the console's event page): `None` for a destination no route
+    /// sends `m`'s event type to, else its [`Shaped`] answer, computed on
+    /// the evaluator's threads as the relay computes it. `None` as a whole
+    /// when no evaluator thread runs.
+    pub async fn preview(self: &Arc<Self>, m: Message, steps: u64) -> Option<Vec<Option<Shaped>>> {
+        let router = self.clone();
+        crate::shape::on_pool(move || {
+            let targets = router.targets(&m.event_type);
+            (0..router.destinations.len())
+                .map(|d| targets.contains(&d).then(|| router.shape(d, &m, steps)))
+                .collect()
+        })
+        .await
     }
 
     /// Make every route ordered (`postbox relay --ordered`) with `poison` as
@@ -608,19 +716,26 @@ mod tests {
     }
 
     fn dest(name: &str) -> Destination {
-        Destination {
-            name: name.into(),
-            sink: Arc::new(Nothing),
-        }
+        Destination::new(name, Arc::new(Nothing))
     }
 
     fn route(matches: &[&str], to: &[&str]) -> RouteConfig {
         RouteConfig {
             matches: matches.iter().map(|s| s.to_string()).collect(),
             to: to.iter().map(|s| s.to_string()).collect(),
-            ordered: false,
-            poison: PoisonPolicy::Block,
+            ..RouteConfig::default()
         }
+    }
+
+    #[test]
+    fn a_route_s_expression_that_does_not_compile_names_its_field() {
+        let mut r = route(&["*"], &["a"]);
+        r.transform = Some("{a: .payload.".into());
+        let err = Router::new(vec![dest("a")], &[route(&["x"], &["a"]), r])
+            .err()
+            .unwrap();
+        assert_eq!(err.field, "routes[1].transform");
+        assert!(err.reason.starts_with("at line 1, column"), "{err}");
     }
 
     #[test]

@@ -449,6 +449,7 @@ fn route_config(names: Vec<String>) -> impl Strategy<Value = RouteConfig> {
             to,
             ordered,
             poison,
+            ..RouteConfig::default()
         })
 }
 
@@ -498,7 +499,7 @@ proptest! {
     ) {
         let destinations: Vec<Destination> = names
             .iter()
-            .map(|n| Destination { name: n.clone(), sink: Arc::new(Nothing) })
+            .map(|n| Destination::new(n.clone(), Arc::new(Nothing) ))
             .collect();
         let valid = routes_valid(&names, &routes);
         match Router::new(destinations, &routes) {

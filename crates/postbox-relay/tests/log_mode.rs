@@ -185,20 +185,15 @@ async fn a_failing_destination_never_holds_back_or_duplicates_to_another() {
     });
     let router = Router::new(
         vec![
-            Destination {
-                name: "good".into(),
-                sink: good.clone(),
-            },
-            Destination {
-                name: "bad".into(),
-                sink: bad.clone(),
-            },
+            Destination::new("good", good.clone()),
+            Destination::new("bad", bad.clone()),
         ],
         &[RouteConfig {
             matches: vec!["*".into()],
             to: vec!["good".into(), "bad".into()],
             ordered: false,
             poison: Default::default(),
+            ..RouteConfig::default()
         }],
     )
     .unwrap();

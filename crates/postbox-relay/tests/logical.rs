@@ -1330,3 +1330,61 @@ async fn malformed_messages_are_set_aside_on_the_stream() {
 async fn malformed_messages_are_set_aside_over_sql() {
     malformed_messages_are_set_aside_and_do_not_stall(LogicalTransport::Sql).await;
 }
+
+/// Filters and transforms in logical mode (see `shaping.rs`): billing
+/// gets only orders of at least 100, transformed, audit every event as
+/// emitted, and the event billing's transform fails on is a dead letter of
+/// billing only, handed to the outbox while the slot moves on.
+#[tokio::test]
+async fn filters_and_transforms_apply_to_events_read_from_the_slot() {
+    use crate::shaping::{
+        billing_and_audit, check_deliveries, check_the_dead_letter, order, totals,
+    };
+    let db = TestDb::new().await;
+    let (pool, schema) = (db.pool.clone(), db.schema.clone());
+    with_slot(db, |slot| async move {
+        let (billing, audit) = (ScriptedSink::delivering(), ScriptedSink::delivering());
+        let stop = CancellationToken::new();
+        let router = billing_and_audit(billing.clone(), audit.clone());
+        let relay =
+            started_routed(&pool, &schema, &slot, router, config(&slot), stop.clone()).await;
+        let outbox = Outbox::new(schema.clone());
+        let mut ids = Vec::new();
+        for (i, total) in totals().iter().enumerate() {
+            let mut tx = pool.begin().await.unwrap();
+            ids.push(
+                postbox::sqlx::emit(&outbox, &mut tx, &order(i, total))
+                    .await
+                    .unwrap(),
+            );
+            tx.commit().await.unwrap();
+        }
+        let n = ids.len();
+        wait_for(
+            "audit took every event, billing its 80",
+            Duration::from_secs(60),
+            || {
+                let (billing, audit) = (billing.clone(), audit.clone());
+                let (pool, schema) = (pool.clone(), schema.clone());
+                async move {
+                    audit.count() == n
+                        && billing.count() == 80
+                        && count(
+                            &pool,
+                            &schema,
+                            "SELECT count(*) FROM {schema}.deliveries WHERE status = 'failed'",
+                        )
+                        .await
+                            == 1
+                }
+            },
+        )
+        .await;
+        stop.cancel();
+        let stats = relay.await.unwrap();
+        check_deliveries(&ids, &billing, &audit);
+        check_the_dead_letter(&pool, &schema, ids[100]).await;
+        assert_eq!(stats.filtered, 20);
+    })
+    .await;
+}

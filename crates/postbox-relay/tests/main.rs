@@ -18,6 +18,7 @@ mod roles;
 mod routing;
 mod scheduled;
 mod secrets;
+mod shaping;
 mod tenants;
 #[cfg(feature = "redis")]
 mod trouble;

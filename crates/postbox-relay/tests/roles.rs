@@ -350,20 +350,15 @@ async fn the_relay_fans_out_and_claims_in_order() {
     });
     let router = Router::new(
         vec![
-            Destination {
-                name: "a".into(),
-                sink: a.clone(),
-            },
-            Destination {
-                name: "b".into(),
-                sink: b.clone(),
-            },
+            Destination::new("a", a.clone()),
+            Destination::new("b", b.clone()),
         ],
         &[RouteConfig {
             matches: vec!["order.*".into()],
             to: vec!["a".into(), "b".into()],
             ordered: true,
             poison: Default::default(),
+            ..RouteConfig::default()
         }],
     )
     .unwrap();

@@ -14,10 +14,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 fn destination(name: &str, sink: Arc<ScriptedSink>) -> Destination {
-    Destination {
-        name: name.into(),
-        sink,
-    }
+    Destination::new(name, sink)
 }
 
 fn route(matches: &[&str], to: &[&str]) -> RouteConfig {
@@ -26,6 +23,7 @@ fn route(matches: &[&str], to: &[&str]) -> RouteConfig {
         to: to.iter().map(|s| s.to_string()).collect(),
         ordered: false,
         poison: Default::default(),
+        ..RouteConfig::default()
     }
 }
 

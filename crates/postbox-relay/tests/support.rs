@@ -34,6 +34,7 @@ pub fn fast_config() -> RelayConfig {
         logical_transport: postbox_relay::LogicalTransport::Stream,
         logical_poll_interval: Duration::from_millis(10),
         logical_inactive_warn: Duration::from_secs(300),
+        expression_steps: 100_000,
     }
 }
 

@@ -133,10 +133,22 @@ impl SinkOptions {
 /// options table of any sink built into this binary (`[sink.http]`,
 /// `[sink.qstash]`, …). Unknown keys are errors naming them; so is the table
 /// of a sink not built into this binary, naming its cargo feature.
+///
+/// `filter`, `transform` and `headers` are the relay's jq expressions on the
+/// way to this destination (the relay compiles and runs them; the sink never
+/// sees them): they are read here so that the section keeps one set of keys.
 #[derive(Clone, Debug, Default)]
 pub struct SinkSection {
     pub url: Option<String>,
     pub source: Option<String>,
+    /// The destination gets an event only when this jq expression's first
+    /// output is true.
+    pub filter: Option<String>,
+    /// A jq expression whose first output is the payload the destination gets.
+    pub transform: Option<String>,
+    /// A jq expression whose first output (an object of strings) is the set of
+    /// headers the destination gets.
+    pub headers: Option<String>,
     pub(super) tables: OptionTables,
 }
 
@@ -178,7 +190,7 @@ impl SinkSection {
 fn section_keys() -> &'static [&'static str] {
     static KEYS: OnceLock<Vec<&'static str>> = OnceLock::new();
     KEYS.get_or_init(|| {
-        ["url", "source"]
+        ["url", "source", "filter", "transform", "headers"]
             .into_iter()
             .chain(
                 SINKS
@@ -193,6 +205,7 @@ fn section_keys() -> &'static [&'static str] {
 enum Key {
     Url,
     Source,
+    Expression(&'static str),
     Table(&'static SinkKind),
 }
 
@@ -218,6 +231,9 @@ impl Visitor<'_> for KeySeed {
         match key {
             "url" => Ok(Key::Url),
             "source" => Ok(Key::Source),
+            "filter" => Ok(Key::Expression("filter")),
+            "transform" => Ok(Key::Expression("transform")),
+            "headers" => Ok(Key::Expression("headers")),
             _ => match SINKS.iter().find(|k| k.has_options && k.name == key) {
                 Some(kind) if kind.built().is_some() => Ok(Key::Table(kind)),
                 Some(kind) => Err(E::custom(kind.not_built())),
@@ -252,6 +268,17 @@ impl<'de> Visitor<'de> for SectionVisitor {
                     return Err(de::Error::duplicate_field("source"))
                 }
                 Key::Source => section.source = Some(map.next_value()?),
+                Key::Expression(name) => {
+                    let slot = match name {
+                        "filter" => &mut section.filter,
+                        "transform" => &mut section.transform,
+                        _ => &mut section.headers,
+                    };
+                    if slot.is_some() {
+                        return Err(de::Error::duplicate_field(name));
+                    }
+                    *slot = Some(map.next_value()?);
+                }
                 Key::Table(kind) => {
                     if section.tables.contains(kind.name) {
                         return Err(de::Error::duplicate_field(kind.name));

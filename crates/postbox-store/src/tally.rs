@@ -29,6 +29,8 @@ pub struct RecentDeliveries {
     pub destination: String,
     pub mode: String,
     pub delivered: i64,
+    /// Events the destination's filters kept from it.
+    pub filtered: i64,
 }
 
 impl Tally {
@@ -46,18 +48,20 @@ impl Tally {
         }
     }
 
-    /// Add `counts` (destination, deliveries) to this minute's rows of `mode`
-    /// (`claim`, `log` or `logical`).
-    pub async fn add(&self, mode: &str, counts: &[(String, i64)]) -> Result<(), sqlx::Error> {
-        if counts.iter().all(|(_, n)| *n == 0) {
+    /// Add `counts` (destination, deliveries, events its filters kept from
+    /// it) to this minute's rows of `mode` (`claim`, `log` or `logical`).
+    pub async fn add(&self, mode: &str, counts: &[(String, i64, i64)]) -> Result<(), sqlx::Error> {
+        if counts.iter().all(|(_, n, f)| *n == 0 && *f == 0) {
             return Ok(());
         }
-        let names: Vec<&str> = counts.iter().map(|(d, _)| d.as_str()).collect();
-        let numbers: Vec<i64> = counts.iter().map(|(_, n)| *n).collect();
+        let names: Vec<&str> = counts.iter().map(|(d, _, _)| d.as_str()).collect();
+        let numbers: Vec<i64> = counts.iter().map(|(_, n, _)| *n).collect();
+        let filtered: Vec<i64> = counts.iter().map(|(_, _, f)| *f).collect();
         sqlx::query(trusted(&self.sql.add))
             .bind(&names)
             .bind(&numbers)
             .bind(mode)
+            .bind(&filtered)
             .execute(&self.pool)
             .await?;
         Ok(())

@@ -152,6 +152,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "consumer_groups",
         sql: include_str!("../migrations/0026_consumer_groups.sql"),
     },
+    Migration {
+        version: 27,
+        name: "filtered_by_minute",
+        sql: include_str!("../migrations/0027_filtered_by_minute.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.

@@ -9,7 +9,7 @@ use clap::Args;
 use postbox::Schema;
 use postbox_relay::sinks;
 use postbox_relay::{
-    Destination, PoisonPolicy, ReadMode, Relay, RelayConfig, Router, RunMode, SinkError,
+    Destination, PoisonPolicy, ReadMode, Relay, RelayConfig, Router, RunMode, Sink, SinkError,
     StartError, Store,
 };
 use postbox_store::connect as db;
@@ -121,36 +121,12 @@ pub fn resolve_relay(
         )
     })?;
     let source = args.source.clone();
-    let sink_options = |section: &SinkSection| section.sink_options(source.clone());
-    let router = if file.destinations.is_empty() {
-        if !file.routes.is_empty() {
-            return Err("routes: [[routes]] need [destinations.NAME] sections to send to".into());
-        }
-        let url = args
-            .sink
-            .clone()
-            .or_else(|| file.sink.url.clone())
-            .ok_or("no sink given: pass --sink (e.g. redis://127.0.0.1:6379 or stdout), set POSTBOX_SINK, set [sink] url, or define [destinations.NAME] and [[routes]] in the config file")?;
-        Router::single(sinks::from_url(&url, &sink_options(&file.sink))?)
-    } else {
-        if args.sink.is_some() || file.sink.url.is_some() {
-            return Err("give either a single sink (--sink, POSTBOX_SINK or [sink]) or [destinations.NAME] with [[routes]], not both".into());
-        }
-        let mut destinations = Vec::with_capacity(file.destinations.len());
-        for (name, section) in &file.destinations {
-            let url = section
-                .url
-                .as_deref()
-                .ok_or_else(|| format!("destinations.{name}.url: missing"))?;
-            let sink = sinks::from_url(url, &sink_options(section))
-                .map_err(|e| format!("destinations.{name}: {e}"))?;
-            destinations.push(Destination {
-                name: name.clone(),
-                sink,
-            });
-        }
-        Router::new(destinations, &file.routes)?
-    };
+    let router = router_of(file, args.sink.as_deref(), &|owner, url, section| {
+        sinks::from_url(url, &section.sink_options(source.clone())).map_err(|e| match owner {
+            "sink" => e.into(),
+            owner => format!("{owner}: {e}").into(),
+        })
+    })?;
     let router = if args.ordered {
         router.all_ordered(args.poison.unwrap_or_default())
     } else {
@@ -160,6 +136,61 @@ pub fn resolve_relay(
     // destination answers too.
     let redactor = file.redact.redactor().map_err(|e| format!("redact: {e}"))?;
     Ok((config, router.with_redactor(redactor)))
+}
+
+/// Makes the sink of one section: `owner` (`sink`, `destinations.NAME`),
+/// its URL and the section.
+pub(crate) type MakeSink<'a> =
+    &'a dyn Fn(&str, &str, &SinkSection) -> Result<std::sync::Arc<dyn Sink>, AnyError>;
+
+/// The destinations and routes of the configuration: `sink` (`--sink`) or
+/// `[sink]` (one destination, every event), or `[destinations.*]` with
+/// `[[routes]]`, each destination's sink made by `make`, every expression
+/// compiled (an error names the field and the position).
+pub(crate) fn router_of(
+    file: &crate::config::FileConfig,
+    sink: Option<&str>,
+    make: MakeSink<'_>,
+) -> Result<Router, AnyError> {
+    if file.destinations.is_empty() {
+        if !file.routes.is_empty() {
+            return Err("routes: [[routes]] need [destinations.NAME] sections to send to".into());
+        }
+        let url = sink
+            .or(file.sink.url.as_deref())
+            .ok_or("no sink given: pass --sink (e.g. redis://127.0.0.1:6379 or stdout), set POSTBOX_SINK, set [sink] url, or define [destinations.NAME] and [[routes]] in the config file")?;
+        let shape = shape_of("sink", &file.sink)?;
+        return Ok(Router::single_shaped(make("sink", url, &file.sink)?, shape));
+    }
+    if sink.is_some() || file.sink.url.is_some() {
+        return Err("give either a single sink (--sink, POSTBOX_SINK or [sink]) or [destinations.NAME] with [[routes]], not both".into());
+    }
+    let mut destinations = Vec::with_capacity(file.destinations.len());
+    for (name, section) in &file.destinations {
+        let owner = format!("destinations.{name}");
+        let url = section
+            .url
+            .as_deref()
+            .ok_or_else(|| format!("{owner}.url: missing"))?;
+        let sink = make(&owner, url, section)?;
+        let shape = shape_of(&owner, section)?;
+        destinations.push(Destination::new(name.clone(), sink).with_shape(shape));
+    }
+    Ok(Router::new(destinations, &file.routes)?)
+}
+
+/// The expressions of a `[sink]` or `[destinations.NAME]` section, compiled;
+/// an error names the field and the position.
+pub(crate) fn shape_of(
+    owner: &str,
+    section: &SinkSection,
+) -> Result<postbox_relay::shape::Shape, postbox_relay::ConfigError> {
+    postbox_relay::shape::Shape::compile(
+        owner,
+        section.filter.as_deref(),
+        section.transform.as_deref(),
+        section.headers.as_deref(),
+    )
 }
 
 pub async fn run(settings: &Settings, args: RelayArgs) -> Result<ExitCode, AnyError> {

@@ -119,6 +119,9 @@ struct StatusReport {
     pending_attempts: Vec<AttemptsCount>,
     /// Fan-out events' retries and dead letters per destination.
     destinations: Vec<DestinationCounts>,
+    /// Per destination and reading mode, over the last hour: what the
+    /// relays delivered and what the destination's filters kept from it.
+    delivered_last_hour: Vec<postbox_store::RecentDeliveries>,
     /// Where producers write: `outbox` (claim mode) or `log`.
     producers_write_into: &'static str,
     /// Logical mode: whether emit numbers each event within its aggregate
@@ -157,6 +160,7 @@ async fn status_report(
     let gauges = store.gauges().await?;
     let pending_attempts = store.pending_attempts().await?;
     let destinations = store.destination_counts().await?;
+    let delivered_last_hour = store.tally().recent(60).await?;
     let log = store.log();
     let producers_write_into = log.producer_target().await?.as_str();
     let numbered_emits = store.logical().numbered_emits().await?;
@@ -197,6 +201,7 @@ async fn status_report(
         oldest_pending_event_id: gauges.oldest_pending_event_id,
         pending_attempts,
         destinations,
+        delivered_last_hour,
     })
 }
 
@@ -313,6 +318,19 @@ fn render_status(schema: &Schema, r: &StatusReport) -> String {
         }
         if let Some(failing) = slot.failing() {
             let _ = writeln!(out, "  READER FAILING: {failing}");
+        }
+    }
+    if !r.delivered_last_hour.is_empty() {
+        let _ = writeln!(
+            out,
+            "last hour by destination  (delivered / filtered out, by where it was read)"
+        );
+        for d in &r.delivered_last_hour {
+            let _ = writeln!(
+                out,
+                "  {:<20} {:<8} {} / {}",
+                d.destination, d.mode, d.delivered, d.filtered
+            );
         }
     }
     if !r.destinations.is_empty() {

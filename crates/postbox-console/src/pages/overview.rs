@@ -283,16 +283,17 @@ fn render(here: &Frame<'_>, v: &OverviewView<'_>) -> Markup {
             section {
                 h2 { "Delivered by destination " span.sub { "last " (minutes) " min, every reading mode" } }
                 @if v.recent.is_empty() {
-                    p.muted { "No delivery counted in this window (relays count their deliveries by minute)." }
+                    p.muted { "No delivery counted in this window (relays count their deliveries, and what filters kept from each destination, by minute)." }
                 } @else {
                     div.scroll { table #delivered-by-destination {
-                        thead { tr { th { "Destination" } th { "Read from" } th.num { "Delivered" } } }
+                        thead { tr { th { "Destination" } th { "Read from" } th.num { "Delivered" } th.num title="Events the destination's filters kept from it" { "Filtered out" } } }
                         tbody {
                             @for r in v.recent {
                                 tr {
                                     td { (r.destination) }
                                     td { (match r.mode.as_str() { "claim" => "the outbox", "log" => "the log", "logical" => "the slot", other => other }) }
                                     td.num { (r.delivered) }
+                                    td.num { (r.filtered) }
                                 }
                             }
                         }

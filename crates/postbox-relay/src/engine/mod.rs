@@ -54,6 +54,8 @@ pub(crate) struct Shared {
     /// Per destination (by index) and [`Read`]: deliveries not yet flushed
     /// to the deliveries-by-minute table (`tasks::tally`).
     pub(crate) delivered: Vec<[std::sync::atomic::AtomicU64; 2]>,
+    /// The same for the events a destination's filters kept from it.
+    pub(crate) filtered: Vec<[std::sync::atomic::AtomicU64; 2]>,
 }
 
 impl Shared {

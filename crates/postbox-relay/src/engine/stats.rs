@@ -18,6 +18,8 @@ pub enum RunMode {
 #[derive(Debug, Default)]
 pub struct Stats {
     pub delivered: AtomicU64,
+    /// Events a destination's filters kept from it (once per destination).
+    pub filtered: AtomicU64,
     pub retried: AtomicU64,
     pub dead_lettered: AtomicU64,
     pub lost_acks: AtomicU64,
@@ -32,6 +34,7 @@ pub struct Stats {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct StatsSnapshot {
     pub delivered: u64,
+    pub filtered: u64,
     pub retried: u64,
     pub dead_lettered: u64,
     pub lost_acks: u64,
@@ -43,6 +46,7 @@ impl Stats {
     pub fn snapshot(&self) -> StatsSnapshot {
         StatsSnapshot {
             delivered: self.delivered.load(Ordering::Relaxed),
+            filtered: self.filtered.load(Ordering::Relaxed),
             retried: self.retried.load(Ordering::Relaxed),
             dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
             lost_acks: self.lost_acks.load(Ordering::Relaxed),

@@ -44,17 +44,23 @@ pub(crate) async fn tally_loop(shared: Arc<Shared>, stop: CancellationToken) {
         };
         let mut flushed = false;
         for (read, mode) in modes {
-            let counts: Vec<(String, i64)> = shared
+            let counts: Vec<(String, i64, i64)> = shared
                 .router
                 .destinations()
                 .iter()
                 .zip(&shared.delivered)
-                .map(|(d, n)| {
+                .zip(&shared.filtered)
+                .map(|((d, n), f)| {
                     let n = n[read as usize].swap(0, Ordering::Relaxed);
-                    (d.name.clone(), i64::try_from(n).unwrap_or(i64::MAX))
+                    let f = f[read as usize].swap(0, Ordering::Relaxed);
+                    (
+                        d.name.clone(),
+                        i64::try_from(n).unwrap_or(i64::MAX),
+                        i64::try_from(f).unwrap_or(i64::MAX),
+                    )
                 })
                 .collect();
-            if counts.iter().all(|(_, n)| *n == 0) {
+            if counts.iter().all(|(_, n, f)| *n == 0 && *f == 0) {
                 continue;
             }
             match tally.add(mode, &counts).await {
@@ -64,8 +70,11 @@ pub(crate) async fn tally_loop(shared: Arc<Shared>, stop: CancellationToken) {
                 }
                 Err(e) => {
                     // Put them back: the next flush tries again.
-                    for ((_, n), slot) in counts.iter().zip(&shared.delivered) {
+                    for (((_, n, f), slot), filtered) in
+                        counts.iter().zip(&shared.delivered).zip(&shared.filtered)
+                    {
                         slot[read as usize].fetch_add(*n as u64, Ordering::Relaxed);
+                        filtered[read as usize].fetch_add(*f as u64, Ordering::Relaxed);
                     }
                     if !failing {
                         failing = true;

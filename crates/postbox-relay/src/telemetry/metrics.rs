@@ -21,6 +21,13 @@ pub const DEAD_LETTERS: &str = "postbox_dead_letters";
 /// Counter: what each destination's sink answered per event; labels `outcome`
 /// (one of [`OUTCOME_LABELS`]) and `destination` (`default` for `--sink`).
 pub const PUBLISH_OUTCOMES: &str = "postbox_publish_outcomes_total";
+/// Counter: events a destination's filter (or its routes' filters) kept
+/// from it; label `destination`.
+pub const FILTERED: &str = "postbox_filtered_events_total";
+/// Counter: events on which a destination's filter, transform or headers
+/// expression failed (each a dead letter of that destination); labels
+/// `destination` and `expression` (`filter`, `transform`, `headers`).
+pub const EXPRESSION_FAILURES: &str = "postbox_expression_failures_total";
 /// Histogram: the attempt number of each event handed to the sink (1 = first try).
 pub const ATTEMPTS: &str = "postbox_publish_attempts";
 /// Histogram: seconds one batch spent in the sink.
@@ -173,6 +180,14 @@ pub fn describe() {
         PUBLISH_OUTCOMES,
         "Sink answers per event, by destination and outcome"
     );
+    describe_counter!(
+        FILTERED,
+        "Events a destination's filters kept from it, by destination"
+    );
+    describe_counter!(
+        EXPRESSION_FAILURES,
+        "Events on which a destination's expression failed (dead letters of that destination)"
+    );
     describe_histogram!(ATTEMPTS, "Attempt number of each event handed to the sink");
     describe_histogram!(
         PUBLISH_LATENCY,
@@ -304,4 +319,5 @@ pub fn init_destination(destination: &str) {
         counter!(PUBLISH_OUTCOMES, "outcome" => outcome, "destination" => destination.to_owned())
             .absolute(0);
     }
+    counter!(FILTERED, "destination" => destination.to_owned()).absolute(0);
 }

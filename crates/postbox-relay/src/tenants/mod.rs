@@ -320,6 +320,7 @@ impl Tenants {
             .iter()
             .fold(StatsSnapshot::default(), |t, o| StatsSnapshot {
                 delivered: t.delivered + o.stats.delivered,
+                filtered: t.filtered + o.stats.filtered,
                 retried: t.retried + o.stats.retried,
                 dead_lettered: t.dead_lettered + o.stats.dead_lettered,
                 lost_acks: t.lost_acks + o.stats.lost_acks,
