@@ -17,7 +17,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use commands::{
     bench, completions, console, demo, dlq, enqueue, group, log, man, migrate, purge, receive,
-    relay, slot, status, verify,
+    relay, route, slot, status, verify,
 };
 use context::{error_chain, AnyError, Global, Settings};
 use std::process::ExitCode;
@@ -66,6 +66,8 @@ pub enum Command {
     Log(log::LogArgs),
     /// Consumer groups that pull from the log over SQL: create, list (unread, in flight, dead letters, readers), dead letters, drop (audited)
     Group(group::GroupArgs),
+    /// Routes, filters and transforms: `route test` shows what each destination would receive of one event
+    Route(route::RouteArgs),
 }
 
 /// mimalloc: see the dependency's comment in Cargo.toml.
@@ -168,6 +170,7 @@ async fn run(cli: Cli) -> Result<ExitCode, AnyError> {
         Command::Slot(args) => slot::run(&settings, args).await,
         Command::Log(args) => log::run(&settings, args).await,
         Command::Group(args) => group::run(&settings, args).await,
+        Command::Route(args) => route::run(&settings, args).await,
     };
     match result {
         // Before `postbox migrate`, say so instead of "relation does not exist".

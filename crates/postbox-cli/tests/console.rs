@@ -120,7 +120,8 @@ async fn users_come_from_standard_input_and_the_console_serves_them() {
     let config = std::env::temp_dir().join(format!("{}-console.toml", db.schema.name()));
     std::fs::write(
         &config,
-        "[redact]\npaths = [\"card.number\"]\n[console]\ntrusted_proxies = [\"127.0.0.1\"]\n",
+        "[redact]\npaths = [\"card.number\"]\n[console]\ntrusted_proxies = [\"127.0.0.1\"]\n\
+         [sink]\nurl = \"stdout\"\ntransform = '{card: .payload.card.number}'\n",
     )
     .unwrap();
 
@@ -160,6 +161,14 @@ async fn users_come_from_standard_input_and_the_console_serves_them() {
     // A whole card number: four digits alone can occur in the event's id.
     assert!(
         body.contains("***") && !body.contains("4111111111111111"),
+        "{body}"
+    );
+    // What the config file's sink would receive, previewed from the masked
+    // event: the transform's copy of the card number is masked too.
+    assert!(body.contains("What each destination gets"), "{body}");
+    assert!(body.contains("shaped by sink"), "{body}");
+    assert!(
+        body.contains("&quot;data&quot;:{&quot;card&quot;:&quot;***&quot;}"),
         "{body}"
     );
 

@@ -18,5 +18,6 @@ mod otlp;
 mod pipes;
 mod receive;
 mod restore;
+mod routes;
 mod tenants;
 mod verify;

@@ -52,6 +52,7 @@ mod jobs;
 mod limit;
 mod outboxes;
 mod pages;
+pub mod preview;
 mod samples;
 mod scope;
 mod views;
@@ -158,6 +159,11 @@ pub struct ConsoleConfig {
     /// shown on the all-outboxes overview, to every viewer, before the next
     /// request reads them again (zero: every request reads them).
     pub overview_cache_for: Duration,
+    /// What each destination would receive of an event, shown on its page
+    /// (the relay's routes, filters and transforms; see [`preview`]). `None`:
+    /// the page says no preview is configured. Serving many outboxes, it is
+    /// not shown (each outbox may route its own way).
+    pub route_preview: Option<Arc<dyn preview::RoutePreview>>,
 }
 
 impl ConsoleConfig {
@@ -188,6 +194,7 @@ impl ConsoleConfig {
             sample_every: Duration::from_secs(10),
             watch_for: Duration::from_secs(10 * 60),
             overview_cache_for: Duration::from_secs(3),
+            route_preview: None,
         }
     }
 }

@@ -38,3 +38,26 @@ SELECT destination, status::text AS status, attempts, available_at, last_error, 
 FROM {schema}.deliveries
 WHERE outbox_id = $1
 ORDER BY destination;
+
+-- name: find
+-- One event by id ($1) wherever this outbox still keeps it: the outbox
+-- table (claim mode), the log's retained segments (log mode; it has no
+-- index on event_id, so this reads the log whole) or the archive; the
+-- first of them that has it. For `postbox route test --event-id`.
+SELECT event_id, event_type, aggregate_type, aggregate_id, schema_version, sequence,
+       created_at, payload::text AS payload, headers, place
+FROM (
+    SELECT event_id, event_type, aggregate_type, aggregate_id, schema_version, sequence,
+           created_at, payload, headers, 'outbox' AS place, 1 AS rank
+    FROM {schema}.outbox WHERE event_id = $1
+    UNION ALL
+    SELECT event_id, event_type, aggregate_type, aggregate_id, schema_version, sequence,
+           created_at, payload, headers, 'log', 2
+    FROM {schema}.log WHERE event_id = $1
+    UNION ALL
+    SELECT event_id, event_type, aggregate_type, aggregate_id, schema_version, sequence,
+           created_at, payload, headers, 'archive', 3
+    FROM {schema}.outbox_archive WHERE event_id = $1
+) found
+ORDER BY rank
+LIMIT 1;

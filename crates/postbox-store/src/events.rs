@@ -196,6 +196,24 @@ pub struct EventRow {
     pub resolution: Option<String>,
 }
 
+/// An event's own fields, wherever the outbox keeps it ([`Events::find`]).
+#[derive(Clone, Debug, PartialEq, Serialize, sqlx::FromRow)]
+pub struct StoredEvent {
+    pub event_id: Uuid,
+    pub event_type: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub schema_version: i32,
+    pub sequence: Option<i64>,
+    pub created_at: DateTime<Utc>,
+    /// The payload's JSON text, as the relay reads it.
+    pub payload: String,
+    #[sqlx(json)]
+    pub headers: Value,
+    /// Where it was found: `outbox`, `log` or `archive`.
+    pub place: String,
+}
+
 /// One destination's state of a fan-out event.
 #[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
 pub struct DeliveryRecord {
@@ -213,6 +231,7 @@ struct Queries {
     show: String,
     search: String,
     deliveries: String,
+    find: String,
 }
 
 impl Queries {
@@ -222,6 +241,7 @@ impl Queries {
             show: file.render("show", schema),
             search: file.render("search", schema),
             deliveries: file.render("deliveries", schema),
+            find: file.render("find", schema),
         };
         file.finish();
         queries
@@ -246,6 +266,15 @@ impl Events {
     /// One event by id, whatever its status; `None` when there is no such event.
     pub async fn show(&self, event_id: Uuid) -> Result<Option<EventRecord>, sqlx::Error> {
         sqlx::query_as(trusted(&self.sql.show))
+            .bind(event_id)
+            .fetch_optional(&self.pool)
+            .await
+    }
+
+    /// One event by id in the outbox table, the log or the archive (the
+    /// first that has it); `None` when none does. Reads the log whole.
+    pub async fn find(&self, event_id: Uuid) -> Result<Option<StoredEvent>, sqlx::Error> {
+        sqlx::query_as(trusted(&self.sql.find))
             .bind(event_id)
             .fetch_optional(&self.pool)
             .await

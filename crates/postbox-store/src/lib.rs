@@ -64,7 +64,9 @@ pub use dead_letters::{
     ACTION_DISCARD, ACTION_REPLAY, ACTION_REPLAY_NEW_ID, MAX_ACTOR_BYTES, MAX_BATCH,
     MAX_REASON_BYTES,
 };
-pub use events::{DeliveryRecord, EventQuery, EventRecord, EventRow, Events, Status, StatusFilter};
+pub use events::{
+    DeliveryRecord, EventQuery, EventRecord, EventRow, Events, Status, StatusFilter, StoredEvent,
+};
 pub use groups::{
     GroupDeadLetter, GroupStart, GroupStatus, Groups, NewGroup, Received, ACTION_DROP_GROUP,
     ACTION_REPLAY_GROUP_DEAD,

@@ -143,6 +143,14 @@ async fn serve(settings: &Settings, args: ServeArgs) -> Result<ExitCode, AnyErro
         config.rediscover_every = settings.file.tenants.rediscover_interval;
     }
     config.redactor = redactor;
+    // The event page's "what each destination gets": from the relay's
+    // destinations and routes in the same config file, when it has them.
+    let file = &settings.file;
+    if !file.destinations.is_empty() || file.sink.url.is_some() {
+        let preview = super::route::Preview::from_file(file, None)
+            .map_err(|e| format!("the config file's routes (for the event page's preview): {e}"))?;
+        config.route_preview = Some(std::sync::Arc::new(preview));
+    }
     config.secure_cookies = args.secure_cookies;
     config.batch_size = args.batch_size;
     config.session_lifetime = args.session_lifetime;

@@ -8,6 +8,7 @@ use crate::http::guard::{limit_actions, Checked};
 use crate::http::outbox::{frame, Here};
 use crate::http::reply::{failed, page, parse_id, see_other, Fail};
 use crate::outboxes::Outbox;
+use crate::preview::{DestinationPreview, PreviewEvent, Verdict};
 use crate::views::audit::audit_table;
 use crate::views::{age, layout, notice, notice_text, opt_time, status_badge, time, Frame, Nav};
 use crate::Console;
@@ -45,6 +46,19 @@ pub(super) async fn event_page(
         .audit_log(50, Some(id))
         .await
         .map_err(|e| failed(o, &e))?;
+    // Previewed from the event as shown: with [redact] on, from its masked
+    // payload and headers, so that nothing masked reaches the page.
+    let preview = match (
+        &console.inner.config.route_preview,
+        console.inner.serves_many(),
+    ) {
+        (Some(p), false) => match preview_event(&event) {
+            Some(e) => Preview::Shown(p.preview(&e).await),
+            None => Preview::None,
+        },
+        (Some(_), true) => Preview::Many,
+        (None, _) => Preview::None,
+    };
     let q = FormData::parse(query.unwrap_or_default().as_bytes());
     Ok(page(render(
         &frame(&console, &session, o),
@@ -54,6 +68,7 @@ pub(super) async fn event_page(
             audit: &audit,
             redacted: !redactor.is_empty(),
             notice: notice_text(q.get("notice")),
+            preview: &preview,
         },
     )))
 }
@@ -116,6 +131,73 @@ pub(crate) struct EventView<'a> {
     pub audit: &'a [AuditEntry],
     pub redacted: bool,
     pub notice: Option<&'a str>,
+    pub preview: &'a Preview,
+}
+
+/// The "What each destination gets" section.
+pub(crate) enum Preview {
+    Shown(Vec<DestinationPreview>),
+    /// Serving many outboxes (each may route its own way): not shown.
+    Many,
+    /// No preview configured.
+    None,
+}
+
+fn preview_event(e: &EventRecord) -> Option<PreviewEvent> {
+    let payload = serde_json::value::to_raw_value(&e.payload).ok()?;
+    Some(PreviewEvent {
+        event_id: e.event_id,
+        event_type: e.event_type.clone(),
+        aggregate_type: e.aggregate_type.clone(),
+        aggregate_id: e.aggregate_id.clone(),
+        schema_version: e.schema_version,
+        sequence: e.sequence,
+        created_at: e.created_at,
+        payload,
+        headers: e.headers.clone(),
+    })
+}
+
+fn preview_section(v: &EventView<'_>) -> Markup {
+    html! {
+        section #route-preview {
+            h2 { "What each destination gets" }
+            @match v.preview {
+                Preview::None => p.muted.small { "No route preview here: the console was started without the relay's configuration (its [sink] or [destinations] and [[routes]])." },
+                Preview::Many => p.muted.small { "Not shown when the console serves many outboxes: run postbox route test --event-id " (v.event.event_id) " with the outbox's configuration." },
+                Preview::Shown(lines) => {
+                    p.muted.small {
+                        "Through the relay's routes, filters and transforms as configured now; nothing is sent."
+                        @if v.redacted { " Computed from the event as shown here, masked fields masked." }
+                    }
+                    div.scroll { table {
+                        thead { tr { th { "Destination" } th { "Gets it?" } th { "Body and headers, or why not" } } }
+                        tbody {
+                            @for line in lines {
+                                tr {
+                                    td { (line.destination) }
+                                    @match &line.verdict {
+                                        Verdict::Sends { body, headers, by } => {
+                                            td { "yes" @if let Some(by) = by { span.muted.small { " shaped by " (by) } } }
+                                            td {
+                                                pre.json.body { (body) }
+                                                @if !headers.is_empty() {
+                                                    pre.json { @for (k, val) in headers { (k) ": " (val) "\n" } }
+                                                }
+                                            }
+                                        }
+                                        Verdict::Filtered { by } => { td { "no" } td { "filtered out by the filter of " (by) } }
+                                        Verdict::NotRouted => { td { "no" } td { "no route sends " (v.event.event_type) " here" } }
+                                        Verdict::Fails { error } => { td.error-text { "dead letter" } td.error-text { (error) } }
+                                    }
+                                }
+                            }
+                        }
+                    } }
+                }
+            }
+        }
+    }
 }
 
 /// What happened to an event, from what the database keeps.
@@ -330,6 +412,7 @@ fn render(here: &Frame<'_>, v: &EventView<'_>) -> Markup {
                     } }
                 }
             }
+            (preview_section(v))
             section {
                 h2 { "Payload" }
                 @if v.redacted { p.muted.small { "Configured paths and headers are masked as ***." } }
