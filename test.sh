@@ -110,6 +110,13 @@ if [ ! -f "/usr/share/postgresql/$pg_major/extension/pgq.control" ]; then
   apt-get install -y -q "postgresql-$pg_major-pgq3" >/dev/null 2>&1 \
     || { apt-get update -q >/dev/null && apt-get install -y -q "postgresql-$pg_major-pgq3" >/dev/null; }
 fi
+# jq, the reference the filters-and-transforms page's examples are checked
+# against (postbox runs them through jaq).
+if ! command -v jq >/dev/null 2>&1; then
+  log "installing jq (the reference for the book's jq examples)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq >/dev/null 2>&1 \
+    || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq >/dev/null; }
+fi
 # The book's Python inbox consumer (docs/consuming.md) runs on psycopg 3.
 if ! python3 -c 'import psycopg' >/dev/null 2>&1; then
   log "installing psycopg for the book's Python consumer"

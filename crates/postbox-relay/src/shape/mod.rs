@@ -27,6 +27,8 @@
 
 pub mod expr;
 pub(crate) mod pool;
+#[cfg(test)]
+mod reference;
 
 use crate::config::ConfigError;
 use crate::sink::Message;
