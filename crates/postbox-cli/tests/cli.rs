@@ -416,6 +416,11 @@ async fn bench_runs_on_tiny_inputs() {
         "the log-mode drain ran: {r}"
     );
     assert!(
+        r["drain"]["shaped"]["events_per_s"].as_f64().unwrap() > 0.0
+            && r["drain"]["shaped"]["vs_without"].as_f64().unwrap() > 0.0,
+        "the log-mode drain with a filter and a transform ran: {r}"
+    );
+    assert!(
         r["drain"]["wal_bytes_per_event"].as_f64().unwrap() > 0.0,
         "{r}"
     );

@@ -58,7 +58,7 @@ use postbox_store::connect as db;
 use redis::AsyncCommands;
 use report::{
     print_table, round2, BenchReport, Cost, Drain, LogScale, Machine, Ordered, PgqDrain, Producer,
-    Scale,
+    Scale, ShapedDrain,
 };
 use std::time::{Duration, Instant};
 use store::BenchStore;
@@ -147,6 +147,11 @@ const EMIT_PER_TRANSACTION: i64 = 1000;
 /// Events of the one large transaction the logical relay drains (fewer when
 /// `--events` is smaller: a short run stays short).
 const BIG_TRANSACTION: i64 = 100_000;
+/// The shaped log drain's expressions: a filter every seeded event passes
+/// (so both runs deliver the same events) and a transform that slims the
+/// payload, as a third-party consumer would want it.
+const SHAPED_FILTER: &str = r#".event_type == "order.created" and .payload.currency == "EUR""#;
+const SHAPED_TRANSFORM: &str = "{order: .payload.order_id, customer: .payload.customer, amount_cents: .payload.total_cents, items: [.payload.items[] | {sku, qty}]}";
 /// How often a long drain says how far it got.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
@@ -437,6 +442,8 @@ impl Bench<'_> {
             None
         };
 
+        let shaped = self.shaped_log_drains().await?;
+
         crate::progressln!(
             "drain: the same events emitted into the WAL ({EMIT_PER_TRANSACTION} per transaction), through the relay in logical mode…"
         );
@@ -501,6 +508,7 @@ impl Bench<'_> {
             }
         });
         Ok(Drain {
+            shaped,
             cost: costs,
             pgq,
             wal_bytes_per_event: per_event(wal_claim),
@@ -532,6 +540,51 @@ impl Bench<'_> {
             relay_vs_ceiling: round2(relay_rate / ceiling),
             relay_vs_naive: round2(relay_rate / naive),
             table_after,
+        })
+    }
+
+    /// Log mode with a typical filter and transform on the sink, against
+    /// the same drain without them: two rounds, alternating, each on a
+    /// freshly seeded log.
+    async fn shaped_log_drains(&self) -> Result<ShapedDrain, AnyError> {
+        let config = std::env::temp_dir().join(format!("{}_shaped.toml", self.schema.name()));
+        std::fs::write(
+            &config,
+            format!("[sink]\nfilter = '{SHAPED_FILTER}'\ntransform = '{SHAPED_TRANSFORM}'\n"),
+        )?;
+        let path = config.to_string_lossy().into_owned();
+        let shaped_args = ["--mode", "log", "--config", path.as_str()];
+        let (mut plain, mut shaped) = (Duration::ZERO, Duration::ZERO);
+        let result = async {
+            for round in 1..=2 {
+                for with in [true, false] {
+                    crate::progressln!(
+                        "drain: log mode {} a filter and a transform (round {round} of 2)…",
+                        if with { "with" } else { "without" }
+                    );
+                    self.reset().await?;
+                    self.store.seed_log(self.options.events, 0).await?;
+                    let args: &[&str] = if with {
+                        &shaped_args
+                    } else {
+                        &["--mode", "log"]
+                    };
+                    let run = self.drain_with_relays(1, args).await?;
+                    *if with { &mut shaped } else { &mut plain } += run.elapsed;
+                }
+            }
+            Ok::<_, AnyError>(())
+        }
+        .await;
+        let _ = std::fs::remove_file(&config);
+        result?;
+        let rate = |d: Duration| 2.0 * self.options.events as f64 / d.as_secs_f64();
+        Ok(ShapedDrain {
+            filter: SHAPED_FILTER,
+            transform: SHAPED_TRANSFORM,
+            events_per_s: rate(shaped).round(),
+            without_events_per_s: rate(plain).round(),
+            vs_without: round2(rate(shaped) / rate(plain)),
         })
     }
 

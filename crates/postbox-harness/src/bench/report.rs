@@ -167,8 +167,21 @@ pub struct Drain {
     pub logical_big_transaction_peak_rss_mb: f64,
     /// PgQ's consumer on the same events (`--peers pgq`).
     pub pgq: Option<PgqDrain>,
+    /// Log mode with a filter and a transform, against the same drain without.
+    pub shaped: ShapedDrain,
     /// CPU per million events, per reader.
     pub cost: Vec<Cost>,
+}
+
+/// Log-mode drains with a filter and a transform on the sink and without
+/// them, two rounds each, alternating.
+#[derive(Debug, Serialize)]
+pub struct ShapedDrain {
+    pub filter: &'static str,
+    pub transform: &'static str,
+    pub events_per_s: f64,
+    pub without_events_per_s: f64,
+    pub vs_without: f64,
 }
 
 /// Producers committing one event per transaction as fast as they can,
@@ -280,6 +293,10 @@ pub(super) fn print_table(r: &BenchReport) {
             "  pure-SQL log ceiling       {:>9.0} events/s   log relay = {:.2} × log ceiling",
             d.log_ceiling_events_per_s,
             d.log_vs_log_ceiling
+        );
+        crate::outln!(
+            "  log mode, filter+transform {:>9.0} events/s   = {:.2} × the same drain without them ({:.0} events/s; two rounds each, alternating)",
+            d.shaped.events_per_s, d.shaped.vs_without, d.shaped.without_events_per_s
         );
         crate::outln!(
             "  log after the drain: table {:.1} MB, indexes {:.1} MB, {} dead tuples; WAL {:.0} bytes/event",

@@ -32,13 +32,7 @@ pub(crate) async fn publish_to(
     let router = shared.router.clone();
     let steps = shared.config.expression_steps;
     let batch = messages.to_vec();
-    let shaped = crate::shape::on_pool(move || {
-        batch
-            .iter()
-            .map(|m| router.shape(d, m, steps))
-            .collect::<Vec<_>>()
-    })
-    .await;
+    let shaped = crate::shape::map_on_pool(batch, move |m| router.shape(d, m, steps)).await;
     let Some(shaped) = shaped.filter(|s| s.len() == messages.len()) else {
         tracing::error!(destination = %shared.router.destinations()[d].name, "the expression evaluator did not answer; retrying the batch");
         return vec![Outcome::retry("the expression evaluator did not answer"); messages.len()];

@@ -330,6 +330,38 @@ pub fn reshaped(
     }
 }
 
+/// The fewest items a batch is split into per evaluator thread: below
+/// this, handing work to another thread costs more than it saves.
+const MIN_CHUNK: usize = 64;
+
+/// `f` over `items` on the evaluator's threads, the batch split between
+/// them (one chunk per thread, of at least [`MIN_CHUNK`] items), answers in
+/// the order of `items`; `None` when the evaluator did not answer.
+pub(crate) async fn map_on_pool<I, T, F>(mut items: Vec<I>, f: F) -> Option<Vec<T>>
+where
+    I: Send + 'static,
+    T: Send + 'static,
+    F: Fn(&I) -> T + Send + Sync + 'static,
+{
+    let n = items.len();
+    let chunk = n.div_ceil(pool::threads().max(1)).max(MIN_CHUNK);
+    let f = std::sync::Arc::new(f);
+    let mut jobs = Vec::with_capacity(n.div_ceil(chunk));
+    while !items.is_empty() {
+        let rest = items.split_off(chunk.min(items.len()));
+        let part = std::mem::replace(&mut items, rest);
+        let f = f.clone();
+        jobs.push(pool::run(move || {
+            part.iter().map(|i| f(i)).collect::<Vec<T>>()
+        }));
+    }
+    let mut out = Vec::with_capacity(n);
+    for part in futures::future::join_all(jobs).await {
+        out.extend(part?);
+    }
+    Some(out)
+}
+
 /// Run [`shape`] for a batch on the evaluator's threads (`None` when they
 /// could not be started).
 pub(crate) async fn on_pool<T, F>(f: F) -> Option<T>

@@ -13,6 +13,7 @@ type Job = Box<dyn FnOnce() + Send>;
 
 struct Pool {
     jobs: Sender<Job>,
+    threads: usize,
 }
 
 fn pool() -> Option<&'static Pool> {
@@ -33,7 +34,10 @@ fn pool() -> Option<&'static Pool> {
                 Err(e) => tracing::warn!(error = %e, "could not start an expression thread"),
             }
         }
-        (started > 0).then_some(Pool { jobs })
+        (started > 0).then_some(Pool {
+            jobs,
+            threads: started,
+        })
     })
     .as_ref()
 }
@@ -54,6 +58,11 @@ fn work(rx: &Mutex<Receiver<Job>>) {
             Err(_) => return,
         }
     }
+}
+
+/// How many evaluator threads run (0: none could be started).
+pub(crate) fn threads() -> usize {
+    pool().map_or(0, |p| p.threads)
 }
 
 /// Run `f` on an evaluator thread and wait for its result without blocking
