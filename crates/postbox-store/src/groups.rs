@@ -338,12 +338,21 @@ impl Groups {
         after: i64,
         limit: i64,
     ) -> Result<Vec<GroupDeadLetter>, sqlx::Error> {
-        sqlx::query_as(trusted(&self.sql.dead_letters))
+        let mut dead: Vec<GroupDeadLetter> = sqlx::query_as(trusted(&self.sql.dead_letters))
             .bind(group)
             .bind(after)
             .bind(limit)
             .fetch_all(&self.pool)
-            .await
+            .await?;
+        // A reader's `nack` error is its own text, stored as it came: masked
+        // (URL passwords, tokens, secrets, control characters) before any
+        // view shows it, as every error postbox stores itself is.
+        for d in &mut dead {
+            if let Some(error) = &d.last_error {
+                d.last_error = Some(postbox::redact::sanitize_error(error));
+            }
+        }
+        Ok(dead)
     }
 }
 

@@ -196,9 +196,15 @@ async fn nack_delays_and_max_attempts_make_a_dead_letter_with_its_error() {
         .unwrap();
     assert_eq!(again.len(), 1);
     assert_eq!((again[0].id, again[0].attempts), (poison.id, 2));
-    g.nack("billing", &again[0].receipt, NO_WAIT, Some("boom 2"))
-        .await
-        .unwrap();
+    // A reader's error text with a secret and a terminal escape in it.
+    g.nack(
+        "billing",
+        &again[0].receipt,
+        NO_WAIT,
+        Some("boom 2: postgres://app:hunter2@db/x \u{1b}[2J token=abc123"),
+    )
+    .await
+    .unwrap();
     // Its second attempt was its last: the next receive files it as a dead letter.
     assert!(g
         .receive("billing", 10, MINUTE, NO_WAIT)
@@ -209,7 +215,13 @@ async fn nack_delays_and_max_attempts_make_a_dead_letter_with_its_error() {
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].event_id, poison.event_id);
     assert_eq!(dead[0].attempts, 2);
-    assert_eq!(dead[0].last_error.as_deref(), Some("boom 2"));
+    // Shown masked, in every view (they all read it here).
+    let shown = dead[0].last_error.as_deref().unwrap();
+    assert!(shown.starts_with("boom 2: postgres://***@db/x"), "{shown}");
+    assert!(
+        !shown.contains("hunter2") && !shown.contains("abc123") && !shown.contains('\u{1b}'),
+        "{shown}"
+    );
     let s = &g.status().await.unwrap()[0];
     assert_eq!(
         (s.dead_letters, s.dead_lettered, s.in_flight, s.waiting),
