@@ -138,6 +138,35 @@ async fn one_relay_migrates_serves_and_shows_every_matching_schema() {
         "{one}"
     );
 
+    // A log-mode outbox beside a claim-mode one: its line counts what its
+    // consumer group has not read, not only the outbox table.
+    ok(postbox(&["migrate", "--schema", &b, "--mode", "log"])
+        .output()
+        .unwrap());
+    ok(postbox(&["group", "create", "g", "--schema", &b])
+        .output()
+        .unwrap());
+    enqueue(&pool, &b, 2).await;
+    let all = ok(postbox(&["status", "--schemas", &glob, "--json"])
+        .output()
+        .unwrap());
+    let lines: serde_json::Value = serde_json::from_str(all.trim()).unwrap();
+    let (la, lb) = (&lines[0], &lines[1]);
+    assert_eq!(la["producers_write_into"], "outbox", "{la}");
+    assert!(
+        la["log_unread_events"].is_null() && la["group_unread_events"].is_null(),
+        "{la}"
+    );
+    assert_eq!(lb["producers_write_into"], "log", "{lb}");
+    assert_eq!(lb["group_unread_events"], 2, "{lb}");
+    assert_eq!(lb["group_dead_letters"], 0, "{lb}");
+    let text = ok(postbox(&["status", "--schemas", &glob]).output().unwrap());
+    let line_b = text.lines().find(|l| l.contains(&b)).unwrap();
+    assert!(
+        line_b.contains(" log ") && line_b.trim_end().ends_with("2/0"),
+        "{text}"
+    );
+
     for s in [&a, &b] {
         assert!(Schema::new(s).is_ok());
         sqlx::raw_sql(trusted(&format!("DROP SCHEMA {s} CASCADE")))

@@ -360,6 +360,17 @@ async fn status_many(settings: &Settings, args: &StatusArgs) -> Result<ExitCode,
         outbox: &'a str,
         #[serde(flatten)]
         counts: StatusCounts,
+        /// Where its producers write: `outbox` (claim mode, and logical
+        /// mode's emits leave it empty) or `log`.
+        producers_write_into: &'static str,
+        /// Log mode: the most events any destination's cursor has not read
+        /// (`None`: no cursor), and the oldest of them's age.
+        log_unread_events: Option<i64>,
+        log_oldest_unread_seconds: Option<f64>,
+        /// Log mode: its consumer groups' unread events and dead letters
+        /// (`None`: no group).
+        group_unread_events: Option<i64>,
+        group_dead_letters: Option<i64>,
         /// What the relay's health watch would find, against `[health]`'s
         /// thresholds (empty when all is well or `[health]` is off).
         health: Vec<Problem>,
@@ -383,9 +394,24 @@ async fn status_many(settings: &Settings, args: &StatusArgs) -> Result<ExitCode,
         } else {
             Vec::new()
         };
+        let named = |e: sqlx::Error| format!("{}: {e}", outbox.name);
+        let log = store.log();
+        let producers_write_into = log.producer_target().await.map_err(named)?.as_str();
+        let cursors = log.cursor_lag().await.map_err(named)?;
+        let groups = store.groups().status().await.map_err(named)?;
         lines.push(Line {
             outbox: &outbox.name,
             counts,
+            producers_write_into,
+            log_unread_events: cursors.iter().map(|c| c.lag_events).max(),
+            log_oldest_unread_seconds: cursors
+                .iter()
+                .filter_map(|c| c.lag_seconds)
+                .reduce(f64::max),
+            group_unread_events: (!groups.is_empty())
+                .then(|| groups.iter().map(|g| g.unread + g.waiting).sum()),
+            group_dead_letters: (!groups.is_empty())
+                .then(|| groups.iter().map(|g| g.dead_letters).sum()),
             health: findings.iter().map(Problem::from).collect(),
             findings,
         });
@@ -400,20 +426,38 @@ async fn status_many(settings: &Settings, args: &StatusArgs) -> Result<ExitCode,
         .max()
         .unwrap_or(6)
         .max(6);
+    // Claim mode's counts, then log mode's: what the cursors have not read
+    // and what the consumer groups hold ("-": none in this outbox).
     let mut text = format!(
-        "{:<width$}  {:>9} {:>10} {:>10} {:>7}  oldest pending\n",
-        "outbox", "pending", "processing", "sent", "failed"
+        "{:<width$}  {:<6} {:>9} {:>10} {:>10} {:>7}  {:<14} {:>10} {:>13}\n",
+        "outbox",
+        "writes",
+        "pending",
+        "processing",
+        "sent",
+        "failed",
+        "oldest pending",
+        "log unread",
+        "groups u/dead"
     );
     for l in &lines {
         let c = &l.counts;
+        let groups = match (l.group_unread_events, l.group_dead_letters) {
+            (Some(u), Some(d)) => format!("{u}/{d}"),
+            _ => "-".to_owned(),
+        };
         text.push_str(&format!(
-            "{:<width$}  {:>9} {:>10} {:>10} {:>7}  {}\n",
+            "{:<width$}  {:<6} {:>9} {:>10} {:>10} {:>7}  {:<14} {:>10} {:>13}\n",
             l.outbox,
+            l.producers_write_into,
             c.pending,
             c.processing,
             c.sent,
             c.failed,
-            format_age(c.oldest_pending_age_seconds)
+            format_age(c.oldest_pending_age_seconds),
+            l.log_unread_events
+                .map_or_else(|| "-".to_owned(), |n| n.to_string()),
+            groups
         ));
     }
     // What the health watch would warn about: a database's conditions once,
