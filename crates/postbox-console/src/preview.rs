@@ -7,30 +7,10 @@
 //! `postbox route test` prints), and the event page shows its answer.
 //! Without one, the page says that no preview is configured.
 
-use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
+pub use postbox_store::StoredEvent;
 use serde::Serialize;
-use serde_json::value::RawValue;
-use serde_json::Value;
 use std::collections::BTreeMap;
-use uuid::Uuid;
-
-/// An event as the preview reads it: the fields a route's filter and
-/// transform see.
-#[derive(Clone, Debug, Serialize)]
-pub struct PreviewEvent {
-    pub event_id: Uuid,
-    pub event_type: String,
-    pub aggregate_type: String,
-    pub aggregate_id: String,
-    pub schema_version: i32,
-    pub sequence: Option<i64>,
-    pub created_at: DateTime<Utc>,
-    /// The payload as the relay reads it: its JSON text.
-    pub payload: Box<RawValue>,
-    /// An object of strings (anything else is read as no headers).
-    pub headers: Value,
-}
 
 /// What one destination makes of the event.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -65,5 +45,6 @@ pub struct DestinationPreview {
 /// sending anything.
 pub trait RoutePreview: Send + Sync + std::fmt::Debug {
     /// One line per destination of the configuration, in its order.
-    fn preview<'a>(&'a self, event: &'a PreviewEvent) -> BoxFuture<'a, Vec<DestinationPreview>>;
+    /// `event`'s `place` is where it came from (`outbox`, `log`, …).
+    fn preview<'a>(&'a self, event: &'a StoredEvent) -> BoxFuture<'a, Vec<DestinationPreview>>;
 }

@@ -47,20 +47,6 @@ fn log_config() -> RelayConfig {
     }
 }
 
-async fn drain_with(
-    db: &TestDb,
-    router: Router,
-    config: RelayConfig,
-) -> postbox_relay::StatsSnapshot {
-    let relay = Relay::with_router(store(db), router, config).unwrap();
-    tokio::time::timeout(
-        Duration::from_secs(120),
-        relay.run(RunMode::Drain, CancellationToken::new()),
-    )
-    .await
-    .expect("the relay drains within the timeout")
-}
-
 fn times(sink: &ScriptedSink) -> HashMap<Uuid, usize> {
     let mut m = HashMap::new();
     for id in sink.ids() {

@@ -8,12 +8,10 @@ use crate::support::*;
 use postbox::statements::trusted;
 use postbox::NewEvent;
 use postbox_relay::shape::Shape;
-use postbox_relay::{Destination, ReadMode, Relay, RelayConfig, RouteConfig, Router, RunMode};
+use postbox_relay::{Destination, ReadMode, RelayConfig, RouteConfig, Router};
 use postbox_testkit::TestDb;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 /// billing: only orders of at least 100, slimmed to what it needs, with a
@@ -140,20 +138,6 @@ pub(crate) async fn check_the_dead_letter(pool: &sqlx::PgPool, schema: &postbox:
         audit_not_sent, 0,
         "audit is not held up by billing's dead letter"
     );
-}
-
-async fn drain_with(
-    db: &TestDb,
-    router: Router,
-    config: RelayConfig,
-) -> postbox_relay::StatsSnapshot {
-    let relay = Relay::with_router(store(db), router, config).unwrap();
-    tokio::time::timeout(
-        Duration::from_secs(120),
-        relay.run(RunMode::Drain, CancellationToken::new()),
-    )
-    .await
-    .expect("the relay drains within the timeout")
 }
 
 async fn filtered_counted(db: &TestDb) -> i64 {

@@ -54,6 +54,21 @@ pub async fn enqueue_with(
     db.enqueue_events(&events).await
 }
 
+/// Drain with one relay over `router` (two minutes at most).
+pub async fn drain_with(
+    db: &TestDb,
+    router: postbox_relay::Router,
+    config: RelayConfig,
+) -> StatsSnapshot {
+    let relay = Relay::with_router(store(db), router, config).unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        relay.run(RunMode::Drain, CancellationToken::new()),
+    )
+    .await
+    .expect("the relay drains within the timeout")
+}
+
 pub fn store(db: &TestDb) -> Store {
     Store::new(db.pool.clone(), db.schema.clone())
 }

@@ -196,7 +196,16 @@ pub struct EventRow {
     pub resolution: Option<String>,
 }
 
-/// An event's own fields, wherever the outbox keeps it ([`Events::find`]).
+fn as_raw_json<S: serde::Serializer>(text: &str, s: S) -> Result<S::Ok, S::Error> {
+    use serde::Serialize;
+    match serde_json::value::RawValue::from_string(text.to_owned()) {
+        Ok(raw) => raw.serialize(s),
+        Err(_) => s.serialize_str(text),
+    }
+}
+
+/// An event's own fields, wherever the outbox keeps it ([`Events::find`]),
+/// or as a file gives them (`postbox route test`).
 #[derive(Clone, Debug, PartialEq, Serialize, sqlx::FromRow)]
 pub struct StoredEvent {
     pub event_id: Uuid,
@@ -206,11 +215,14 @@ pub struct StoredEvent {
     pub schema_version: i32,
     pub sequence: Option<i64>,
     pub created_at: DateTime<Utc>,
-    /// The payload's JSON text, as the relay reads it.
+    /// The payload's JSON text, as the relay reads it (serialized as that
+    /// JSON, not as a string).
+    #[serde(serialize_with = "as_raw_json")]
     pub payload: String,
     #[sqlx(json)]
     pub headers: Value,
-    /// Where it was found: `outbox`, `log` or `archive`.
+    /// Where it was found: `outbox`, `log` or `archive` (`file`, `console`
+    /// where it came from elsewhere).
     pub place: String,
 }
 

@@ -9,7 +9,7 @@ use crate::context::{AnyError, Settings};
 use crate::output::outln;
 use clap::{Args, Subcommand};
 use futures::future::BoxFuture;
-use postbox_console::preview::{DestinationPreview, PreviewEvent, RoutePreview, Verdict};
+use postbox_console::preview::{DestinationPreview, RoutePreview, StoredEvent, Verdict};
 use postbox_relay::shape::Shaped;
 use postbox_relay::{Message, Outcome, Router, Sink, SinkError, Store};
 use serde::Deserialize;
@@ -61,7 +61,7 @@ pub struct TestArgs {
 pub async fn run(settings: &Settings, args: RouteArgs) -> Result<ExitCode, AnyError> {
     let RouteCommand::Test(args) = args.command;
     let preview = Preview::from_file(&settings.file, args.source.clone())?;
-    let (event, place) = match (&args.event, args.event_id) {
+    let event = match (&args.event, args.event_id) {
         (_, Some(id)) => {
             let pool = settings.pool("postbox-route").await?;
             let store = Store::new(pool, settings.schema.clone());
@@ -71,10 +71,9 @@ pub async fn run(settings: &Settings, args: RouteArgs) -> Result<ExitCode, AnyEr
                     settings.schema.name()
                 )
             })?;
-            let place = found.place.clone();
-            (stored(found)?, Some(place))
+            found
         }
-        (Some(path), None) => (read_event(path)?, None),
+        (Some(path), None) => read_event(path)?,
         (None, None) => {
             return Err("give an event file (EVENT.json, or - for stdin) or --event-id".into())
         }
@@ -84,10 +83,11 @@ pub async fn run(settings: &Settings, args: RouteArgs) -> Result<ExitCode, AnyEr
         .iter()
         .any(|l| matches!(l.verdict, Verdict::Fails { .. }));
     if args.json {
-        let doc = serde_json::json!({ "event": event, "found_in": place, "destinations": lines });
+        let doc =
+            serde_json::json!({ "event": event, "found_in": event.place, "destinations": lines });
         outln!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
-        print_text(&event, place.as_deref(), &lines);
+        print_text(&event, &lines);
     }
     Ok(if fails {
         ExitCode::FAILURE
@@ -96,14 +96,17 @@ pub async fn run(settings: &Settings, args: RouteArgs) -> Result<ExitCode, AnyEr
     })
 }
 
-fn print_text(event: &PreviewEvent, place: Option<&str>, lines: &[DestinationPreview]) {
+fn print_text(event: &StoredEvent, lines: &[DestinationPreview]) {
     outln!(
         "event {} ({}, {}/{}){}",
         event.event_id,
         event.event_type,
         event.aggregate_type,
         event.aggregate_id,
-        place.map(|p| format!(", from the {p}")).unwrap_or_default()
+        match event.place.as_str() {
+            "file" => String::new(),
+            place => format!(", from the {place}"),
+        }
     );
     for line in lines {
         outln!();
@@ -178,7 +181,7 @@ fn one() -> i32 {
     1
 }
 
-fn read_event(path: &std::path::Path) -> Result<PreviewEvent, AnyError> {
+fn read_event(path: &std::path::Path) -> Result<StoredEvent, AnyError> {
     let shown = path.display();
     let text = if path.as_os_str() == "-" {
         std::io::read_to_string(std::io::stdin())
@@ -187,7 +190,7 @@ fn read_event(path: &std::path::Path) -> Result<PreviewEvent, AnyError> {
         std::fs::read_to_string(path).map_err(|e| format!("cannot read {shown}: {e}"))?
     };
     let e: EventFile = serde_json::from_str(&text).map_err(|e| format!("{shown}: {e}"))?;
-    Ok(PreviewEvent {
+    Ok(StoredEvent {
         event_id: e.id.unwrap_or_else(Uuid::now_v7),
         event_type: e.event_type,
         aggregate_type: e.aggregate_type,
@@ -195,22 +198,9 @@ fn read_event(path: &std::path::Path) -> Result<PreviewEvent, AnyError> {
         schema_version: e.schema_version,
         sequence: e.sequence,
         created_at: e.created_at.unwrap_or_else(chrono::Utc::now),
-        payload: e.payload,
+        payload: e.payload.get().to_owned(),
         headers: serde_json::to_value(e.headers)?,
-    })
-}
-
-fn stored(e: postbox_store::StoredEvent) -> Result<PreviewEvent, AnyError> {
-    Ok(PreviewEvent {
-        event_id: e.event_id,
-        event_type: e.event_type,
-        aggregate_type: e.aggregate_type,
-        aggregate_id: e.aggregate_id,
-        schema_version: e.schema_version,
-        sequence: e.sequence,
-        created_at: e.created_at,
-        payload: RawValue::from_string(e.payload)?,
-        headers: e.headers,
+        place: "file".to_owned(),
     })
 }
 
@@ -258,7 +248,7 @@ impl Preview {
     }
 
     /// What each destination makes of `event`.
-    pub async fn of(&self, event: &PreviewEvent) -> Vec<DestinationPreview> {
+    pub async fn of(&self, event: &StoredEvent) -> Vec<DestinationPreview> {
         let names = self.router.destinations().iter().map(|d| d.name.clone());
         let m = match message(event) {
             Ok(m) => m,
@@ -296,7 +286,7 @@ impl Preview {
 }
 
 impl RoutePreview for Preview {
-    fn preview<'a>(&'a self, event: &'a PreviewEvent) -> BoxFuture<'a, Vec<DestinationPreview>> {
+    fn preview<'a>(&'a self, event: &'a StoredEvent) -> BoxFuture<'a, Vec<DestinationPreview>> {
         Box::pin(self.of(event))
     }
 }
@@ -324,13 +314,14 @@ fn verdict(m: &Message, answer: Option<Shaped>, source: &str) -> Verdict {
 }
 
 /// The message a relay would read for `event`.
-fn message(event: &PreviewEvent) -> Result<Message, String> {
+fn message(event: &StoredEvent) -> Result<Message, String> {
     let headers: BTreeMap<String, String> = match &event.headers {
         Value::Null => BTreeMap::new(),
         h => serde_json::from_value(h.clone())
             .map_err(|_| "the event's headers are not an object of strings".to_owned())?,
     };
-    let payload = event.payload.clone();
+    let payload = RawValue::from_string(event.payload.clone())
+        .map_err(|e| format!("the event's payload is not JSON: {e}"))?;
     Ok(Message {
         event_id: event.event_id,
         event_type: event.event_type.clone(),

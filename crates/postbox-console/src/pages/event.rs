@@ -8,7 +8,7 @@ use crate::http::guard::{limit_actions, Checked};
 use crate::http::outbox::{frame, Here};
 use crate::http::reply::{failed, page, parse_id, see_other, Fail};
 use crate::outboxes::Outbox;
-use crate::preview::{DestinationPreview, PreviewEvent, Verdict};
+use crate::preview::{DestinationPreview, StoredEvent, Verdict};
 use crate::views::audit::audit_table;
 use crate::views::{age, layout, notice, notice_text, opt_time, status_badge, time, Frame, Nav};
 use crate::Console;
@@ -143,9 +143,8 @@ pub(crate) enum Preview {
     None,
 }
 
-fn preview_event(e: &EventRecord) -> Option<PreviewEvent> {
-    let payload = serde_json::value::to_raw_value(&e.payload).ok()?;
-    Some(PreviewEvent {
+fn preview_event(e: &EventRecord) -> Option<StoredEvent> {
+    Some(StoredEvent {
         event_id: e.event_id,
         event_type: e.event_type.clone(),
         aggregate_type: e.aggregate_type.clone(),
@@ -153,8 +152,9 @@ fn preview_event(e: &EventRecord) -> Option<PreviewEvent> {
         schema_version: e.schema_version,
         sequence: e.sequence,
         created_at: e.created_at,
-        payload,
+        payload: serde_json::to_string(&e.payload).ok()?,
         headers: e.headers.clone(),
+        place: "outbox".to_owned(),
     })
 }
 
