@@ -248,3 +248,48 @@ async fn the_preview_is_what_the_relay_delivers_in_claim_mode() {
 async fn the_preview_is_what_the_relay_delivers_in_log_mode() {
     the_preview_is_what_the_relay_delivers("log").await;
 }
+
+/// A stored event is previewed as `dlq show` shows it: what `[redact]`
+/// names is masked before the expressions run, so a transform that copies
+/// it shows the mask.
+#[tokio::test]
+async fn an_event_from_the_database_is_previewed_redacted() {
+    let db = TestDb::new().await;
+    let path = std::env::temp_dir().join(format!("{}_redact.toml", db.schema.name()));
+    let mut cleanup = Cleanup {
+        files: vec![path.clone()],
+        keys: vec![],
+    };
+    std::fs::write(
+        &path,
+        "[redact]\npaths = [\"card.number\"]\n\n[sink]\nurl = \"stdout\"\ntransform = '{card: .payload.card.number}'\n",
+    )
+    .unwrap();
+    let ids = db
+        .enqueue_events(&[postbox::NewEvent::new(
+            "order.placed",
+            "order",
+            "9",
+            &serde_json::json!({"card": {"number": "4111111111111111"}}),
+        )
+        .unwrap()])
+        .await;
+    let id = ids[0].to_string();
+    let o = postbox(
+        &db,
+        &path,
+        &["route", "test", "--event-id", &id, "--json"],
+        None,
+    );
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(!t.contains("4111111111111111"), "{t}");
+    let r = json(&o);
+    assert_eq!(r["redacted"], true, "{r}");
+    let body: serde_json::Value =
+        serde_json::from_str(line(&r, "default")["body"].as_str().unwrap()).unwrap();
+    assert_eq!(body["data"], serde_json::json!({"card": "***"}), "{r}");
+    cleanup.files.clear();
+    let _ = std::fs::remove_file(&path);
+    db.drop_schema().await;
+}

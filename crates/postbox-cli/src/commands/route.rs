@@ -61,19 +61,30 @@ pub struct TestArgs {
 pub async fn run(settings: &Settings, args: RouteArgs) -> Result<ExitCode, AnyError> {
     let RouteCommand::Test(args) = args.command;
     let preview = Preview::from_file(&settings.file, args.source.clone())?;
-    let event = match (&args.event, args.event_id) {
+    let (event, redacted) = match (&args.event, args.event_id) {
         (_, Some(id)) => {
             let pool = settings.pool("postbox-route").await?;
             let store = Store::new(pool, settings.schema.clone());
-            let found = store.events().find(id).await?.ok_or_else(|| {
+            let mut found = store.events().find(id).await?.ok_or_else(|| {
                 format!(
                     "no event {id} in schema {}: neither the outbox table, the log nor the archive holds it",
                     settings.schema.name()
                 )
             })?;
-            found
+            // A stored event is shown as `dlq show` and the console show
+            // one: what [redact] names is masked before the expressions
+            // see it, so no masked value reaches the output.
+            let redactor = settings.file.redact.redactor()?;
+            settings.warn_if_unredacted("`postbox route test --event-id`");
+            if !redactor.is_empty() {
+                let mut payload: serde_json::Value = serde_json::from_str(&found.payload)?;
+                redactor.redact(&mut payload);
+                found.payload = payload.to_string();
+                redactor.redact_headers(&mut found.headers);
+            }
+            (found, !redactor.is_empty())
         }
-        (Some(path), None) => read_event(path)?,
+        (Some(path), None) => (read_event(path)?, false),
         (None, None) => {
             return Err("give an event file (EVENT.json, or - for stdin) or --event-id".into())
         }
@@ -83,11 +94,19 @@ pub async fn run(settings: &Settings, args: RouteArgs) -> Result<ExitCode, AnyEr
         .iter()
         .any(|l| matches!(l.verdict, Verdict::Fails { .. }));
     if args.json {
-        let doc =
-            serde_json::json!({ "event": event, "found_in": event.place, "destinations": lines });
+        let doc = serde_json::json!({
+            "event": event,
+            "found_in": event.place,
+            "redacted": redacted,
+            "destinations": lines,
+        });
         outln!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         print_text(&event, &lines);
+        if redacted {
+            outln!();
+            outln!("(previewed from the event with [redact]'s paths and headers masked)");
+        }
     }
     Ok(if fails {
         ExitCode::FAILURE
