@@ -64,7 +64,7 @@ pub enum Command {
     Slot(slot::SlotArgs),
     /// Log mode's cursors: how far each destination is behind, whether a relay reads it, and drop (audited)
     Log(log::LogArgs),
-    /// Consumer groups that pull from the log over SQL: create, list (unread, in flight, dead letters, readers), dead letters, drop (audited)
+    /// Consumer groups that pull from the log over SQL or HTTP: create, list (unread, in flight, dead letters, readers), dead letters, drop (audited), tokens, serve
     Group(group::GroupArgs),
     /// Routes, filters and transforms: `route test` shows what each destination would receive of one event
     Route(route::RouteArgs),

@@ -234,3 +234,135 @@ async fn a_consumer_group_is_created_listed_reported_and_dropped() {
     let _ = std::fs::remove_file(cfg);
     db.drop_schema().await;
 }
+
+/// A consumer group over HTTP through the binary: a token made once
+/// (printed, never listed), `group serve` answering a reader that holds it
+/// and refusing one that holds another group's, the token revoked
+/// (audited), and SIGTERM ending the server.
+#[tokio::test]
+async fn a_group_is_served_over_http_with_its_token() {
+    let db = TestDb::new().await;
+    let cfg = config(&db, "serve", &["search"]);
+    for name in ["billing", "shipping"] {
+        let o = postbox(&db, &cfg, &["group", "create", name]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let o = postbox(
+        &db,
+        &cfg,
+        &[
+            "group", "token", "create", "billing", "--label", "ledger", "--actor", "ops",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let token = String::from_utf8(o.stdout.clone())
+        .unwrap()
+        .trim()
+        .to_owned();
+    assert!(
+        token.starts_with("pbg_") && token.len() == 68,
+        "{}",
+        text(&o)
+    );
+    let o = postbox(&db, &cfg, &["group", "token", "create", "shipping"]);
+    let other = String::from_utf8(o.stdout.clone())
+        .unwrap()
+        .trim()
+        .to_owned();
+    let o = postbox(&db, &cfg, &["group", "token", "create", "nope"]);
+    assert!(
+        !o.status.success() && text(&o).contains("no consumer group named nope"),
+        "{}",
+        text(&o)
+    );
+    let o = postbox(&db, &cfg, &["group", "token", "list", "billing", "--json"]);
+    let listed = text(&o);
+    assert!(
+        listed.contains("ledger") && !listed.contains(&token[4..]),
+        "{listed}"
+    );
+
+    db.exec(
+        "INSERT INTO {schema}.log (event_id, event_type, aggregate_type, aggregate_id, payload) \
+         SELECT gen_random_uuid(), 'order.placed', 'order', i::text, '{}' FROM generate_series(1, 3) AS i",
+    )
+    .await;
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_postbox"))
+        .args([
+            "group",
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--token-cache",
+            "0s",
+        ])
+        .env("DATABASE_URL", &db.url)
+        .env("POSTBOX_SCHEMA", db.schema.name())
+        .env("POSTBOX_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run postbox group serve");
+    let client = postbox_testkit::http().build().unwrap();
+    let url = format!("http://127.0.0.1:{port}/groups/billing/receive");
+    let call = |token: String| {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            client
+                .post(url)
+                .bearer_auth(token)
+                .body(r#"{"max_events": 10}"#)
+                .send()
+                .await
+        }
+    };
+    wait_for("group serve to answer", Duration::from_secs(60), || async {
+        call(token.clone()).await.is_ok()
+    })
+    .await;
+    // The call that answered first took the three events (they are in
+    // flight now); another group's token takes nothing.
+    let got = call(other.clone()).await.unwrap();
+    assert_eq!(got.status(), 403);
+    let o = postbox(&db, &cfg, &["group", "list", "--json"]);
+    let groups: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(groups[0]["name"], "billing");
+    assert_eq!(
+        groups[0]["in_flight"], 3,
+        "the token's reader took them: {groups}"
+    );
+
+    let o = postbox(&db, &cfg, &["group", "token", "list", "billing", "--json"]);
+    let tokens: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let id = tokens[0]["id"].to_string();
+    let o = postbox(
+        &db,
+        &cfg,
+        &["group", "token", "revoke", "billing", &id, "--actor", "ops"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(call(token.clone()).await.unwrap().status(), 401);
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM {schema}.audit_log WHERE action IN ('group_token_create', 'group_token_revoke') AND actor = 'ops'"
+        )
+        .await,
+        2
+    );
+
+    let pid = server.id().expect("the server runs") as i32;
+    // SAFETY: signalling our own child by its pid.
+    unsafe {
+        libc::kill(pid, libc::SIGTERM);
+    }
+    let status = tokio::time::timeout(Duration::from_secs(30), server.wait())
+        .await
+        .expect("the server stops on SIGTERM")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    let _ = std::fs::remove_file(cfg);
+    db.drop_schema().await;
+}

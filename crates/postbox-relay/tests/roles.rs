@@ -1267,8 +1267,36 @@ async fn the_consumer_reads_groups_and_nothing_else() {
         2
     );
 
+    // Serving groups over HTTP, it finds the group a token opens, and
+    // reads no token's hash; nor does the monitor.
+    let (_, token) = owner
+        .create_token("billing", None, "tester")
+        .await
+        .expect("the owner makes a token");
+    assert_eq!(
+        groups
+            .group_of_token(&token)
+            .await
+            .expect("the consumer looks a token up"),
+        Some("billing".to_owned())
+    );
+    let monitor = r.monitor().await;
+    assert_denied(
+        "monitor: reading the tokens' hashes",
+        sqlx::query(trusted(
+            &r.db.sql("SELECT token_hash FROM {schema}.group_tokens"),
+        ))
+        .execute(monitor.pool())
+        .await,
+    );
+    assert_denied(
+        "consumer: making a token",
+        consumer.groups().create_token("billing", None, "me").await,
+    );
+
     let pool = consumer.pool().clone();
     for sql in [
+        "SELECT * FROM {schema}.group_tokens",
         "SELECT * FROM {schema}.log",
         "SELECT * FROM {schema}.outbox",
         "SELECT * FROM {schema}.group_batches",
@@ -1378,6 +1406,7 @@ async fn every_function_states_who_may_execute_it() {
         "glob_like: producer, relay, monitor, consumer, PUBLIC",
         "group_receipts: owner only",
         "group_replay_dead: owner only",
+        "group_token_group (owner's rights): consumer",
         "inbox_apply: producer, relay, monitor, consumer, PUBLIC",
         "inbox_sequence: producer, relay, monitor, consumer, PUBLIC",
         "limits_payload_too_big: owner only",

@@ -64,3 +64,23 @@ LIMIT $3;
 -- name: replay_dead
 -- Dead letters of group $1 (of event ids $2; all when NULL) back to the group.
 SELECT {schema}.group_replay_dead($1, $2) AS replayed;
+
+-- name: token_create
+-- A bearer token for the group's HTTP API (migration 28): only its hash.
+INSERT INTO {schema}.group_tokens (group_name, token_hash, label, created_by)
+VALUES ($1, $2, $3, $4)
+RETURNING id;
+
+-- name: token_list
+SELECT id, group_name, label, created_by, created_at, last_used_at
+FROM {schema}.group_tokens
+WHERE $1::text IS NULL OR group_name = $1
+ORDER BY group_name, id;
+
+-- name: token_revoke
+DELETE FROM {schema}.group_tokens WHERE group_name = $1 AND id = $2;
+
+-- name: token_group
+-- The group a token opens (NULL: none), through the function the consumer
+-- role may call.
+SELECT {schema}.group_token_group($1) AS group_name;

@@ -137,6 +137,8 @@ GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {monitor};
 REVOKE ALL ON {schema}.console_users, {schema}.console_sessions FROM {monitor};
 -- Nor is the key that signs emitted events (migration 19): the owner's alone.
 REVOKE ALL ON {schema}.logical_key FROM {monitor};
+-- Nor are the hashes of consumer groups' HTTP tokens (migration 28).
+REVOKE ALL ON {schema}.group_tokens FROM {monitor};
 
 -- Consumer: reads consumer groups (migration 26) and nothing else. receive,
 -- ack and nack run with their owner's rights; the role has no table of the
@@ -146,3 +148,6 @@ GRANT EXECUTE ON FUNCTION
     {schema}.ack(text, text[]),
     {schema}.nack(text, text, interval, text)
   TO {consumer};
+-- …and, serving the groups over HTTP (`postbox group serve`, migration
+-- 28), finds the group a bearer token opens (it reads no token itself).
+GRANT EXECUTE ON FUNCTION {schema}.group_token_group(bytea) TO {consumer};

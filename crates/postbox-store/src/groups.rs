@@ -151,10 +151,58 @@ pub struct GroupDeadLetter {
     pub dead_at: DateTime<Utc>,
 }
 
+/// One of a group's HTTP bearer tokens, as `group token list` shows it
+/// (never the token, which only its creator saw once).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, sqlx::FromRow)]
+pub struct GroupToken {
+    pub id: i64,
+    pub group_name: String,
+    pub label: Option<String>,
+    pub created_by: String,
+    pub created_at: DateTime<Utc>,
+    /// Renewed at most once a minute.
+    pub last_used_at: Option<DateTime<Utc>>,
+}
+
+/// What every group token starts with, so that secret scanners and people
+/// can tell one when they see it.
+pub const TOKEN_PREFIX: &str = "pbg_";
+
+/// A new token: the prefix and 32 random bytes, hex.
+fn new_token() -> String {
+    use rand::RngCore;
+    let mut bytes = [0_u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    let mut token = String::with_capacity(TOKEN_PREFIX.len() + 64);
+    token.push_str(TOKEN_PREFIX);
+    for b in bytes {
+        token.push_str(&format!("{b:02x}"));
+    }
+    token
+}
+
+/// Whether `token` has the shape of a group token (the prefix and 64 hex
+/// digits), so that a request with anything else is refused without a
+/// database round trip.
+pub fn is_token_shaped(token: &str) -> bool {
+    token.strip_prefix(TOKEN_PREFIX).is_some_and(|rest| {
+        rest.len() == 64 && rest.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    })
+}
+
+/// The SHA-256 of a token: what is stored and looked up.
+pub fn token_hash(token: &str) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(token.as_bytes()).into()
+}
+
 /// The action recorded in the audit log when a group is dropped.
 pub const ACTION_DROP_GROUP: &str = "group_drop";
 /// …and when a group's dead letters are replayed.
 pub const ACTION_REPLAY_GROUP_DEAD: &str = "group_replay_dead";
+/// …and when a group's HTTP token is made, or revoked.
+pub const ACTION_CREATE_GROUP_TOKEN: &str = "group_token_create";
+pub const ACTION_REVOKE_GROUP_TOKEN: &str = "group_token_revoke";
 
 struct Queries {
     create: String,
@@ -165,6 +213,10 @@ struct Queries {
     status: String,
     dead_letters: String,
     replay_dead: String,
+    token_create: String,
+    token_list: String,
+    token_revoke: String,
+    token_group: String,
     audit_insert: String,
 }
 
@@ -180,6 +232,10 @@ impl Queries {
             status: file.render("status", schema),
             dead_letters: file.render("dead_letters", schema),
             replay_dead: file.render("replay_dead", schema),
+            token_create: file.render("token_create", schema),
+            token_list: file.render("token_list", schema),
+            token_revoke: file.render("token_revoke", schema),
+            token_group: file.render("token_group", schema),
             audit_insert: crate::dead_letters::AuditQueries::new(schema).insert,
         };
         file.finish();
@@ -354,6 +410,96 @@ impl Groups {
         }
         Ok(dead)
     }
+
+    /// Make a bearer token for `group`'s HTTP API, recorded in the audit log
+    /// in the same transaction; returns its id and the token, which is
+    /// stored only as its hash (show it once). A group that does not exist
+    /// is SQLSTATE 23503.
+    pub async fn create_token(
+        &self,
+        group: &str,
+        label: Option<&str>,
+        actor: &str,
+    ) -> Result<(i64, String), sqlx::Error> {
+        let token = new_token();
+        let mut tx = self.pool.begin().await?;
+        let id: i64 = sqlx::query_scalar(trusted(&self.sql.token_create))
+            .bind(group)
+            .bind(token_hash(&token).as_slice())
+            .bind(label)
+            .bind(actor)
+            .fetch_one(&mut *tx)
+            .await?;
+        self.audit_token(&mut tx, ACTION_CREATE_GROUP_TOKEN, group, id, actor)
+            .await?;
+        tx.commit().await?;
+        Ok((id, token))
+    }
+
+    /// The tokens of `group` (or of every group), never the tokens themselves.
+    pub async fn tokens(&self, group: Option<&str>) -> Result<Vec<GroupToken>, sqlx::Error> {
+        sqlx::query_as(trusted(&self.sql.token_list))
+            .bind(group)
+            .fetch_all(&self.pool)
+            .await
+    }
+
+    /// Revoke token `id` of `group` (audited); false when it had no such token.
+    pub async fn revoke_token(
+        &self,
+        group: &str,
+        id: i64,
+        actor: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let gone = sqlx::query(trusted(&self.sql.token_revoke))
+            .bind(group)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if gone == 0 {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        self.audit_token(&mut tx, ACTION_REVOKE_GROUP_TOKEN, group, id, actor)
+            .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn audit_token(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        action: &str,
+        group: &str,
+        id: i64,
+        actor: &str,
+    ) -> Result<(), sqlx::Error> {
+        let selection = serde_json::json!({ "group": group, "token_id": id });
+        sqlx::query(trusted(&self.sql.audit_insert))
+            .bind(actor)
+            .bind(action)
+            .bind(selection.to_string())
+            .bind(1_i64)
+            .bind(None::<&str>)
+            .bind("[]")
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    /// The group `token` opens, if any (the consumer role may ask). A token
+    /// not shaped like one is answered `None` without a query.
+    pub async fn group_of_token(&self, token: &str) -> Result<Option<String>, sqlx::Error> {
+        if !is_token_shaped(token) {
+            return Ok(None);
+        }
+        sqlx::query_scalar(trusted(&self.sql.token_group))
+            .bind(token_hash(token).as_slice())
+            .fetch_one(&self.pool)
+            .await
+    }
 }
 
 impl crate::Store {
@@ -374,5 +520,16 @@ mod tests {
         let at: GroupStart = "2026-12-01T00:00:00Z".parse().unwrap();
         assert_eq!(at.as_sql(), "2026-12-01T00:00:00+00:00");
         assert!("yesterday".parse::<GroupStart>().is_err());
+    }
+
+    #[test]
+    fn tokens_are_shaped_and_distinct() {
+        let (a, b) = (new_token(), new_token());
+        assert_ne!(a, b);
+        assert!(is_token_shaped(&a), "{a}");
+        assert!(!is_token_shaped(&a[..a.len() - 1]));
+        assert!(!is_token_shaped(&a.to_uppercase()));
+        assert!(!is_token_shaped(&a.replacen(TOKEN_PREFIX, "pbx_", 1)));
+        assert_ne!(token_hash(&a), token_hash(&b));
     }
 }

@@ -68,8 +68,9 @@ pub use events::{
     DeliveryRecord, EventQuery, EventRecord, EventRow, Events, Status, StatusFilter, StoredEvent,
 };
 pub use groups::{
-    GroupDeadLetter, GroupStart, GroupStatus, Groups, NewGroup, Received, ACTION_DROP_GROUP,
-    ACTION_REPLAY_GROUP_DEAD,
+    is_token_shaped, token_hash, GroupDeadLetter, GroupStart, GroupStatus, GroupToken, Groups,
+    NewGroup, Received, ACTION_CREATE_GROUP_TOKEN, ACTION_DROP_GROUP, ACTION_REPLAY_GROUP_DEAD,
+    ACTION_REVOKE_GROUP_TOKEN, TOKEN_PREFIX,
 };
 pub use log::{
     CursorDropped, CursorLag, Handoff, HeldEvents, Lease, Log, LogEvent, LogWindow, ProducerTarget,

@@ -157,6 +157,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "filtered_by_minute",
         sql: include_str!("../migrations/0027_filtered_by_minute.sql"),
     },
+    Migration {
+        version: 28,
+        name: "group_tokens",
+        sql: include_str!("../migrations/0028_group_tokens.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.

@@ -1,14 +1,21 @@
 //! `postbox group`: consumer groups — readers that pull events from the log
-//! over SQL (`receive`, `ack`, `nack`): create one, see how each is doing,
-//! list its dead letters, drop one (audited).
+//! over SQL (`receive`, `ack`, `nack`) or HTTP: create one, see how each is
+//! doing, list its dead letters, drop one (audited); make and revoke the
+//! bearer tokens of its HTTP API (audited) and serve that API
+//! (`postbox_pull`, with the server bounds of `postbox::serve`).
 
-use crate::context::{actor as actor_or_user, AnyError, Settings};
+use crate::context::{actor as actor_or_user, cancel_on_signal, AnyError, Settings};
 use crate::output::{errln, outln};
 use clap::{Args, Subcommand};
+use postbox::serve::{serve, Limits};
+use postbox_pull::{PullApi, PullOptions};
 use postbox_relay::Store;
+use postbox_store::connect as db;
 use postbox_store::{GroupStart, GroupStatus, NewGroup, ProducerTarget};
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Args, Debug)]
 pub struct GroupArgs {
@@ -68,6 +75,14 @@ pub enum GroupCommand {
         #[arg(long)]
         actor: Option<String>,
     },
+    /// Bearer tokens of the groups' HTTP API (`postbox group serve`)
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// Serve the groups' HTTP API: POST /groups/{group}/receive, /ack and
+    /// /nack, each call with its group's bearer token
+    Serve(ServeArgs),
     /// Drop a group with everything it holds (audited)
     Drop {
         name: String,
@@ -80,15 +95,284 @@ pub enum GroupCommand {
     },
 }
 
+#[derive(Subcommand, Debug)]
+pub enum TokenCommand {
+    /// Make a token that opens one group; it is printed once, and only its
+    /// SHA-256 is stored (audited)
+    Create {
+        /// The group it opens
+        group: String,
+        /// What or who it is for (shown by `token list`)
+        #[arg(long)]
+        label: Option<String>,
+        /// Who (kept in the audit log) [default: $USER]
+        #[arg(long)]
+        actor: Option<String>,
+    },
+    /// List tokens (never the tokens themselves): id, group, label, made, last used
+    List {
+        /// Only this group's
+        group: Option<String>,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a token by its id (audited); a server stops taking it within
+    /// its --token-cache time
+    Revoke {
+        group: String,
+        id: i64,
+        /// Who (kept in the audit log) [default: $USER]
+        #[arg(long)]
+        actor: Option<String>,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on, e.g. 127.0.0.1:8089 (plain HTTP: put a TLS
+    /// proxy in front of it for anything beyond the host)
+    #[arg(long, value_name = "ADDR", env = "POSTBOX_GROUPS_LISTEN")]
+    pub listen: SocketAddr,
+    /// The CloudEvents `source` of the events handed out
+    #[arg(long, value_name = "URI", default_value = postbox_relay::cloudevents::DEFAULT_SOURCE)]
+    pub source: String,
+    /// The longest long poll a reader may ask for (`wait_seconds`), at most 20s
+    #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = humantime::parse_duration)]
+    pub max_wait: Duration,
+    /// How often a waiting long poll looks again when no notification woke it
+    #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub poll_every: Duration,
+    /// How long a token's group is remembered (a revoked token works this much longer at most; 0s: look it up on every call)
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub token_cache: Duration,
+    /// Failed tokens a client address may send a minute before it is answered 429
+    #[arg(long, value_name = "N", default_value_t = 30)]
+    pub failed_tokens_per_minute: u32,
+    /// Largest request body in bytes (an ack of 10,000 receipts is about 500 kB)
+    #[arg(long, value_name = "N", default_value_t = 1 << 20)]
+    pub max_body_bytes: usize,
+    /// Database connections the server keeps at most
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub pool_size: u32,
+    /// How long a call waits for a database connection before it is answered 503
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub db_timeout: Duration,
+    /// A request's head (also the next one on a kept-alive connection) must
+    /// arrive within this time, else the connection is closed
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub header_timeout: Duration,
+    /// A call must be answered within this time, else 408; longer than --max-wait
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
+    /// Connections served at once; more wait until one closes
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pub max_connections: usize,
+    /// Serve Prometheus /metrics, /healthz and /readyz on ADDR, a port apart
+    #[arg(long, env = "POSTBOX_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
+}
+
+/// Why `postbox group serve` could not start. Messages never hold a secret.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("--{0} must be more than zero")]
+    Zero(&'static str),
+    #[error("--max-wait must be at most 20s (the SQL receive's bound)")]
+    MaxWait,
+    #[error("--request-timeout ({request:?}) must be longer than --max-wait ({wait:?}), or long polls are cut off")]
+    Timeouts { request: Duration, wait: Duration },
+    #[error("cannot listen on {addr}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the HTTP server failed")]
+    Serve(#[source] std::io::Error),
+}
+
+impl ServeArgs {
+    fn check(&self) -> Result<(PullOptions, Limits), ServeError> {
+        for (flag, zero) in [
+            ("header-timeout", self.header_timeout.is_zero()),
+            ("request-timeout", self.request_timeout.is_zero()),
+            ("poll-every", self.poll_every.is_zero()),
+            ("db-timeout", self.db_timeout.is_zero()),
+            ("max-connections", self.max_connections == 0),
+            ("max-body-bytes", self.max_body_bytes == 0),
+            ("pool-size", self.pool_size == 0),
+            (
+                "failed-tokens-per-minute",
+                self.failed_tokens_per_minute == 0,
+            ),
+        ] {
+            if zero {
+                return Err(ServeError::Zero(flag));
+            }
+        }
+        if self.max_wait > postbox_pull::MAX_WAIT {
+            return Err(ServeError::MaxWait);
+        }
+        if self.request_timeout <= self.max_wait + Duration::from_secs(1) {
+            return Err(ServeError::Timeouts {
+                request: self.request_timeout,
+                wait: self.max_wait,
+            });
+        }
+        let options = PullOptions {
+            source: self.source.clone(),
+            max_wait: self.max_wait,
+            poll_every: self.poll_every,
+            token_cache_for: self.token_cache,
+            failed_tokens_per_minute: self.failed_tokens_per_minute,
+            max_body_bytes: self.max_body_bytes,
+        };
+        let limits = Limits {
+            header_read_timeout: self.header_timeout,
+            request_timeout: Some(self.request_timeout),
+            max_connections: self.max_connections,
+        };
+        Ok((options, limits))
+    }
+}
+
+/// `postbox group serve`.
+async fn serve_groups(settings: &Settings, args: ServeArgs) -> Result<ExitCode, AnyError> {
+    let (options, limits) = args.check()?;
+    let connect = db::options(settings.database_url.as_deref(), "postbox-groups")?;
+    // Lazy: the server starts (and answers 503) while the database is down.
+    let pool = db::pool_options(&connect)
+        .max_connections(args.pool_size)
+        .acquire_timeout(args.db_timeout)
+        .connect_lazy_with(connect.clone());
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|source| ServeError::Listen {
+            addr: args.listen,
+            source,
+        })?;
+    let local = listener.local_addr().unwrap_or(args.listen);
+    if !local.ip().is_loopback() {
+        tracing::warn!(
+            listen = %local,
+            "serving plain HTTP beyond this host: bearer tokens cross the network in the clear              unless a TLS proxy is in front (docs/consumer-groups.md, Over HTTP)"
+        );
+    }
+    tracing::info!(
+        listen = %local,
+        schema = %settings.schema,
+        database = %db::target(&connect),
+        "serving consumer groups over HTTP"
+    );
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    let api = PullApi::new(pool.clone(), &settings.schema, options, shutdown.clone());
+    tokio::spawn(api.clone().wake_on_notifications(shutdown.clone()));
+    if let Some(addr) = &args.metrics_listen {
+        let store = Store::new(pool.clone(), settings.schema.clone());
+        let endpoint = crate::metrics_endpoint::Endpoint::bind(addr, store, Vec::new()).await?;
+        if let Some(addr) = endpoint.local_addr() {
+            tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+        }
+        tokio::spawn(endpoint.serve(shutdown.clone()));
+    }
+    serve(
+        listener,
+        api.router(),
+        limits,
+        shutdown.clone().cancelled_owned(),
+    )
+    .await
+    .map_err(ServeError::Serve)?;
+    pool.close().await;
+    tracing::info!("consumer groups' HTTP server stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn token(
+    groups: &postbox_store::Groups,
+    command: TokenCommand,
+) -> Result<ExitCode, AnyError> {
+    match command {
+        TokenCommand::Create {
+            group,
+            label,
+            actor,
+        } => {
+            let actor = actor_or_user(actor)?;
+            if label.as_deref().is_some_and(|l| l.len() > 200) {
+                return Err("--label: at most 200 bytes".into());
+            }
+            let (id, token) = match groups.create_token(&group, label.as_deref(), &actor).await {
+                Err(e) if is_sqlstate(&e, "23503") => {
+                    return Err(format!("no consumer group named {group}").into())
+                }
+                other => other?,
+            };
+            outln!("{token}");
+            errln!(
+                "token {id} opens consumer group {group}; it is shown this once (only its hash is                  kept): give it to the reader as `Authorization: Bearer …`"
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        TokenCommand::List { group, json } => {
+            let tokens = groups.tokens(group.as_deref()).await?;
+            if json {
+                outln!("{}", serde_json::to_string_pretty(&tokens)?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            if tokens.is_empty() {
+                outln!("no token (make one: postbox group token create GROUP)");
+            }
+            for t in &tokens {
+                outln!(
+                    "{:>6} {:<20} {:<24} made by {} at {}, last used {}",
+                    t.id,
+                    t.group_name,
+                    t.label.as_deref().unwrap_or("-"),
+                    t.created_by,
+                    t.created_at.format("%Y-%m-%d %H:%M:%S UTC"),
+                    t.last_used_at.map_or_else(
+                        || "never".to_owned(),
+                        |at| at.format("%Y-%m-%d %H:%M UTC").to_string()
+                    )
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        TokenCommand::Revoke { group, id, actor } => {
+            let actor = actor_or_user(actor)?;
+            if groups.revoke_token(&group, id, &actor).await? {
+                outln!("revoked token {id} of {group}; recorded in the audit log");
+                Ok(ExitCode::SUCCESS)
+            } else {
+                Err(format!("group {group} has no token {id}").into())
+            }
+        }
+    }
+}
+
+fn is_sqlstate(e: &sqlx::Error, code: &str) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|c| c == code)
+}
+
 fn parse_start(s: &str) -> Result<GroupStart, String> {
     s.parse()
 }
 
 pub async fn run(settings: &Settings, args: GroupArgs) -> Result<ExitCode, AnyError> {
+    // The server connects lazily, with its own pool and bounds.
+    let command = match args.command {
+        GroupCommand::Serve(serve) => return serve_groups(settings, serve).await,
+        command => command,
+    };
     let pool = settings.pool("postbox-group").await?;
     let store = Store::new(pool, settings.schema.clone());
     let groups = store.groups();
-    match args.command {
+    match command {
         GroupCommand::Create {
             name,
             start,
@@ -174,6 +458,8 @@ pub async fn run(settings: &Settings, args: GroupArgs) -> Result<ExitCode, AnyEr
             );
             Ok(ExitCode::SUCCESS)
         }
+        GroupCommand::Token { command } => token(&groups, command).await,
+        GroupCommand::Serve(serve) => serve_groups(settings, serve).await,
         GroupCommand::Drop {
             name,
             reason,
