@@ -358,7 +358,8 @@ async fn bench_runs_on_tiny_inputs() {
         r["drain"]["relay_events_per_s"].as_f64().unwrap() > 0.0,
         "{r}"
     );
-    // Consumer groups read by one and four readers, and PgQ's consumer API.
+    // Consumer groups read by one and four readers over SQL and HTTP, and
+    // PgQ's consumer API; then commit → a long-polling reader of each.
     let groups: Vec<(String, f64)> = r["groups"]["rows"]
         .as_array()
         .unwrap()
@@ -370,10 +371,23 @@ async fn bench_runs_on_tiny_inputs() {
             )
         })
         .collect();
-    assert_eq!(groups.len(), 3, "{r}");
+    assert_eq!(groups.len(), 5, "{r}");
     assert!(groups.iter().all(|(_, rate)| *rate > 0.0), "{r}");
-    assert!(
-        groups.iter().any(|(reader, _)| reader.starts_with("PgQ")),
+    for reader in ["PgQ", "HTTP receive + ack, 4"] {
+        assert!(
+            groups.iter().any(|(name, _)| name.starts_with(reader)),
+            "{reader}: {r}"
+        );
+    }
+    let polls: Vec<&str> = r["groups"]["latency"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["mode"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        polls,
+        ["SQL long poll (20 s)", "HTTP long poll (20 s)"],
         "{r}"
     );
     // PgQ's consumer ran on the same events (test.sh installs the

@@ -467,3 +467,111 @@ async fn verify_refuses_to_crash_a_database_it_does_not_own() {
         "{stderr}"
     );
 }
+
+/// Pull runs: no relay and no broker, readers of a consumer group on the
+/// log — over SQL, and over HTTP through `postbox group serve` children —
+/// killed mid-batch, their servers killed and stalled, the database reset
+/// and crashed: every committed event applied once, in order, none lost.
+#[tokio::test]
+async fn verify_passes_pull_runs_over_sql_and_http_through_kills_and_crashes() {
+    let run = |sink: &'static str, seed: &'static str| {
+        vec![
+            "--sink",
+            sink,
+            "--faults",
+            "kill,stall,sink,db,consumer,crash",
+            "--kill-every",
+            "1s",
+            "--crash-every",
+            "3s",
+            "--duration",
+            "20s",
+            "--relays",
+            "3",
+            "--rate",
+            "250",
+            "--ordered",
+            "--seed",
+            seed,
+        ]
+    };
+    let (sql, http) = tokio::join!(
+        verify_on_own_cluster_owned(run("group:sql", "31")),
+        verify_on_own_cluster_owned(run("group:http", "32")),
+    );
+    for (sink, o) in [("group:sql", sql), ("group:http", http)] {
+        let r = report(&o);
+        assert!(
+            o.status.success() && r["passed"] == true,
+            "{sink}: verify failed: exit {:?}\n{}\nstderr: {}",
+            o.status,
+            serde_json::to_string_pretty(&r).unwrap_or_default(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert_eq!(r["mode"], "log", "{r}");
+        assert_eq!(r["pull"], true, "{r}");
+        assert!(crashes(&r) >= 2, "{sink}: too few crashes: {r}");
+        assert!(r["faults"]["reader_kills"].as_u64().unwrap() > 0, "{r}");
+        assert!(n(&r, "events_committed") > 500, "{r}");
+        assert_eq!(n(&r, "effects_applied"), n(&r, "events_committed"), "{r}");
+        assert_eq!(n(&r, "lost_count"), 0, "{r}");
+        if sink == "group:http" {
+            assert!(n(&r, "relay_kills") > 0, "no group server was killed: {r}");
+        }
+    }
+}
+
+/// A reader that acknowledges a batch before applying it loses the batch
+/// when it is killed in between: the pull run catches it, naming events.
+#[tokio::test]
+async fn verify_catches_a_reader_that_acknowledges_before_applying() {
+    let o = verify_on_own_cluster(&[
+        "--sink",
+        "group:sql",
+        "--faults",
+        "kill",
+        "--kill-every",
+        "300ms",
+        "--duration",
+        "12s",
+        "--rate",
+        "250",
+        "--plant",
+        "reader-acks-first",
+        "--seed",
+        "33",
+    ])
+    .await;
+    let r = report(&o);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "the planted bug must be caught: {r}\nstderr: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(n(&r, "lost_count") > 0, "{r}");
+    assert_eq!(r["planted"], "ReaderAcksFirst");
+    assert_eq!(r["rolled_back_delivered"].as_array().map(Vec::len), Some(0));
+    if let Some(logs) = r["logs"].as_str() {
+        let _ = std::fs::remove_dir_all(logs);
+    }
+}
+
+/// A group sink reads the log: another mode is refused, naming the flag.
+#[tokio::test]
+async fn verify_refuses_a_group_sink_outside_log_mode() {
+    let o = verify(&["--sink", "group:sql", "--mode", "claim", "--duration", "1s"]).await;
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("use --mode log"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = verify(&["--sink", "group:grpc", "--duration", "1s"]).await;
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("group:sql or group:http"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

@@ -51,6 +51,21 @@ impl RelayCommand {
         })
     }
 
+    /// `postbox group serve --listen ADDR` instead of a relay: the consumer
+    /// groups' HTTP API, which the fault schedule kills and stalls as it
+    /// does relays (verify's pull run over HTTP).
+    pub fn group_server(
+        database_url: &str,
+        schema: &Schema,
+        listen: &str,
+    ) -> std::io::Result<Self> {
+        let mut command = Self::new(database_url, schema)?;
+        command.args = ["group", "serve", "--listen", listen, "--token-cache", "1s"]
+            .map(String::from)
+            .to_vec();
+        Ok(command)
+    }
+
     /// Add arguments of `postbox relay`.
     pub fn args<I, S>(mut self, args: I) -> Self
     where
@@ -164,17 +179,23 @@ pub struct Supervisor {
 
 impl Supervisor {
     pub fn start(n: usize, command: RelayCommand, log_dir: &Path, seed: u64) -> Supervisor {
+        Self::start_each(vec![command; n], log_dir, seed)
+    }
+
+    /// One child per command (each may differ: a port of its own).
+    pub fn start_each(commands: Vec<RelayCommand>, log_dir: &Path, seed: u64) -> Supervisor {
+        let n = commands.len();
         let stop = CancellationToken::new();
         let counters = Arc::new(RelayCounters::default());
         let mut slots = Vec::with_capacity(n);
         let mut tasks = Vec::with_capacity(n);
-        for i in 0..n {
+        for (i, command) in commands.into_iter().enumerate() {
             let slot = Arc::new(Slot::default());
             slots.push(slot.clone());
             let one = Supervised {
                 index: i,
                 slot,
-                command: command.clone(),
+                command,
                 log: log_dir.join(format!("relay-{i}.log")),
                 counters: counters.clone(),
             };

@@ -16,18 +16,24 @@ pub struct VerifyArgs {
     /// How long producers and faults run; then the run drains and is checked
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub duration: Duration,
-    /// Relay processes (`postbox relay` children of this binary)
+    /// Relay processes (`postbox relay` children of this binary); in a pull
+    /// run (group: sink), the readers, and over HTTP as many `postbox group
+    /// serve` children
     #[arg(long, default_value_t = 3)]
     pub relays: usize,
     /// The broker: redis://HOST:PORT[/DB] (a stream), nats://HOST:PORT
-    /// (JetStream) or amqp://USER:PASS@HOST:PORT[/VHOST] (a RabbitMQ queue)
+    /// (JetStream) or amqp://USER:PASS@HOST:PORT[/VHOST] (a RabbitMQ queue);
+    /// or, with no relay and no broker, a consumer group of the log whose
+    /// readers pull: group:sql (receive/ack over SQL) or group:http
+    /// (`postbox group serve` children, --relays of them)
     #[arg(long, default_value = "redis://127.0.0.1:6379")]
     pub sink: String,
     /// How the relays read committed events: claim (the outbox), log (the
     /// append-only log; verify points the producers at it) or logical (the
     /// producers emit into the WAL; the relays read a replication slot)
-    #[arg(long, default_value = "claim", value_parser = super::parse_mode)]
-    pub mode: ReadMode,
+    /// [default: claim; log with a group: sink]
+    #[arg(long, value_parser = super::parse_mode)]
+    pub mode: Option<ReadMode>,
     /// The relays' relay.synchronous_commit: whether their claims and
     /// acknowledgements wait for the WAL flush
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
@@ -122,6 +128,9 @@ pub enum Plant {
     /// The consumer commits its inbox with synchronous_commit = off, then
     /// acknowledges the broker (lost only in a PostgreSQL crash)
     ConsumerAsyncCommit,
+    /// The consumer acknowledges a batch, works on it for 50 ms, then
+    /// applies it (lost when a reader is killed in between: a pull run)
+    ReaderAcksFirst,
 }
 
 /// Exit status when a check fails (setup errors exit with 2).
@@ -132,8 +141,12 @@ pub async fn run(settings: &Settings, args: VerifyArgs) -> Result<ExitCode, AnyE
     let options = checker::Options {
         duration: args.duration,
         relays: args.relays,
+        mode: args.mode.unwrap_or(if args.sink.starts_with("group:") {
+            ReadMode::Log
+        } else {
+            ReadMode::Claim
+        }),
         sink: args.sink,
-        mode: args.mode,
         relay_synchronous_commit: args.relay_synchronous_commit,
         ordered: args.ordered,
         seed: args.seed,
@@ -150,6 +163,7 @@ pub async fn run(settings: &Settings, args: VerifyArgs) -> Result<ExitCode, AnyE
         plant: args.plant.map(|p| match p {
             Plant::AckBeforePublish => PlantedBug::AckBeforePublish,
             Plant::ConsumerAsyncCommit => PlantedBug::ConsumerAsyncCommit,
+            Plant::ReaderAcksFirst => PlantedBug::ReaderAcksFirst,
         }),
         drain_timeout: args.drain_timeout,
         keep: args.keep,

@@ -1,26 +1,36 @@
 //! `postbox bench --only groups`: consumer groups read over SQL — `receive`
-//! a batch, `ack` its receipts, one transaction each — by one reader and
-//! by four sharing a group, against PgQ's consumer API (`next_batch`,
-//! `get_batch_events`, `finish_batch` in one transaction) on the same
-//! server with `--peers pgq`. No sink: what is measured is the reading.
-//! The log is seeded once; each run reads it through a group of its own
-//! created at its beginning. Two rounds, the order of the readers reversed
-//! in the second.
+//! a batch, `ack` its receipts, one transaction each — and over HTTP
+//! (`postbox group serve`'s API, served in this process on a port of
+//! 127.0.0.1), by one reader and by four sharing a group, against PgQ's
+//! consumer API (`next_batch`, `get_batch_events`, `finish_batch` in one
+//! transaction) on the same server with `--peers pgq`. No sink: what is
+//! measured is the reading. The log is seeded once; each run reads it
+//! through a group of its own created at its beginning. Two rounds, the
+//! order of the readers reversed in the second. Then the latency from
+//! commit to one long-polling reader, over SQL and over HTTP, with
+//! producers committing one event per transaction at `--rate`.
 
-use super::report::{Groups, GroupsRow};
+use super::report::{Groups, GroupsRow, Latency};
 use super::{pgq, Bench, Peer};
-use crate::AnyError;
-use postbox_store::{GroupStart, Groups as StoreGroups, NewGroup};
+use crate::{lock, AnyError};
+use postbox_store::{GroupStart, Groups as StoreGroups, NewGroup, ProducerTarget, Store};
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
 /// How long a hand-out stays hidden: far longer than a run.
 const VISIBILITY: Duration = Duration::from_secs(600);
 
+/// How long the latency readers' long polls wait: SQL's `receive` and
+/// the HTTP API's longest.
+const LONG_POLL: Duration = Duration::from_secs(20);
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Reader {
     Sql(usize),
+    Http(usize),
     Pgq,
 }
 
@@ -29,7 +39,16 @@ impl Reader {
         match self {
             Reader::Sql(1) => "SQL receive + ack, 1 reader".to_owned(),
             Reader::Sql(n) => format!("SQL receive + ack, {n} readers"),
+            Reader::Http(1) => "HTTP receive + ack, 1 reader".to_owned(),
+            Reader::Http(n) => format!("HTTP receive + ack, {n} readers"),
             Reader::Pgq => "PgQ consumer API, 1 reader".to_owned(),
+        }
+    }
+
+    fn readers(self) -> usize {
+        match self {
+            Reader::Sql(n) | Reader::Http(n) => n,
+            Reader::Pgq => 1,
         }
     }
 }
@@ -57,7 +76,13 @@ impl Bench<'_> {
         } else {
             None
         };
-        let mut order = vec![Reader::Sql(1), Reader::Sql(4)];
+        let http = HttpGroups::start(self).await?;
+        let mut order = vec![
+            Reader::Sql(1),
+            Reader::Http(1),
+            Reader::Sql(4),
+            Reader::Http(4),
+        ];
         if peer.is_some() {
             order.insert(1, Reader::Pgq);
         }
@@ -75,6 +100,10 @@ impl Bench<'_> {
                         (Reader::Sql(n), _) => {
                             let name = format!("bench-{round}-{n}");
                             read_group(&groups, &name, n, batch, events).await?
+                        }
+                        (Reader::Http(n), _) => {
+                            let name = format!("bench-http-{round}-{n}");
+                            http.read_group(&groups, &name, n, batch, events).await?
                         }
                         (Reader::Pgq, Some(peer)) => {
                             peer.seed(events, i64::from(batch)).await?;
@@ -94,7 +123,13 @@ impl Bench<'_> {
         if let Some(peer) = peer {
             peer.close().await?;
         }
-        measured?;
+        if let Err(e) = measured {
+            http.stop().await;
+            return Err(e);
+        }
+        let latency = self.long_poll_latency(&groups, &http).await;
+        http.stop().await;
+        let latency = latency?;
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
         let pgq_rate = rates
             .iter()
@@ -107,17 +142,302 @@ impl Bench<'_> {
                 .iter()
                 .map(|(reader, v)| GroupsRow {
                     reader: reader.label(),
-                    readers: match reader {
-                        Reader::Sql(n) => *n,
-                        Reader::Pgq => 1,
-                    },
+                    readers: reader.readers(),
                     rounds_events_per_s: v.iter().map(|r| r.round()).collect(),
                     events_per_s: mean(v).round(),
                     vs_pgq: pgq_rate.map(|p| super::round2(mean(v) / p)),
                 })
                 .collect(),
             pgq_skipped,
+            latency,
         })
+    }
+
+    /// Commit → one long-polling reader of a group created now, over SQL
+    /// and over HTTP, with producers committing one event per transaction
+    /// at `--rate` for `--duration`.
+    async fn long_poll_latency(
+        &self,
+        groups: &StoreGroups,
+        http: &HttpGroups,
+    ) -> Result<Vec<Latency>, AnyError> {
+        Store::new(self.pool.clone(), self.schema.clone())
+            .log()
+            .set_producer_target(ProducerTarget::Log)
+            .await?;
+        let mut rows = Vec::new();
+        for over_http in [false, true] {
+            let name = if over_http {
+                "latency-http"
+            } else {
+                "latency-sql"
+            };
+            let mode = if over_http {
+                "HTTP long poll (20 s)"
+            } else {
+                "SQL long poll (20 s)"
+            };
+            crate::progressln!(
+                "groups: commit → {mode} at {} events/s for {}…",
+                self.options.rate,
+                humantime::format_duration(self.options.duration)
+            );
+            groups.create(&NewGroup::new(name)).await?;
+            let token = if over_http {
+                Some(
+                    groups
+                        .create_token(name, Some("bench"), "postbox bench")
+                        .await?
+                        .1,
+                )
+            } else {
+                None
+            };
+            let arrived: Arc<Mutex<Vec<(Uuid, Instant)>>> = Arc::default();
+            let stop = CancellationToken::new();
+            let reader = {
+                let (groups, http, arrived, stop) =
+                    (groups.clone(), http.clone(), arrived.clone(), stop.clone());
+                let name = name.to_owned();
+                tokio::spawn(async move {
+                    while !stop.is_cancelled() {
+                        let polled = match &token {
+                            Some(token) => {
+                                let poll = http.receive(&name, token, 1000, LONG_POLL);
+                                tokio::select! {
+                                    () = stop.cancelled() => break,
+                                    got = poll => got?,
+                                }
+                            }
+                            None => {
+                                let poll = groups.receive(&name, 1000, VISIBILITY, LONG_POLL);
+                                let got = tokio::select! {
+                                    () = stop.cancelled() => break,
+                                    got = poll => got?,
+                                };
+                                got.into_iter().map(|e| (e.receipt, e.event_id)).collect()
+                            }
+                        };
+                        let now = Instant::now();
+                        lock(&arrived).extend(polled.iter().map(|(_, id)| (*id, now)));
+                        let receipts: Vec<String> = polled.into_iter().map(|(r, _)| r).collect();
+                        if receipts.is_empty() {
+                            continue;
+                        }
+                        match &token {
+                            Some(token) => http.ack(&name, token, &receipts).await?,
+                            None => i64::from(groups.ack(&name, &receipts).await?),
+                        };
+                    }
+                    Ok::<_, AnyError>(())
+                })
+            };
+            let committed = self.produce_steadily(false).await;
+            let all_in = async {
+                let committed = committed.as_ref().map_err(|e| e.to_string())?;
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while lock(&arrived).len() < committed.len() && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Ok::<_, String>(())
+            }
+            .await;
+            stop.cancel();
+            let read = reader.await;
+            groups.drop_group(name, "postbox bench", None).await?;
+            let committed = committed?;
+            all_in?;
+            read??;
+            let arrived = std::mem::take(&mut *lock(&arrived));
+            rows.push(super::latency::measure(
+                mode.to_owned(),
+                self.options.rate,
+                self.options.duration,
+                &committed,
+                &arrived,
+            )?);
+        }
+        Ok(rows)
+    }
+}
+
+/// `postbox group serve`'s API in this process, on a free port of
+/// 127.0.0.1, and an HTTP client for it.
+#[derive(Clone)]
+struct HttpGroups {
+    client: reqwest::Client,
+    base: String,
+    stop: CancellationToken,
+}
+
+#[derive(serde::Deserialize)]
+struct Answer {
+    events: Vec<Handed>,
+}
+
+#[derive(serde::Deserialize)]
+struct Handed {
+    receipt: String,
+    event: HandedEvent,
+}
+
+#[derive(serde::Deserialize)]
+struct HandedEvent {
+    id: Uuid,
+}
+
+#[derive(serde::Deserialize)]
+struct Acked {
+    acknowledged: i64,
+}
+
+impl HttpGroups {
+    async fn start(bench: &Bench<'_>) -> Result<Self, AnyError> {
+        let stop = CancellationToken::new();
+        let api = postbox_pull::PullApi::new(
+            bench.pool.clone(),
+            &bench.schema,
+            postbox_pull::PullOptions::default(),
+            stop.clone(),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}", listener.local_addr()?);
+        tokio::spawn(api.clone().wake_on_notifications(stop.clone()));
+        tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                let limits = postbox::serve::Limits {
+                    max_connections: 64,
+                    ..postbox::serve::Limits::default()
+                };
+                if let Err(e) =
+                    postbox::serve::serve(listener, api.router(), limits, stop.cancelled_owned())
+                        .await
+                {
+                    crate::errln!("groups: the HTTP API stopped: {e}");
+                }
+            }
+        });
+        // reqwest (rustls without a provider of its own) needs one, even
+        // for plain HTTP.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::builder()
+            .timeout(LONG_POLL + Duration::from_secs(15))
+            .build()?;
+        Ok(Self { client, base, stop })
+    }
+
+    async fn stop(&self) {
+        self.stop.cancel();
+    }
+
+    async fn post<T: serde::de::DeserializeOwned>(
+        &self,
+        path: String,
+        token: &str,
+        body: serde_json::Value,
+    ) -> Result<T, AnyError> {
+        let response = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await?;
+        let status = response.status();
+        let bytes = response.bytes().await?;
+        if !status.is_success() {
+            return Err(format!(
+                "groups: {path} answered {status}: {}",
+                String::from_utf8_lossy(&bytes)
+            )
+            .into());
+        }
+        Ok(serde_json::from_slice(&bytes)?)
+    }
+
+    /// Up to `max` events as (receipt, event id).
+    async fn receive(
+        &self,
+        group: &str,
+        token: &str,
+        max: i32,
+        wait: Duration,
+    ) -> Result<Vec<(String, Uuid)>, AnyError> {
+        let answer: Answer = self
+            .post(
+                format!("/groups/{group}/receive"),
+                token,
+                serde_json::json!({
+                    "max_events": max,
+                    "visibility_seconds": VISIBILITY.as_secs(),
+                    "wait_seconds": wait.as_secs_f64(),
+                }),
+            )
+            .await?;
+        Ok(answer
+            .events
+            .into_iter()
+            .map(|h| (h.receipt, h.event.id))
+            .collect())
+    }
+
+    async fn ack(&self, group: &str, token: &str, receipts: &[String]) -> Result<i64, AnyError> {
+        let acked: Acked = self
+            .post(
+                format!("/groups/{group}/ack"),
+                token,
+                serde_json::json!({ "receipts": receipts }),
+            )
+            .await?;
+        Ok(acked.acknowledged)
+    }
+
+    /// As [`read_group`], each reader over HTTP with the group's token.
+    async fn read_group(
+        &self,
+        groups: &StoreGroups,
+        name: &str,
+        readers: usize,
+        batch: i32,
+        events: i64,
+    ) -> Result<Duration, AnyError> {
+        groups
+            .create(&NewGroup {
+                start: GroupStart::Beginning,
+                ..NewGroup::new(name)
+            })
+            .await?;
+        let (_, token) = groups
+            .create_token(name, Some("bench"), "postbox bench")
+            .await?;
+        let done = Arc::new(AtomicI64::new(0));
+        let started = Instant::now();
+        let mut tasks = Vec::with_capacity(readers);
+        for _ in 0..readers {
+            let (http, done, name, token) =
+                (self.clone(), done.clone(), name.to_owned(), token.clone());
+            tasks.push(tokio::spawn(async move {
+                while done.load(Ordering::Relaxed) < events {
+                    let got = http.receive(&name, &token, batch, Duration::ZERO).await?;
+                    if got.is_empty() {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        continue;
+                    }
+                    let receipts: Vec<String> = got.into_iter().map(|(r, _)| r).collect();
+                    let acked = http.ack(&name, &token, &receipts).await?;
+                    done.fetch_add(acked, Ordering::Relaxed);
+                }
+                Ok::<_, AnyError>(())
+            }));
+        }
+        for task in tasks {
+            task.await??;
+        }
+        let elapsed = started.elapsed();
+        groups.drop_group(name, "postbox bench", None).await?;
+        Ok(elapsed)
     }
 }
 

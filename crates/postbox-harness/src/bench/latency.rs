@@ -137,7 +137,7 @@ impl Bench<'_> {
     /// Producers committing one event per transaction at the target rate for
     /// the run's duration (with `emit`, or `enqueue`); when each event
     /// committed.
-    async fn produce_steadily(&self, emit: bool) -> Result<Commits, AnyError> {
+    pub(super) async fn produce_steadily(&self, emit: bool) -> Result<Commits, AnyError> {
         let options = self.options;
         let committed: Arc<Mutex<Commits>> = Arc::default();
         // Enough producers that a slow commit (a WAL flush each) does not
@@ -204,7 +204,7 @@ fn mode(listen: bool, synchronous: bool, poll_interval: Duration) -> String {
 }
 
 /// Latency percentiles of the events that arrived; an error if some never did.
-fn measure(
+pub(super) fn measure(
     mode: String,
     rate: u64,
     duration: Duration,

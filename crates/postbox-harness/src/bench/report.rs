@@ -31,6 +31,8 @@ pub struct Groups {
     pub rows: Vec<GroupsRow>,
     /// Why PgQ's row is missing, when `--peers pgq` asked for it.
     pub pgq_skipped: Option<String>,
+    /// Commit to a long-polling reader (SQL, HTTP) at the latency rate.
+    pub latency: Vec<Latency>,
 }
 
 #[derive(Debug, Serialize)]
@@ -409,13 +411,24 @@ pub(super) fn print_table(r: &BenchReport) {
                 row.reader,
                 row.events_per_s,
                 row.vs_pgq
-                    .filter(|_| row.reader.starts_with("SQL"))
+                    .filter(|_| !row.reader.starts_with("PgQ"))
                     .map(|v| format!("   = {v:.2} × PgQ"))
                     .unwrap_or_default()
             );
         }
         if let Some(why) = &g.pgq_skipped {
             crate::outln!("  PgQ skipped: {why}");
+        }
+        for l in &g.latency {
+            crate::outln!(
+                "  commit → {:<26} {:>5.0}/s   p50 {:>6.2} ms   p95 {:>6.2} ms   p99 {:>6.2} ms   max {:>7.2} ms",
+                l.mode,
+                l.achieved_rate,
+                l.p50_ms,
+                l.p95_ms,
+                l.p99_ms,
+                l.max_ms
+            );
         }
     }
     if let Some(o) = &r.ordered {

@@ -69,6 +69,8 @@ enum AckToken {
     Redis(String),
     Nats(Box<async_nats::jetstream::Message>),
     Amqp(lapin::Acker),
+    /// A consumer group's receipt.
+    Receipt(String),
 }
 
 /// Parse a CloudEvents body into what the checks need.
@@ -102,6 +104,9 @@ pub enum Source {
     /// A RabbitMQ queue, consumed with manual acknowledgements: what is not
     /// acknowledged when the channel goes away, the broker delivers again.
     Amqp(Box<AmqpSource>),
+    /// A consumer group of the run's log, read over SQL or HTTP: what is
+    /// not acknowledged within its visibility is handed out again.
+    Group(Box<super::pull::GroupReader>),
 }
 
 pub struct AmqpSource {
@@ -253,6 +258,19 @@ impl Source {
     async fn next_batch(&mut self) -> Result<Vec<Delivery>, AnyError> {
         match self {
             Source::Amqp(source) => source.next_batch().await,
+            Source::Group(reader) => Ok(reader
+                .receive(BATCH)
+                .await?
+                .into_iter()
+                .map(|h| Delivery {
+                    event_id: h.event_id,
+                    aggregate_type: h.aggregate_type,
+                    aggregate_id: h.aggregate_id,
+                    sequence: h.sequence,
+                    redelivered: h.attempts > 1,
+                    ack: AckToken::Receipt(h.receipt),
+                })
+                .collect()),
             Source::Redis {
                 conn,
                 key,
@@ -338,6 +356,16 @@ impl Source {
 
     async fn ack(&mut self, batch: &[Delivery]) -> Result<(), AnyError> {
         match self {
+            Source::Group(reader) => {
+                let receipts: Vec<String> = batch
+                    .iter()
+                    .filter_map(|d| match &d.ack {
+                        AckToken::Receipt(r) => Some(r.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                reader.ack(&receipts).await
+            }
             Source::Redis { conn, key, .. } => {
                 let ids: Vec<&str> = batch
                     .iter()
@@ -383,12 +411,14 @@ impl Source {
             }
             // RabbitMQ redelivers what a closed channel left unacknowledged.
             Source::Amqp(source) => source.drop_session(),
-            // JetStream redelivers by itself after ack_wait.
-            Source::Nats { .. } => {}
+            // JetStream redelivers by itself after ack_wait, a group after
+            // the visibility.
+            Source::Nats { .. } | Source::Group(_) => {}
         }
     }
 }
 
+#[derive(Clone)]
 pub struct Consumer {
     pub pool: PgPool,
     pub outbox: Outbox,
@@ -400,6 +430,9 @@ pub struct Consumer {
     /// The planted bug `consumer-async-commit`: commit the inbox without
     /// waiting for the WAL, then acknowledge the broker.
     pub async_commit: bool,
+    /// The planted bug `reader-acks-first`: acknowledge a batch, work on it
+    /// for 50 ms, then apply it.
+    pub ack_first: bool,
     pub seed: u64,
 }
 
@@ -450,6 +483,14 @@ impl Consumer {
                 batch.iter().filter(|d| d.event_id.is_nil()).count() as u64,
                 Ordering::Relaxed,
             );
+            if self.ack_first {
+                // The planted bug: the batch is let go before its effects
+                // exist; a reader that dies now loses it.
+                if source.ack(&batch).await.is_err() {
+                    source.acks_lost();
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
             // Apply the batch; a failed transaction is tried again with the
             // same messages before anything newer (that keeps order).
             loop {
@@ -476,6 +517,9 @@ impl Consumer {
                         }
                     }
                 }
+            }
+            if self.ack_first {
+                continue;
             }
             if self.faults && rng.random_bool(0.03) {
                 seen.acks_dropped.fetch_add(1, Ordering::Relaxed);

@@ -1,6 +1,7 @@
 //! The fault schedule: relays killed and stalled, the broker and the
 //! database taken away, PostgreSQL crashed, on a seeded random schedule.
 
+use super::pull::Readers;
 use crate::error_chain;
 use crate::pgcluster::{ClusterError, Crash};
 use crate::supervisor::Supervisor;
@@ -33,6 +34,8 @@ pub enum FaultKind {
 #[derive(Debug, Default, serde::Serialize)]
 pub struct FaultCounters {
     pub relay_kills: AtomicU64,
+    /// Consumer-group readers killed (a pull run): aborted wherever they were.
+    pub reader_kills: AtomicU64,
     pub relay_stalls: AtomicU64,
     pub sink_resets: AtomicU64,
     pub sink_outages: AtomicU64,
@@ -71,12 +74,33 @@ pub async fn kill_relays(
     counters: &FaultCounters,
     stop: CancellationToken,
 ) {
+    if relays.is_empty() {
+        return;
+    }
     let mut rng = StdRng::seed_from_u64(seed);
     while pause(jitter(&mut rng, every), &stop).await {
         let i = rng.random_range(0..relays.len());
         if relays.kill(i) {
             bump(&counters.relay_kills);
         }
+    }
+}
+
+/// Kill a random reader of a pull run every `every` (on average) until `stop`.
+pub async fn kill_readers(
+    readers: &Readers,
+    every: Duration,
+    seed: u64,
+    counters: &FaultCounters,
+    stop: CancellationToken,
+) {
+    if readers.is_empty() {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(seed);
+    while pause(jitter(&mut rng, every), &stop).await {
+        readers.kill(rng.random_range(0..readers.len()));
+        bump(&counters.reader_kills);
     }
 }
 
@@ -87,7 +111,7 @@ pub async fn disturb(
     kinds: &[FaultKind],
     relays: &Supervisor,
     db: &FaultProxy,
-    broker: &FaultProxy,
+    brokers: &[FaultProxy],
     lease: Duration,
     every: Duration,
     seed: u64,
@@ -97,7 +121,12 @@ pub async fn disturb(
     let kinds: Vec<FaultKind> = kinds
         .iter()
         .copied()
-        .filter(|k| matches!(k, FaultKind::Stall | FaultKind::Sink | FaultKind::Db))
+        .filter(|k| match k {
+            FaultKind::Stall => !relays.is_empty(),
+            FaultKind::Sink => !brokers.is_empty(),
+            FaultKind::Db => true,
+            _ => false,
+        })
         .collect();
     if kinds.is_empty() {
         return;
@@ -117,6 +146,7 @@ pub async fn disturb(
                 }
             }
             FaultKind::Sink => {
+                let broker = &brokers[rng.random_range(0..brokers.len())];
                 let d = Duration::from_millis(rng.random_range(500..4000));
                 match rng.random_range(0..4) {
                     0 => {

@@ -14,11 +14,16 @@
 //! the run it drains and checks (`report.rs`): every committed event
 //! delivered, no rolled-back event delivered, every effect applied exactly
 //! once, and (with `--ordered`) each aggregate's events applied in sequence.
-//! Its own tables are `tables.rs` (`sql/checker.sql`).
+//! Its own tables are `tables.rs` (`sql/checker.sql`). A pull run
+//! (`--sink group:sql|group:http`, `pull.rs`) has no relay and no broker:
+//! readers of a consumer group on the log apply and acknowledge, and the
+//! `kill` fault kills readers (and, over HTTP, the `postbox group serve`
+//! children they call).
 
 mod broker;
 mod consumer;
 mod faults;
+mod pull;
 mod report;
 mod tables;
 mod workload;
@@ -36,6 +41,7 @@ use postbox_proxy::FaultProxy;
 use postbox_relay::{failpoint, ReadMode};
 use postbox_store::connect as db;
 use postbox_store::{ProducerTarget, Store};
+use pull::{Pull, Readers};
 use rand::Rng;
 use report::ContractReport;
 use sqlx::PgPool;
@@ -110,6 +116,10 @@ pub enum PlantedBug {
     /// an effect whose message the broker has already let go. Invisible
     /// without a crash (the `crash` fault).
     ConsumerAsyncCommit,
+    /// The consumer acknowledges a batch first, then applies it (after
+    /// 50 ms of work): a reader killed in between loses the batch. Visible
+    /// in a pull run, whose readers the `kill` fault kills.
+    ReaderAcksFirst,
 }
 
 /// Resolves when the user asks the run to stop (SIGINT, SIGTERM). It is
@@ -129,6 +139,12 @@ pub async fn run(
     }
     if options.rate == 0 || options.aggregates == 0 {
         return Err("--rate and --aggregates must be at least 1".into());
+    }
+    if let Some(pull) = Pull::from_sink(&options.sink) {
+        pull?;
+        if options.mode != ReadMode::Log {
+            return Err("--sink group:…: a consumer group reads the log; use --mode log".into());
+        }
     }
     let crashes = options.faults.contains(&FaultKind::Crash);
     if crashes && database_url.is_some() && options.crash_external.is_none() {
@@ -270,10 +286,12 @@ async fn run_in(
     logs: std::path::PathBuf,
 ) -> Result<Verdict, AnyError> {
     let schema = &db.schema;
-    let (broker, source, broker_proxy) = broker::set_up(&options.sink, run_id).await?;
-    announce(options, &broker, seed, schema, spec);
-    let relays = start_relays(options, db, &broker, spec, &logs, seed)?;
-    let consumer = ConsumerTask::start(options, db, source, seed)?;
+    let Delivering {
+        relays,
+        brokers,
+        consumer,
+        cleanup,
+    } = Delivering::start(options, db, spec, &logs, seed, run_id).await?;
     let mut producers = Producers::start(options, db, seed)?;
 
     let counters = FaultCounters::default();
@@ -283,19 +301,22 @@ async fn run_in(
         seed,
         &Disturbed {
             relays: &relays,
+            readers: consumer.readers(),
             db: &db.proxy,
-            broker: &broker_proxy,
+            brokers: &brokers,
             crash,
         },
         &counters,
         &producers,
-        &consumer.seen,
+        consumer.seen(),
         interrupt,
     )
     .await;
     producers.join().await;
     db.proxy.restore();
-    broker_proxy.restore();
+    for broker in &brokers {
+        broker.restore();
+    }
     let ran_for = started.elapsed();
     match ended {
         FaultsEnded::Done => {}
@@ -311,7 +332,8 @@ async fn run_in(
         }
     }
 
-    let drained = drain(db, &consumer.seen, options.drain_timeout).await?;
+    let pull = Pull::from_sink(&options.sink).is_some();
+    let drained = drain(db, consumer.seen(), pull, options.drain_timeout).await?;
     let relay_counters = relays.counters.clone();
     relays.shutdown().await;
     let seen = consumer.stop_when_quiet().await;
@@ -319,6 +341,7 @@ async fn run_in(
     let mut report =
         ContractReport::check(&db.tables, &db.direct, &producers.ledger, &seen).await?;
     report.sink = options.sink.clone();
+    report.pull = pull;
     report.mode = match options.mode {
         ReadMode::Claim => "claim",
         ReadMode::Log => "log",
@@ -349,7 +372,15 @@ async fn run_in(
     // Before the clean-up, which may drop the schema (and the slot's
     // functions with it); the relays are gone.
     drop_slot_loudly(db).await;
-    clean_up(&report, options.keep, throwaway, db, &broker, &logs).await;
+    clean_up(
+        &report,
+        options.keep,
+        throwaway,
+        db,
+        cleanup.as_ref(),
+        &logs,
+    )
+    .await;
     Ok(if report.passed {
         Verdict::Pass
     } else {
@@ -458,12 +489,129 @@ impl RunDatabase {
     }
 }
 
+/// What delivers and what reads in a run: relays into a broker that the
+/// consumer reads, or (a pull run) a consumer group's readers.
+struct Delivering {
+    /// The relays, or a pull run's `postbox group serve` children (none
+    /// over SQL).
+    relays: Supervisor,
+    /// The fault proxies in front of the broker (or the group servers).
+    brokers: Vec<FaultProxy>,
+    consumer: Consumers,
+    /// What the run leaves on the broker (nothing in a pull run).
+    cleanup: Option<broker::Cleanup>,
+}
+
+impl Delivering {
+    async fn start(
+        options: &Options,
+        db: &RunDatabase,
+        spec: &str,
+        logs: &Path,
+        seed: u64,
+        run_id: &str,
+    ) -> Result<Self, AnyError> {
+        let Some(pull) = Pull::from_sink(&options.sink).transpose()? else {
+            let (broker, source, proxy) = broker::set_up(&options.sink, run_id).await?;
+            announce(options, &broker.target, "relays", seed, &db.schema, spec);
+            let relays = start_relays(options, db, &broker, spec, logs, seed)?;
+            let consumer = Consumers::One(ConsumerTask::start(options, db, source, seed)?);
+            return Ok(Self {
+                relays,
+                brokers: vec![proxy],
+                consumer,
+                cleanup: Some(broker.cleanup),
+            });
+        };
+        let groups = postbox_store::Groups::new(db.direct.clone(), &db.schema);
+        pull::create_group(&groups, options.ordered).await?;
+        let reader_pool = db.proxied_pool("postbox-verify-reader", options.relays as u32 + 1)?;
+        let visibility = options.lease.max(Duration::from_secs(1));
+        let (relays, brokers, http) = match pull {
+            Pull::Sql => {
+                announce(options, "the database", "readers", seed, &db.schema, spec);
+                (
+                    Supervisor::start_each(Vec::new(), logs, seed),
+                    Vec::new(),
+                    None,
+                )
+            }
+            Pull::Http => {
+                let side =
+                    pull::HttpSide::prepare(options.relays, &db.proxied_url, &db.schema, &groups)
+                        .await?;
+                announce(
+                    options,
+                    "postbox group serve",
+                    "group servers and readers",
+                    seed,
+                    &db.schema,
+                    spec,
+                );
+                let servers = Supervisor::start_each(side.commands.clone(), logs, seed ^ 0x5e1a);
+                let bases: Vec<String> = side
+                    .proxies
+                    .iter()
+                    .map(|p| format!("http://127.0.0.1:{}/groups/{}", p.port(), pull::GROUP))
+                    .collect();
+                (
+                    servers,
+                    side.proxies,
+                    Some((bases, side.token, side.client)),
+                )
+            }
+        };
+        let template = consumer_of(options, db, reader_pool.clone(), seed)?;
+        let schema = db.schema.clone();
+        let factory: pull::ReaderFactory = Arc::new(move |i| {
+            let consumer = Consumer {
+                seed: template.seed.wrapping_add(i as u64 * 7919),
+                ..template.clone()
+            };
+            let reader = match &http {
+                None => pull::GroupReader::Sql {
+                    groups: postbox_store::Groups::new(reader_pool.clone(), &schema),
+                    visibility,
+                },
+                Some((bases, token, client)) => pull::GroupReader::Http {
+                    client: client.clone(),
+                    base: bases[i % bases.len()].clone(),
+                    token: token.clone(),
+                    visibility,
+                },
+            };
+            pull::ReaderParts {
+                consumer,
+                source: consumer::Source::Group(Box::new(reader)),
+            }
+        });
+        let readers = Readers::start(
+            options.relays.max(1),
+            Arc::new(Seen::default()),
+            CancellationToken::new(),
+            factory,
+        );
+        Ok(Self {
+            relays,
+            brokers,
+            consumer: Consumers::Readers(readers),
+            cleanup: None,
+        })
+    }
+}
+
 /// The run's first line: on stdout, or on stderr when the report is JSON.
-fn announce(options: &Options, broker: &Broker, seed: u64, schema: &Schema, spec: &str) {
+fn announce(
+    options: &Options,
+    target: &str,
+    workers: &str,
+    seed: u64,
+    schema: &Schema,
+    spec: &str,
+) {
     let header = format!(
-        "postbox verify: {} ({} through a fault proxy), {} relays, {}{}, seed {seed}, schema {schema}",
+        "postbox verify: {} ({target} through a fault proxy), {} {workers}, {}{}, seed {seed}, schema {schema}",
         options.sink,
-        broker.target,
         options.relays,
         humantime::format_duration(options.duration),
         if options.ordered { ", ordered" } else { "" },
@@ -565,15 +713,12 @@ impl ConsumerTask {
         source: consumer::Source,
         seed: u64,
     ) -> Result<Self, AnyError> {
-        let consumer = Consumer {
-            pool: db.proxied_pool("postbox-verify-consumer", 2)?,
-            outbox: Outbox::new(db.schema.clone()),
-            tables: db.tables.clone(),
-            ordered: options.ordered,
-            faults: options.faults.contains(&FaultKind::Consumer),
-            async_commit: options.plant == Some(PlantedBug::ConsumerAsyncCommit),
-            seed: seed ^ 0xc0,
-        };
+        let consumer = consumer_of(
+            options,
+            db,
+            db.proxied_pool("postbox-verify-consumer", 2)?,
+            seed,
+        )?;
         let seen = Arc::new(Seen::default());
         let stop = CancellationToken::new();
         let task = {
@@ -586,15 +731,74 @@ impl ConsumerTask {
     /// Consume late copies (a relay that woke up and published again) until
     /// the broker has been quiet for a second (10 s at most), then stop.
     async fn stop_when_quiet(self) -> Arc<Seen> {
-        let quiet_since = Instant::now();
-        while self.seen.quiet_for() < Duration::from_secs(1)
-            && quiet_since.elapsed() < Duration::from_secs(10)
-        {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_until_quiet(&self.seen).await;
         self.stop.cancel();
         let _ = self.task.await;
         self.seen
+    }
+}
+
+/// The consumer of a run: its inbox transactions through `pool`.
+fn consumer_of(
+    options: &Options,
+    db: &RunDatabase,
+    pool: PgPool,
+    seed: u64,
+) -> Result<Consumer, AnyError> {
+    Ok(Consumer {
+        pool,
+        outbox: Outbox::new(db.schema.clone()),
+        tables: db.tables.clone(),
+        ordered: options.ordered,
+        faults: options.faults.contains(&FaultKind::Consumer),
+        async_commit: options.plant == Some(PlantedBug::ConsumerAsyncCommit),
+        ack_first: options.plant == Some(PlantedBug::ReaderAcksFirst),
+        seed: seed ^ 0xc0,
+    })
+}
+
+/// The broker's one consumer, or a pull run's readers.
+enum Consumers {
+    One(ConsumerTask),
+    Readers(Readers),
+}
+
+impl Consumers {
+    fn seen(&self) -> &Seen {
+        match self {
+            Consumers::One(c) => &c.seen,
+            Consumers::Readers(r) => r.seen(),
+        }
+    }
+
+    fn readers(&self) -> Option<&Readers> {
+        match self {
+            Consumers::One(_) => None,
+            Consumers::Readers(r) => Some(r),
+        }
+    }
+
+    /// Read late copies until quiet (see [`ConsumerTask::stop_when_quiet`]), then stop.
+    async fn stop_when_quiet(self) -> Arc<Seen> {
+        match self {
+            Consumers::One(c) => c.stop_when_quiet().await,
+            Consumers::Readers(r) => {
+                let seen = r.seen_arc();
+                wait_until_quiet(&seen).await;
+                r.join().await;
+                seen
+            }
+        }
+    }
+}
+
+/// Until the consumer has been quiet for a second (10 s at most).
+async fn wait_until_quiet(seen: &Seen) {
+    let quiet_since = Instant::now();
+    while seen.quiet_for() < Duration::from_secs(1)
+        && quiet_since.elapsed() < Duration::from_secs(10)
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -649,8 +853,10 @@ impl Producers {
 /// What the fault schedule disturbs.
 struct Disturbed<'a> {
     relays: &'a Supervisor,
+    /// A pull run's readers, which the `kill` fault kills too.
+    readers: Option<&'a Readers>,
     db: &'a FaultProxy,
-    broker: &'a FaultProxy,
+    brokers: &'a [FaultProxy],
     /// What the `crash` fault crashes, when it runs.
     crash: Option<CrashTarget<'a>>,
 }
@@ -690,21 +896,33 @@ async fn inject_faults(
     let faulting = async {
         let killing = async {
             if options.faults.contains(&FaultKind::Kill) {
-                faults::kill_relays(
+                let relays = faults::kill_relays(
                     disturbed.relays,
                     options.kill_every,
                     seed ^ 0x4b,
                     counters,
                     stop_faults.clone(),
-                )
-                .await;
+                );
+                let readers = async {
+                    if let Some(readers) = disturbed.readers {
+                        faults::kill_readers(
+                            readers,
+                            options.kill_every,
+                            seed ^ 0x4e,
+                            counters,
+                            stop_faults.clone(),
+                        )
+                        .await;
+                    }
+                };
+                tokio::join!(relays, readers);
             }
         };
         let disturbing = faults::disturb(
             &options.faults,
             disturbed.relays,
             disturbed.db,
-            disturbed.broker,
+            disturbed.brokers,
             options.lease,
             options.fault_every,
             seed ^ 0xd1,
@@ -776,13 +994,14 @@ async fn progress(
         }
         let c = &relays.counters;
         crate::errln!(
-            "  {:>4}s: {} tx committed, {} applied, {} deliveries, relays killed {} (+{} at failpoints), stalls {}, database crashes {}",
+            "  {:>4}s: {} tx committed, {} applied, {} deliveries, relays killed {} (+{} at failpoints), readers killed {}, stalls {}, database crashes {}",
             started.elapsed().as_secs(),
             ledger.tx_committed.load(Ordering::Relaxed),
             seen.applied.load(Ordering::Relaxed),
             seen.deliveries.load(Ordering::Relaxed),
             c.killed.load(Ordering::Relaxed),
             c.failpoint_exits.load(Ordering::Relaxed),
+            counters.reader_kills.load(Ordering::Relaxed),
             counters.relay_stalls.load(Ordering::Relaxed),
             counters.db_crashes.load(Ordering::Relaxed),
         );
@@ -801,7 +1020,12 @@ const LOST_AFTER_QUIET: Duration = Duration::from_secs(15);
 
 /// Wait until nothing is pending or in flight and the consumer has applied
 /// every committed event (or has gone quiet: some are lost), at most `timeout`.
-async fn drain(db: &RunDatabase, seen: &Seen, timeout: Duration) -> Result<Drained, AnyError> {
+async fn drain(
+    db: &RunDatabase,
+    seen: &Seen,
+    pull: bool,
+    timeout: Duration,
+) -> Result<Drained, AnyError> {
     let started = Instant::now();
     let committed_rows = db.tables.produced_count(&db.direct).await?;
     let store = Store::new(db.direct.clone(), db.schema.clone());
@@ -815,9 +1039,18 @@ async fn drain(db: &RunDatabase, seen: &Seen, timeout: Duration) -> Result<Drain
     };
     let dead_letters = loop {
         let counts = store.status_counts().await?;
-        // In log mode, also every event of the log read by its cursor; in
-        // logical mode, the slot confirmed past every committed emit.
-        let mut unread = log.unread().await?;
+        // In log mode, also every event of the log read by its cursor (in
+        // a pull run, acknowledged by the group); in logical mode, the slot
+        // confirmed past every committed emit.
+        let (mut unread, group_dead) = if pull {
+            group_unread(&store).await?
+        } else {
+            (log.unread().await?, 0)
+        };
+        let counts = postbox_store::StatusCounts {
+            failed: counts.failed + group_dead,
+            ..counts
+        };
         if let Some(lsn) = wal_end {
             if !db.slot_past(lsn).await? {
                 unread += 1;
@@ -852,6 +1085,22 @@ async fn drain(db: &RunDatabase, seen: &Seen, timeout: Duration) -> Result<Drain
     })
 }
 
+/// What the run's consumer group (a pull run) has not had acknowledged
+/// (unread, in flight or waiting), and its dead letters.
+async fn group_unread(store: &Store) -> Result<(i64, i64), AnyError> {
+    Ok(store
+        .groups()
+        .status()
+        .await?
+        .iter()
+        .fold((0, 0), |(unread, dead), g| {
+            (
+                unread + g.unread + g.in_flight + g.waiting,
+                dead + g.dead_letters,
+            )
+        }))
+}
+
 /// After a pass (unless `keep`): drop the schema, the broker's stream and
 /// the logs. After a failure: say what was kept (on a throwaway cluster,
 /// the schema goes with the cluster).
@@ -860,13 +1109,15 @@ async fn clean_up(
     keep: bool,
     throwaway: bool,
     db: &RunDatabase,
-    broker: &Broker,
+    cleanup: Option<&broker::Cleanup>,
     logs: &Path,
 ) {
     if report.passed && !keep {
         let _ = db.tables.drop_schema(&db.direct).await;
-        if let Err(e) = broker.cleanup.run().await {
-            tracing::warn!(error = %error_chain(e.as_ref()), "could not delete {}", broker.cleanup.describe());
+        if let Some(cleanup) = cleanup {
+            if let Err(e) = cleanup.run().await {
+                tracing::warn!(error = %error_chain(e.as_ref()), "could not delete {}", cleanup.describe());
+            }
         }
         let _ = std::fs::remove_dir_all(logs);
     } else if !report.passed {
@@ -880,7 +1131,10 @@ async fn clean_up(
         };
         crate::errln!(
             "kept for inspection: {schema}, {}, relay logs in {}",
-            broker.cleanup.describe(),
+            cleanup.map_or_else(
+                || "the consumer group".to_owned(),
+                broker::Cleanup::describe
+            ),
             logs.display()
         );
     }

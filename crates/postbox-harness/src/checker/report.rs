@@ -21,6 +21,9 @@ const SHOW: usize = 20;
 pub struct ContractReport {
     pub passed: bool,
     pub sink: String,
+    /// A pull run: a consumer group's readers instead of relays and a
+    /// broker (the "relays" are `postbox group serve` children over HTTP).
+    pub pull: bool,
     /// The relays' reading mode: claim or log.
     pub mode: String,
     /// The relays' `relay.synchronous_commit`.
@@ -208,14 +211,23 @@ impl ContractReport {
         );
         line(o, "redeliveries by the broker", r.redeliveries.to_string());
         line(o, "effects applied", r.effects_applied.to_string());
-        line(
-            o,
-            "relays started / killed / failpoint exits",
-            format!(
-                "{} / {} / {}",
-                r.relay_starts, r.relay_kills, r.relay_failpoint_exits
-            ),
-        );
+        if r.pull {
+            line(
+                o,
+                "group servers started / killed",
+                format!("{} / {}", r.relay_starts, r.relay_kills),
+            );
+            line(o, "readers killed", count(&f.reader_kills).to_string());
+        } else {
+            line(
+                o,
+                "relays started / killed / failpoint exits",
+                format!(
+                    "{} / {} / {}",
+                    r.relay_starts, r.relay_kills, r.relay_failpoint_exits
+                ),
+            );
+        }
         if r.relay_unexpected_exits > 0 {
             line(
                 o,
