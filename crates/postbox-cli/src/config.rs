@@ -74,6 +74,43 @@ pub struct FileConfig {
     /// `[tenants]`: how a relay serving many outboxes shares its resources.
     #[serde(default)]
     pub tenants: TenantsSection,
+    /// `[groups.NAME]`: consumer groups `postbox migrate` makes when they
+    /// do not exist (it never changes or drops one).
+    #[serde(default)]
+    pub groups: BTreeMap<String, GroupSection>,
+}
+
+/// `[groups.NAME]` of the config file: a consumer group, as `postbox group
+/// create` takes it.
+///
+/// ```toml
+/// [groups.billing]
+/// start = "now"            # or "beginning", or an RFC 3339 time
+/// types = ["order.*"]      # default: every type
+/// ordered = false
+/// max_attempts = 5
+/// ```
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupSection {
+    #[serde(default = "GroupSection::default_start")]
+    pub start: String,
+    #[serde(default)]
+    pub types: Vec<String>,
+    #[serde(default)]
+    pub ordered: bool,
+    #[serde(default = "GroupSection::default_max_attempts")]
+    pub max_attempts: i32,
+}
+
+impl GroupSection {
+    fn default_start() -> String {
+        "now".to_owned()
+    }
+
+    fn default_max_attempts() -> i32 {
+        5
+    }
 }
 
 /// `[console]` of the config file.
@@ -179,7 +216,42 @@ impl FileConfig {
             format!("{message}{}", span.unwrap_or_default())
         })?;
         config.redact.redactor()?;
+        config.groups()?;
         Ok(config)
+    }
+
+    /// `[groups.NAME]`, checked: an error names the field.
+    pub fn groups(&self) -> Result<Vec<postbox_store::NewGroup>, String> {
+        self.groups
+            .iter()
+            .map(|(name, g)| {
+                let field = |f: &str, why: String| format!("groups.{name}.{f}: {why}");
+                if name.is_empty()
+                    || name.len() > 63
+                    || !name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+                {
+                    return Err(format!(
+                        "groups.{name}: a group's name is 1 to 63 letters, digits, '.', '_' or '-'"
+                    ));
+                }
+                let start = g.start.parse().map_err(|e| field("start", e))?;
+                if !(1..=1000).contains(&g.max_attempts) {
+                    return Err(field("max_attempts", "must be 1 to 1000".to_owned()));
+                }
+                if g.types.iter().any(String::is_empty) {
+                    return Err(field("types", "a type glob must not be empty".to_owned()));
+                }
+                Ok(postbox_store::NewGroup {
+                    name: name.clone(),
+                    start,
+                    types: (!g.types.is_empty()).then(|| g.types.clone()),
+                    ordered: g.ordered,
+                    max_attempts: g.max_attempts,
+                })
+            })
+            .collect()
     }
 }
 

@@ -366,3 +366,67 @@ async fn a_group_is_served_over_http_with_its_token() {
     let _ = std::fs::remove_file(cfg);
     db.drop_schema().await;
 }
+
+/// `[groups.NAME]` in the configuration: `postbox migrate` makes the
+/// groups that do not exist, leaves the others, says when one differs, and
+/// a bad entry names its field.
+#[tokio::test]
+async fn configured_groups_are_made_by_migrate() {
+    let db = TestDb::new().await;
+    let path = std::env::temp_dir().join(format!("{}_groups.toml", db.schema.name()));
+    let write = |ordered: bool, start: &str| {
+        std::fs::write(
+            &path,
+            format!(
+                "[groups.billing]\ntypes = [\"order.*\"]\nordered = {ordered}\nmax_attempts = 7\n\
+                 [groups.audit]\nstart = \"{start}\"\n"
+            ),
+        )
+        .unwrap();
+    };
+    write(true, "beginning");
+    let o = postbox(&db, &path, &["migrate", "--mode", "log"]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("consumer group billing created") && t.contains("consumer group audit created"),
+        "{t}"
+    );
+    let o = postbox(&db, &path, &["group", "list", "--json"]);
+    let groups: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let billing = groups
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == "billing")
+        .expect("billing");
+    assert_eq!(
+        (
+            &billing["ordered"],
+            &billing["max_attempts"],
+            &billing["types"]
+        ),
+        (&true.into(), &7.into(), &serde_json::json!(["order.*"])),
+        "{groups}"
+    );
+    // Again: nothing to do. Changed: said, not applied.
+    let o = postbox(&db, &path, &["migrate"]);
+    assert!(!text(&o).contains("created"), "{}", text(&o));
+    write(false, "beginning");
+    let o = postbox(&db, &path, &["migrate"]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("consumer group billing exists with other ordered"),
+        "{t}"
+    );
+    write(false, "yesterday");
+    let o = postbox(&db, &path, &["migrate"]);
+    let t = text(&o);
+    assert!(
+        !o.status.success() && t.contains("groups.audit.start"),
+        "{t}"
+    );
+    let _ = std::fs::remove_file(&path);
+    db.drop_schema().await;
+}

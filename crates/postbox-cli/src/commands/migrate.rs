@@ -56,7 +56,11 @@ pub async fn run(settings: &Settings, args: MigrateArgs) -> Result<ExitCode, Any
     let pool = settings.pool("postbox-migrate").await?;
     let mut lines = Vec::new();
     let label = format!("schema {}", settings.schema);
-    let result = migrate_one(&pool, &settings.schema, &label, &args, &mut lines).await;
+    let mut result = migrate_one(&pool, &settings.schema, &label, &args, &mut lines).await;
+    if result.is_ok() {
+        let groups = settings.file.groups()?;
+        result = ensure_groups(&pool, &settings.schema, &groups, &mut lines).await;
+    }
     for line in lines {
         outln!("{line}");
     }
@@ -69,6 +73,11 @@ pub async fn run(settings: &Settings, args: MigrateArgs) -> Result<ExitCode, Any
 /// left as is), with a progress line on a terminal. Stops at the first
 /// failure, naming the schema.
 async fn migrate_many(settings: &Settings, args: &MigrateArgs) -> Result<ExitCode, AnyError> {
+    if !settings.file.groups.is_empty() {
+        crate::output::errln!(
+            "note: [groups.*] are made by `postbox migrate` of one schema (--schema), not here"
+        );
+    }
     let found = crate::tenants::list(settings, &args.select, false).await?;
     let mut progress = Progress::new("migrated", Some(found.len() as u64));
     let mut changed = 0;
@@ -95,6 +104,60 @@ async fn migrate_many(settings: &Settings, args: &MigrateArgs) -> Result<ExitCod
         found.len() - changed
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Make the configuration's `[groups.NAME]` that do not exist yet; say
+/// which exist with other settings (a group's settings are fixed when it is
+/// made), and when producers do not write into the log.
+async fn ensure_groups(
+    pool: &PgPool,
+    schema: &Schema,
+    wanted: &[postbox_store::NewGroup],
+    lines: &mut Vec<String>,
+) -> Result<(), AnyError> {
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    let store = Store::new(pool.clone(), schema.clone());
+    let groups = store.groups();
+    let existing = groups.status().await?;
+    for want in wanted {
+        let name = &want.name;
+        match existing.iter().find(|g| &g.name == name) {
+            None => {
+                groups
+                    .create(want)
+                    .await
+                    .map_err(|e| format!("groups.{name}: {}", error_chain(&e)))?;
+                lines.push(format!("consumer group {name} created ([groups.{name}])"));
+            }
+            Some(have) => {
+                let mut differ = Vec::new();
+                if have.types != want.types {
+                    differ.push("types");
+                }
+                if have.ordered != want.ordered {
+                    differ.push("ordered");
+                }
+                if have.max_attempts != want.max_attempts {
+                    differ.push("max_attempts");
+                }
+                if !differ.is_empty() {
+                    lines.push(format!(
+                        "warning: consumer group {name} exists with other {} than [groups.{name}];                          a group's settings are fixed when it is made (drop it with `postbox group                          drop {name}` and migrate again to make it anew, losing what it holds)",
+                        differ.join(", ")
+                    ));
+                }
+            }
+        }
+    }
+    if store.log().producer_target().await? != ProducerTarget::Log {
+        lines.push(
+            "warning: producers write to the outbox table (claim mode), and consumer groups read              the log: the groups get nothing until producers write to the log (--mode log)"
+                .to_owned(),
+        );
+    }
+    Ok(())
 }
 
 /// Migrate one schema, then switch its producers' target, number its emits
