@@ -23,9 +23,12 @@ use uuid::Uuid;
 /// How long a hand-out stays hidden: far longer than a run.
 const VISIBILITY: Duration = Duration::from_secs(600);
 
-/// How long the latency readers' long polls wait: SQL's `receive` and
-/// the HTTP API's longest.
+/// How long the HTTP latency reader's long polls wait: the API's longest.
 const LONG_POLL: Duration = Duration::from_secs(20);
+/// …and the SQL reader's: short, since a SQL call is never cancelled
+/// half-way (its connection would go back to the pool mid-query); the
+/// reader sees its stop between two polls.
+const SQL_LONG_POLL: Duration = Duration::from_secs(2);
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Reader {
@@ -175,7 +178,7 @@ impl Bench<'_> {
             let mode = if over_http {
                 "HTTP long poll (20 s)"
             } else {
-                "SQL long poll (20 s)"
+                "SQL long poll (2 s)"
             };
             crate::progressln!(
                 "groups: commit → {mode} at {} events/s for {}…",
@@ -209,14 +212,12 @@ impl Bench<'_> {
                                     got = poll => got?,
                                 }
                             }
-                            None => {
-                                let poll = groups.receive(&name, 1000, VISIBILITY, LONG_POLL);
-                                let got = tokio::select! {
-                                    () = stop.cancelled() => break,
-                                    got = poll => got?,
-                                };
-                                got.into_iter().map(|e| (e.receipt, e.event_id)).collect()
-                            }
+                            None => groups
+                                .receive(&name, 1000, VISIBILITY, SQL_LONG_POLL)
+                                .await?
+                                .into_iter()
+                                .map(|e| (e.receipt, e.event_id))
+                                .collect(),
                         };
                         let now = Instant::now();
                         lock(&arrived).extend(polled.iter().map(|(_, id)| (*id, now)));
