@@ -124,6 +124,21 @@ impl Endpoint {
         self
     }
 
+    /// Bind `addr` beside a server that is not a relay (`receive`, `group
+    /// serve`: no sink to check), say where, and serve until `stop`.
+    pub async fn serve_beside(
+        addr: &str,
+        store: Store,
+        stop: CancellationToken,
+    ) -> Result<(), ObserveError> {
+        let endpoint = Self::bind(addr, store, Vec::new()).await?;
+        if let Some(addr) = endpoint.local_addr() {
+            tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+        }
+        tokio::spawn(endpoint.serve(stop));
+        Ok(())
+    }
+
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.listener.local_addr().ok()
     }

@@ -387,7 +387,7 @@ async fn bench_runs_on_tiny_inputs() {
         .collect();
     assert_eq!(
         polls,
-        ["SQL long poll (20 s)", "HTTP long poll (20 s)"],
+        ["SQL long poll (2 s)", "HTTP long poll (20 s)"],
         "{r}"
     );
     // PgQ's consumer ran on the same events (test.sh installs the

@@ -22,6 +22,7 @@
 pub mod bench;
 pub mod checker;
 pub mod demo;
+mod group_reader;
 pub mod os;
 pub mod output;
 pub mod pgcluster;

@@ -15,15 +15,20 @@
 //!
 //! Every call carries `Authorization: Bearer pbg_…`, a token made with
 //! `postbox group token create GROUP` and stored only as its SHA-256; a
-//! token opens its own group and no other (`403`). The event is the
-//! CloudEvents JSON document the push sinks send, byte for byte.
+//! token opens its own group and no other (`403`). The token is checked
+//! before the body is read. The event is the CloudEvents JSON document the
+//! push sinks send, byte for byte.
 //!
 //! A long poll (`wait_seconds`) holds no database connection while it
-//! waits: the server LISTENs on the outbox's channel once
-//! ([`PullApi::wake_on_notifications`]) and looks again when the log grows,
-//! when this server took an ack or a nack, or every
-//! [`PullOptions::poll_every`] (an event whose visibility ended, or a
-//! notification lost, comes back that way).
+//! waits: the server LISTENs on the outbox's channel once, on a connection
+//! of its own ([`PullApi::wake_on_notifications`]), and a waiting poll
+//! looks again when the log grows, when this server took an ack or a nack
+//! that frees events, and every [`PullOptions::poll_every`] (an event whose
+//! visibility ended, or a notification lost, comes back that way). Each
+//! look first asks, read only, whether the group has anything to hand out
+//! (`group_pending`), and only then calls `receive`, which locks the
+//! group's row and writes; at most [`PullOptions::max_polls_per_group`]
+//! polls of one group wait at once (the others answer at once).
 //!
 //! **Invariant:** an answer's body carries a fixed phrase or the client's
 //! own input, never a database error's text; failures are logged through
@@ -34,8 +39,8 @@ pub mod names;
 mod wire;
 
 use auth::{Refusal, TokenCache};
-use axum::body::Bytes;
-use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, State};
+use axum::body::{Body, Bytes};
+use axum::extract::{ConnectInfo, Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -43,8 +48,9 @@ use axum::Router;
 use postbox::Schema;
 use postbox_store::Groups;
 use sqlx::PgPool;
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -53,6 +59,12 @@ pub use wire::{AckRequest, NackRequest, ReceiveRequest, MAX_RECEIPTS};
 
 /// The longest long poll the SQL `receive` allows, and so this API.
 pub const MAX_WAIT: Duration = Duration::from_secs(20);
+
+/// The largest body of a receive or a nack (an ack may be larger).
+const SMALL_BODY: usize = 64 * 1024;
+
+/// A request's body, once its token was checked, must arrive within this.
+const BODY_READ: Duration = Duration::from_secs(10);
 
 /// How the API behaves; [`Default`] suits most servers.
 #[derive(Clone, Debug)]
@@ -68,11 +80,17 @@ pub struct PullOptions {
     /// How long a token's group is remembered after a look-up (a revoked
     /// token stops working within this time).
     pub token_cache_for: Duration,
-    /// Failed bearer tokens a client address may send per minute before it
-    /// is answered `429` without a look-up.
+    /// Failed bearer tokens a client address (an IPv6 /64) may send per
+    /// minute before it is answered `429` without a look-up; the whole
+    /// server takes ten times as many. A token that worked in the last
+    /// ten minutes is never held back by either.
     pub failed_tokens_per_minute: u32,
-    /// The largest request body (an ack of 10,000 receipts is about 500 kB).
+    /// The largest ack body (10,000 receipts are about 500 kB); a receive
+    /// or a nack takes 64 kB at most.
     pub max_body_bytes: usize,
+    /// Long polls of one group that may wait at once; more answer at once
+    /// with what there is.
+    pub max_polls_per_group: usize,
 }
 
 impl Default for PullOptions {
@@ -84,6 +102,7 @@ impl Default for PullOptions {
             token_cache_for: Duration::from_secs(5),
             failed_tokens_per_minute: 30,
             max_body_bytes: 1 << 20,
+            max_polls_per_group: 100,
         }
     }
 }
@@ -102,6 +121,8 @@ struct Inner {
     tokens: TokenCache,
     /// Long polls wait on this; notifications, acks and nacks wake them.
     wake: Notify,
+    /// Long polls waiting, per group.
+    waiting: Mutex<HashMap<String, usize>>,
     /// Ends every long poll at once (the server is shutting down).
     stop: CancellationToken,
 }
@@ -129,6 +150,7 @@ impl PullApi {
                 options,
                 tokens,
                 wake: Notify::new(),
+                waiting: Mutex::new(HashMap::new()),
                 stop,
             }),
         }
@@ -136,7 +158,7 @@ impl PullApi {
 
     /// The routes: `POST /groups/{group}/{receive,ack,nack}` and
     /// `GET /healthz`. Serve it with `postbox::serve::serve`, which gives
-    /// every request its peer's address (the failed-token limit is per
+    /// every request its peer's address (the failed-token bound is per
     /// address).
     pub fn router(&self) -> Router {
         Router::new()
@@ -144,16 +166,19 @@ impl PullApi {
             .route("/groups/{group}/ack", post(ack))
             .route("/groups/{group}/nack", post(nack))
             .route("/healthz", get(|| async { "ok\n" }))
-            .layer(DefaultBodyLimit::max(self.inner.options.max_body_bytes))
             .with_state(self.clone())
     }
 
-    /// LISTEN on the outbox's channel and wake the long polls whenever
-    /// something is written, until `stop`; reconnects after a failure (the
-    /// polls' own timer covers the gap).
+    /// LISTEN on the outbox's channel, on a connection of its own (not one
+    /// of the calls' pool), and wake the long polls whenever something is
+    /// written, until `stop`; reconnects after a failure (the polls' own
+    /// timer covers the gap).
     pub async fn wake_on_notifications(self, stop: CancellationToken) {
         let channel = self.inner.schema.notify_channel();
-        let pool = self.inner.pool.clone();
+        let options = (*self.inner.pool.connect_options()).clone();
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect_lazy_with(options);
         let mut failures = 0_u32;
         while !stop.is_cancelled() {
             let listened = async {
@@ -170,7 +195,7 @@ impl PullApi {
                 Ok::<(), sqlx::Error>(())
             };
             let outcome = tokio::select! {
-                () = stop.cancelled() => return,
+                () = stop.cancelled() => break,
                 outcome = listened => outcome,
             };
             if let Err(e) = outcome {
@@ -186,28 +211,97 @@ impl PullApi {
             }
             let pause = Duration::from_millis(250 * u64::from(failures.min(20)));
             tokio::select! {
-                () = stop.cancelled() => return,
+                () = stop.cancelled() => break,
                 () = tokio::time::sleep(pause) => {}
             }
         }
+        pool.close().await;
     }
 
-    /// Check the bearer token of a request for `group` (a refusal is counted).
+    /// Check the bearer token of a request for `group` (a refusal is
+    /// counted), then read its body (at most `limit` bytes, within
+    /// [`BODY_READ`]).
     async fn admit(
         &self,
+        call: &'static str,
         peer: SocketAddr,
         headers: &HeaderMap,
         group: &str,
-    ) -> Result<(), Refusal> {
+        body: Body,
+        limit: usize,
+    ) -> Result<Bytes, Response> {
         let admitted = self
             .inner
             .tokens
             .admit(&self.inner.groups, peer.ip(), headers, group)
             .await;
-        if let Err(refusal) = &admitted {
-            metrics::counter!(names::REFUSED, "reason" => refusal.reason()).increment(1);
+        let admitted = match admitted {
+            Ok(a) => a,
+            Err(refusal) => {
+                metrics::counter!(names::REFUSED, "reason" => refusal.reason()).increment(1);
+                return Err(refusal.into_response());
+            }
+        };
+        tracing::debug!(
+            call,
+            group,
+            token_id = admitted.token_id,
+            "consumer group call"
+        );
+        match tokio::time::timeout(BODY_READ, axum::body::to_bytes(body, limit)).await {
+            Ok(Ok(bytes)) => Ok(bytes),
+            Ok(Err(_)) => {
+                count(call, group, "bad_request");
+                Err(error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "the body is larger than this call takes",
+                ))
+            }
+            Err(_) => {
+                count(call, group, "bad_request");
+                Err(error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "the body did not arrive in time",
+                ))
+            }
         }
-        admitted
+    }
+
+    /// Count a waiting long poll of `group`, if it may wait.
+    fn start_waiting(&self, group: &str) -> Option<Waiting<'_>> {
+        let mut waiting = self.inner.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let n = waiting.entry(group.to_owned()).or_default();
+        if *n >= self.inner.options.max_polls_per_group {
+            return None;
+        }
+        *n += 1;
+        Some(Waiting {
+            api: self,
+            group: group.to_owned(),
+        })
+    }
+}
+
+/// A long poll waiting (counted in `Inner::waiting` until dropped).
+struct Waiting<'a> {
+    api: &'a PullApi,
+    group: String,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut waiting = self
+            .api
+            .inner
+            .waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = waiting.get_mut(&self.group) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                waiting.remove(&self.group);
+            }
+        }
     }
 }
 
@@ -217,31 +311,52 @@ fn error(status: StatusCode, phrase: &str) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
+/// A `503` that asks to come back in a second.
+fn unavailable(phrase: &str) -> Response {
+    let mut response = error(StatusCode::SERVICE_UNAVAILABLE, phrase);
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    response
+}
+
 /// What a failed database call is answered, and the metric outcome.
 fn failed(call: &'static str, group: &str, e: &sqlx::Error) -> Response {
     let code = e
         .as_database_error()
         .and_then(|d| d.code())
-        .map(|c| c.into_owned());
-    let (status, phrase, outcome) = match code.as_deref() {
-        Some("42704") => (StatusCode::NOT_FOUND, "no such consumer group", "not_found"),
-        Some("22023") => (
-            StatusCode::BAD_REQUEST,
-            "an argument is out of range or a receipt is not one receive returned",
+        .map(|c| c.into_owned())
+        .unwrap_or_default();
+    let away = matches!(
+        e,
+        sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed
+    ) || code.starts_with("08")
+        || matches!(code.as_str(), "57P01" | "57P02" | "57P03" | "53300");
+    let (outcome, response) = if code == "42704" {
+        (
+            "not_found",
+            error(StatusCode::NOT_FOUND, "no such consumer group"),
+        )
+    } else if code.starts_with("22") {
+        // The client's input, refused by the database (a receipt that is
+        // not one, a character it does not store).
+        (
             "bad_request",
-        ),
-        _ if matches!(
-            e,
-            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed
-        ) =>
-        {
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the database is not reachable; try again",
-                "unavailable",
-            )
-        }
-        _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal error", "error"),
+            error(
+                StatusCode::BAD_REQUEST,
+                "an argument is out of range or a receipt is not one receive returned",
+            ),
+        )
+    } else if away {
+        (
+            "unavailable",
+            unavailable("the database is not reachable; try again"),
+        )
+    } else {
+        (
+            "error",
+            error(StatusCode::INTERNAL_SERVER_ERROR, "internal error"),
+        )
     };
     if outcome == "error" || outcome == "unavailable" {
         tracing::warn!(
@@ -252,12 +367,6 @@ fn failed(call: &'static str, group: &str, e: &sqlx::Error) -> Response {
         );
     }
     count(call, group, outcome);
-    let mut response = error(status, phrase);
-    if status == StatusCode::SERVICE_UNAVAILABLE {
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
-    }
     response
 }
 
@@ -291,11 +400,15 @@ async fn receive(
     Path(group): Path<String>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Response {
-    if let Err(refused) = api.admit(peer, &headers, &group).await {
-        return refused.into_response();
-    }
+    let body = match api
+        .admit("receive", peer, &headers, &group, body, SMALL_BODY)
+        .await
+    {
+        Ok(body) => body,
+        Err(refused) => return refused,
+    };
     let request: ReceiveRequest = match parse("receive", &body) {
         Ok(r) => r,
         Err(phrase) => return bad("receive", &group, &phrase),
@@ -305,31 +418,49 @@ async fn receive(
         Ok(ask) => ask,
         Err(phrase) => return bad("receive", &group, &phrase),
     };
-    let deadline = tokio::time::Instant::now() + ask.wait;
-    let events = loop {
-        // Registered before the look, so a wake-up during it is not missed.
-        let woken = inner.wake.notified();
-        tokio::pin!(woken);
-        woken.as_mut().enable();
-        let events = match inner
+    let take = || {
+        inner
             .groups
             .receive(&group, ask.max_events, ask.visibility, Duration::ZERO)
-            .await
-        {
-            Ok(events) => events,
-            Err(e) => return failed("receive", &group, &e),
-        };
-        let now = tokio::time::Instant::now();
-        if !events.is_empty() || now >= deadline || inner.stop.is_cancelled() {
-            break events;
-        }
-        let next_look = (now + inner.options.poll_every).min(deadline);
-        tokio::select! {
-            () = woken => {}
-            () = tokio::time::sleep_until(next_look) => {}
-            () = inner.stop.cancelled() => {}
-        }
     };
+    let mut events = match take().await {
+        Ok(events) => events,
+        Err(e) => return failed("receive", &group, &e),
+    };
+    if events.is_empty() && !ask.wait.is_zero() {
+        if let Some(_waiting) = api.start_waiting(&group) {
+            let deadline = tokio::time::Instant::now() + ask.wait;
+            loop {
+                // Registered before the look, so a wake-up during it is
+                // not missed.
+                let woken = inner.wake.notified();
+                tokio::pin!(woken);
+                woken.as_mut().enable();
+                let now = tokio::time::Instant::now();
+                if now >= deadline || inner.stop.is_cancelled() {
+                    break;
+                }
+                let next_look = (now + inner.options.poll_every).min(deadline);
+                tokio::select! {
+                    () = woken => {}
+                    () = tokio::time::sleep_until(next_look) => {}
+                    () = inner.stop.cancelled() => break,
+                }
+                match inner.groups.pending(&group).await {
+                    Ok(false) => continue,
+                    Ok(true) => {}
+                    Err(e) => return failed("receive", &group, &e),
+                }
+                events = match take().await {
+                    Ok(events) => events,
+                    Err(e) => return failed("receive", &group, &e),
+                };
+                if !events.is_empty() {
+                    break;
+                }
+            }
+        }
+    }
     count("receive", &group, "ok");
     metrics::counter!(names::EVENTS_RECEIVED, "group" => group.clone())
         .increment(events.len() as u64);
@@ -341,11 +472,13 @@ async fn ack(
     Path(group): Path<String>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Response {
-    if let Err(refused) = api.admit(peer, &headers, &group).await {
-        return refused.into_response();
-    }
+    let limit = api.inner.options.max_body_bytes;
+    let body = match api.admit("ack", peer, &headers, &group, body, limit).await {
+        Ok(body) => body,
+        Err(refused) => return refused,
+    };
     let request: AckRequest = match parse("ack", &body) {
         Ok(r) => r,
         Err(phrase) => return bad("ack", &group, &phrase),
@@ -358,8 +491,10 @@ async fn ack(
             count("ack", &group, "ok");
             metrics::counter!(names::EVENTS_ACKNOWLEDGED, "group" => group.clone())
                 .increment(u64::try_from(n).unwrap_or(0));
-            // An ordered group's next events may be free now.
-            api.inner.wake.notify_waiters();
+            if n > 0 {
+                // An ordered group's next events may be free now.
+                api.inner.wake.notify_waiters();
+            }
             axum::Json(serde_json::json!({ "acknowledged": n })).into_response()
         }
         Err(e) => failed("ack", &group, &e),
@@ -371,23 +506,27 @@ async fn nack(
     Path(group): Path<String>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Response {
-    if let Err(refused) = api.admit(peer, &headers, &group).await {
-        return refused.into_response();
-    }
+    let body = match api
+        .admit("nack", peer, &headers, &group, body, SMALL_BODY)
+        .await
+    {
+        Ok(body) => body,
+        Err(refused) => return refused,
+    };
     let request: NackRequest = match parse("nack", &body) {
         Ok(r) => r,
         Err(phrase) => return bad("nack", &group, &phrase),
     };
-    let delay = match request.check() {
-        Ok(delay) => delay,
+    let (delay, reason) = match request.check() {
+        Ok(checked) => checked,
         Err(phrase) => return bad("nack", &group, &phrase),
     };
     match api
         .inner
         .groups
-        .nack(&group, &request.receipt, delay, request.error.as_deref())
+        .nack(&group, &request.receipt, delay, reason.as_deref())
         .await
     {
         Ok(returned) => {
@@ -406,6 +545,9 @@ async fn nack(
 
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
+        if let Refusal::Unavailable = self {
+            return unavailable(self.phrase());
+        }
         let mut response = error(self.status(), self.phrase());
         match self {
             Refusal::NoToken | Refusal::UnknownToken => {

@@ -78,7 +78,11 @@ impl AckRequest {
         if self.receipts.is_empty() || self.receipts.len() > MAX_RECEIPTS {
             return Err(format!("receipts: give 1 to {MAX_RECEIPTS}"));
         }
-        if self.receipts.iter().any(|r| r.len() > MAX_RECEIPT_LEN) {
+        if self
+            .receipts
+            .iter()
+            .any(|r| r.len() > MAX_RECEIPT_LEN || r.contains('\0'))
+        {
             return Err("receipts: a receipt is the text receive returned".to_owned());
         }
         Ok(())
@@ -98,16 +102,30 @@ pub struct NackRequest {
     pub error: Option<String>,
 }
 
+/// What of a nack's `error` is kept (the SQL `nack` keeps as much).
+const MAX_ERROR_CHARS: usize = 500;
+
 impl NackRequest {
-    pub(crate) fn check(&self) -> Result<Duration, String> {
-        if self.receipt.is_empty() || self.receipt.len() > MAX_RECEIPT_LEN {
+    /// The delay, and the error as it is kept: its first 500 characters,
+    /// NUL (which PostgreSQL does not store) as a space.
+    pub(crate) fn check(&self) -> Result<(Duration, Option<String>), String> {
+        if self.receipt.is_empty()
+            || self.receipt.len() > MAX_RECEIPT_LEN
+            || self.receipt.contains('\0')
+        {
             return Err("receipt: the text receive returned is required".to_owned());
         }
         let delay = self.delay_seconds.unwrap_or(0.0);
         if !(0.0..=TWELVE_HOURS).contains(&delay) {
             return Err("delay_seconds: must be 0 to 43200 (12 hours)".to_owned());
         }
-        Ok(Duration::from_secs_f64(delay))
+        let error = self.error.as_ref().map(|e| {
+            e.chars()
+                .take(MAX_ERROR_CHARS)
+                .map(|c| if c == '\0' { ' ' } else { c })
+                .collect()
+        });
+        Ok((Duration::from_secs_f64(delay), error))
     }
 }
 
@@ -259,7 +277,27 @@ mod tests {
             delay_seconds: Some(d),
             error: None,
         };
-        assert_eq!(nack(2.5).check(), Ok(Duration::from_millis(2500)));
+        assert_eq!(nack(2.5).check(), Ok((Duration::from_millis(2500), None)));
+        let long = NackRequest {
+            receipt: "b:1".into(),
+            delay_seconds: None,
+            error: Some(format!("a\0b{}", "é".repeat(600))),
+        };
+        let (_, kept) = long.check().unwrap();
+        let kept = kept.unwrap();
+        assert_eq!(kept.chars().count(), 500);
+        assert!(kept.starts_with("a b"));
+        assert!(AckRequest {
+            receipts: vec!["b:\u{0}1".into()]
+        }
+        .check()
+        .is_err());
+        assert!(NackRequest {
+            receipt: "\0".into(),
+            ..Default::default()
+        }
+        .check()
+        .is_err());
         assert!(nack(-1.0).check().is_err());
         assert!(nack(f64::INFINITY).check().is_err());
     }

@@ -103,6 +103,47 @@ impl Server {
         (status, value)
     }
 
+    /// A receive of billing waiting up to 20 s, once it has looked once
+    /// (the group's `read_at` is set) and found nothing.
+    async fn long_poll(&self, token: &str) -> tokio::task::JoinHandle<Value> {
+        let poll = {
+            let (client, url, token) = (
+                self.client.clone(),
+                format!("{}/groups/billing/receive", self.base),
+                token.to_owned(),
+            );
+            tokio::spawn(async move {
+                client
+                    .post(url)
+                    .bearer_auth(token)
+                    .json(&json!({ "wait_seconds": 20 }))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json::<Value>()
+                    .await
+                    .unwrap()
+            })
+        };
+        wait_for("the poll to look once", Duration::from_secs(30), || {
+            let (pool, schema) = (self.db.pool.clone(), self.db.schema.clone());
+            async move {
+                sqlx::query_scalar::<_, Option<chrono::DateTime<chrono::Utc>>>(
+                    postbox::statements::trusted(&schema.render(
+                        "SELECT read_at FROM {schema}.consumer_groups WHERE name = 'billing'",
+                    )),
+                )
+                .fetch_one(&pool)
+                .await
+                .ok()
+                .flatten()
+                .is_some()
+            }
+        })
+        .await;
+        poll
+    }
+
     async fn finish(self) {
         self.stop.cancel();
         let _ = self.served.await;
@@ -277,18 +318,22 @@ async fn a_token_opens_its_own_group_and_no_other() {
     s.finish().await;
 }
 
+/// A stranger at the reader's address (a proxy, a NAT) runs the address
+/// out of failed tokens: unknown tokens then get 429 without a look-up,
+/// and the reader whose token worked lately goes on — with no cache, so
+/// its token is looked up on every call.
 #[tokio::test]
-async fn an_address_out_of_failed_tokens_is_answered_429() {
+async fn a_stranger_out_of_failed_tokens_does_not_lock_a_reader_out() {
     let s = Server::start(
         &["billing"],
         PullOptions {
             failed_tokens_per_minute: 3,
+            token_cache_for: Duration::ZERO,
             ..PullOptions::default()
         },
     )
     .await;
     let token = s.token("billing").await;
-    // A reader that already showed its token keeps working.
     let (status, _) = s
         .call(Some(&token), "/groups/billing/receive", json!({}))
         .await;
@@ -309,10 +354,126 @@ async fn an_address_out_of_failed_tokens_is_answered_429() {
         .unwrap();
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(response.headers().contains_key("retry-after"));
+    for _ in 0..3 {
+        let (status, _) = s
+            .call(Some(&token), "/groups/billing/receive", json!({}))
+            .await;
+        assert_eq!(status, StatusCode::OK, "the reader is locked out");
+    }
+    // A token this server has not seen work waits with the stranger.
+    let fresh = s.token("billing").await;
     let (status, _) = s
-        .call(Some(&token), "/groups/billing/receive", json!({}))
+        .call(Some(&fresh), "/groups/billing/receive", json!({}))
         .await;
-    assert_eq!(status, StatusCode::OK);
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    s.finish().await;
+}
+
+/// A request without a valid token is refused before its body is read:
+/// a stranger cannot make the server buffer a megabyte, or wait for a
+/// body that trickles in.
+#[tokio::test]
+async fn a_strangers_body_is_never_read() {
+    let s = Server::start(&["billing"], PullOptions::default()).await;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    // A body that never ends: answered all the same.
+    let trickle = reqwest::Body::wrap_stream(tokio_stream_of(rx));
+    let response = s
+        .client
+        .post(format!("{}/groups/billing/ack", s.base))
+        .header("content-length", "1000000")
+        .body(trickle)
+        .send();
+    let response = tokio::time::timeout(Duration::from_secs(15), response)
+        .await
+        .expect("answered without the body")
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    drop(tx);
+    s.finish().await;
+}
+
+/// The receiving end of `rx` as a stream (what reqwest takes as a body).
+fn tokio_stream_of(
+    mut rx: tokio::sync::mpsc::Receiver<Result<Vec<u8>, std::io::Error>>,
+) -> impl futures_core::Stream<Item = Result<Vec<u8>, std::io::Error>> + Send + 'static {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+/// A waiting long poll asks, read only, whether there is anything before
+/// it calls receive (which writes the group's row): three idle seconds of
+/// looks every 20 ms leave the row as the first look wrote it. And past
+/// `max_polls_per_group`, a poll answers at once instead of waiting.
+#[tokio::test]
+async fn waiting_polls_write_nothing_and_are_bounded_per_group() {
+    let s = Server::start(
+        &["billing"],
+        PullOptions {
+            poll_every: Duration::from_millis(20),
+            max_polls_per_group: 1,
+            ..PullOptions::default()
+        },
+    )
+    .await;
+    let token = s.token("billing").await;
+    let read_at = || async {
+        sqlx::query_scalar::<_, Option<chrono::DateTime<chrono::Utc>>>(
+            postbox::statements::trusted(
+                &s.db
+                    .sql("SELECT read_at FROM {schema}.consumer_groups WHERE name = 'billing'"),
+            ),
+        )
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap()
+    };
+    let waited = {
+        let (client, url, token) = (
+            s.client.clone(),
+            format!("{}/groups/billing/receive", s.base),
+            token.clone(),
+        );
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let got: Value = client
+                .post(url)
+                .bearer_auth(token)
+                .json(&json!({ "wait_seconds": 3 }))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            (got, started.elapsed())
+        })
+    };
+    wait_for("the first look", Duration::from_secs(30), || async {
+        read_at().await.is_some()
+    })
+    .await;
+    let first = read_at().await.unwrap();
+    // A second poll of the group answers at once: one may wait.
+    let (status, second) = tokio::time::timeout(
+        Duration::from_secs(2),
+        s.call(
+            Some(&token),
+            "/groups/billing/receive",
+            json!({ "wait_seconds": 20 }),
+        ),
+    )
+    .await
+    .expect("the second poll did not wait");
+    assert_eq!((status, second), (StatusCode::OK, json!({ "events": [] })));
+    let (got, took) = waited.await.unwrap();
+    assert_eq!(got, json!({ "events": [] }));
+    assert!(took >= Duration::from_secs(3), "{took:?}");
+    // The second poll's own look wrote once; the waiting one's looks never.
+    let last = read_at().await.unwrap();
+    assert!(
+        last - first < chrono::Duration::milliseconds(1500),
+        "idle looks wrote the group's row: first {first}, last {last}"
+    );
     s.finish().await;
 }
 
@@ -344,44 +505,8 @@ async fn a_long_poll_returns_when_an_event_commits() {
         }
     })
     .await;
-    let poll = {
-        let (client, url, token) = (
-            s.client.clone(),
-            format!("{}/groups/billing/receive", s.base),
-            token.clone(),
-        );
-        tokio::spawn(async move {
-            client
-                .post(url)
-                .bearer_auth(token)
-                .json(&json!({ "wait_seconds": 20 }))
-                .send()
-                .await
-                .unwrap()
-                .json::<Value>()
-                .await
-                .unwrap()
-        })
-    };
     // Commit once the poll is waiting (it has looked once and found nothing).
-    wait_for("the poll to look once", Duration::from_secs(30), || {
-        let (pool, schema) = (s.db.pool.clone(), s.db.schema.clone());
-        async move {
-            sqlx::query_scalar::<_, Option<chrono::DateTime<chrono::Utc>>>(
-                postbox::statements::trusted(
-                    &schema.render(
-                        "SELECT read_at FROM {schema}.consumer_groups WHERE name = 'billing'",
-                    ),
-                ),
-            )
-            .fetch_one(&pool)
-            .await
-            .ok()
-            .flatten()
-            .is_some()
-        }
-    })
-    .await;
+    let poll = s.long_poll(&token).await;
     let ids = s.produce(1, "o-9").await;
     // Woken by the commit, well before its 20 s are up (a poll that only
     // looks again at its deadline finds the event too, after 20 s).
@@ -431,6 +556,15 @@ async fn bad_requests_name_the_field_and_never_echo_the_database() {
         let phrase = answer["error"].as_str().unwrap();
         assert!(phrase.contains(names), "{path} {body}: {phrase}");
     }
+    // A NUL, which PostgreSQL would refuse with its own error, is refused first.
+    let (status, answer) = s
+        .call(
+            Some(&token),
+            "/groups/billing/ack",
+            json!({ "receipts": ["b:\u{0}"] }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
     // A malformed receipt reaches the database, whose error text stays there.
     let (status, answer) = s
         .call(
@@ -475,42 +609,7 @@ async fn shutting_down_ends_the_long_polls() {
     )
     .await;
     let token = s.token("billing").await;
-    let poll = {
-        let (client, url) = (
-            s.client.clone(),
-            format!("{}/groups/billing/receive", s.base),
-        );
-        tokio::spawn(async move {
-            client
-                .post(url)
-                .bearer_auth(token)
-                .json(&json!({ "wait_seconds": 20 }))
-                .send()
-                .await
-                .unwrap()
-                .json::<Value>()
-                .await
-                .unwrap()
-        })
-    };
-    wait_for("the poll to look once", Duration::from_secs(30), || {
-        let (pool, schema) = (s.db.pool.clone(), s.db.schema.clone());
-        async move {
-            sqlx::query_scalar::<_, Option<chrono::DateTime<chrono::Utc>>>(
-                postbox::statements::trusted(
-                    &schema.render(
-                        "SELECT read_at FROM {schema}.consumer_groups WHERE name = 'billing'",
-                    ),
-                ),
-            )
-            .fetch_one(&pool)
-            .await
-            .ok()
-            .flatten()
-            .is_some()
-        }
-    })
-    .await;
+    let poll = s.long_poll(&token).await;
     s.stop.cancel();
     // Well before its 20 s are up.
     let got = tokio::time::timeout(Duration::from_secs(15), poll)

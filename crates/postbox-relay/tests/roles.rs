@@ -1280,6 +1280,13 @@ async fn the_consumer_reads_groups_and_nothing_else() {
             .expect("the consumer looks a token up"),
         Some("billing".to_owned())
     );
+    assert!(
+        groups
+            .pending("billing")
+            .await
+            .expect("the consumer asks whether billing has events"),
+        "billing holds an event nacked for now"
+    );
     let monitor = r.monitor().await;
     assert_denied(
         "monitor: reading the tokens' hashes",
@@ -1404,6 +1411,7 @@ async fn every_function_states_who_may_execute_it() {
         "enqueue_many (owner's rights): producer",
         "enqueue_one (owner's rights): producer",
         "glob_like: producer, relay, monitor, consumer, PUBLIC",
+        "group_pending (owner's rights): consumer",
         "group_receipts: owner only",
         "group_replay_dead: owner only",
         "group_token_group (owner's rights): consumer",

@@ -81,6 +81,10 @@ ORDER BY group_name, id;
 DELETE FROM {schema}.group_tokens WHERE group_name = $1 AND id = $2;
 
 -- name: token_group
--- The group a token opens (NULL: none), through the function the consumer
--- role may call.
-SELECT {schema}.group_token_group($1) AS group_name;
+-- The group a token opens and the token's id (no row: none), through the
+-- function the consumer role may call.
+SELECT group_name, token_id FROM {schema}.group_token_group($1);
+
+-- name: pending
+-- Whether a group has anything to hand out now (read only).
+SELECT {schema}.group_pending($1) AS pending;

@@ -150,4 +150,9 @@ GRANT EXECUTE ON FUNCTION
   TO {consumer};
 -- …and, serving the groups over HTTP (`postbox group serve`, migration
 -- 28), finds the group a bearer token opens (it reads no token itself).
-GRANT EXECUTE ON FUNCTION {schema}.group_token_group(bytea) TO {consumer};
+-- It also asks, read only, whether a group has anything to hand out
+-- before a waiting long poll calls receive.
+GRANT EXECUTE ON FUNCTION
+    {schema}.group_token_group(bytea),
+    {schema}.group_pending(text)
+  TO {consumer};

@@ -217,6 +217,7 @@ struct Queries {
     token_list: String,
     token_revoke: String,
     token_group: String,
+    pending: String,
     audit_insert: String,
 }
 
@@ -236,6 +237,7 @@ impl Queries {
             token_list: file.render("token_list", schema),
             token_revoke: file.render("token_revoke", schema),
             token_group: file.render("token_group", schema),
+            pending: file.render("pending", schema),
             audit_insert: crate::dead_letters::AuditQueries::new(schema).insert,
         };
         file.finish();
@@ -492,11 +494,28 @@ impl Groups {
     /// The group `token` opens, if any (the consumer role may ask). A token
     /// not shaped like one is answered `None` without a query.
     pub async fn group_of_token(&self, token: &str) -> Result<Option<String>, sqlx::Error> {
+        Ok(self.token_of(token).await?.map(|(group, _)| group))
+    }
+
+    /// The group `token` opens and the token's id (which `group token
+    /// list` shows), if any. A token not shaped like one is answered
+    /// `None` without a query.
+    pub async fn token_of(&self, token: &str) -> Result<Option<(String, i64)>, sqlx::Error> {
         if !is_token_shaped(token) {
             return Ok(None);
         }
-        sqlx::query_scalar(trusted(&self.sql.token_group))
+        sqlx::query_as(trusted(&self.sql.token_group))
             .bind(token_hash(token).as_slice())
+            .fetch_optional(&self.pool)
+            .await
+    }
+
+    /// Whether `group` has anything to hand out now: read only, no lock
+    /// (false for an unknown group). `receive` takes the group's row; a
+    /// waiting long poll asks this first.
+    pub async fn pending(&self, group: &str) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar(trusted(&self.sql.pending))
+            .bind(group)
             .fetch_one(&self.pool)
             .await
     }

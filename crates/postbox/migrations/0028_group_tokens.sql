@@ -23,24 +23,60 @@ CREATE TABLE {schema}.group_tokens (
 );
 CREATE INDEX group_tokens_group_idx ON {schema}.group_tokens (group_name);
 
--- The group the token whose SHA-256 is `token_hash` opens, or NULL. Runs
--- with its owner's rights for the consumer role, which has no table of
--- the schema.
-CREATE FUNCTION {schema}.group_token_group(token_hash bytea) RETURNS text
+-- The group the token whose SHA-256 is `token_hash` opens, and the token's
+-- id (no row: none). Runs with its owner's rights for the consumer role,
+-- which has no table of the schema.
+CREATE FUNCTION {schema}.group_token_group(token_hash bytea)
+RETURNS TABLE (group_name text, token_id bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-  found_group text;
-  used        timestamptz;
+  t record;
 BEGIN
-  SELECT t.group_name, t.last_used_at INTO found_group, used
-  FROM {schema}.group_tokens t WHERE t.token_hash = group_token_group.token_hash;
-  IF found_group IS NOT NULL AND (used IS NULL OR used < now() - interval '1 minute') THEN
-    UPDATE {schema}.group_tokens t SET last_used_at = now()
-    WHERE t.token_hash = group_token_group.token_hash;
+  SELECT k.id, k.group_name, k.last_used_at INTO t
+  FROM {schema}.group_tokens k WHERE k.token_hash = group_token_group.token_hash;
+  IF NOT FOUND THEN
+    RETURN;
   END IF;
-  RETURN found_group;
+  IF t.last_used_at IS NULL OR t.last_used_at < now() - interval '1 minute' THEN
+    UPDATE {schema}.group_tokens k SET last_used_at = now() WHERE k.id = t.id;
+  END IF;
+  group_name := t.group_name;
+  token_id := t.id;
+  RETURN NEXT;
 END
 $fn$;
 
 REVOKE EXECUTE ON FUNCTION {schema}.group_token_group(bytea) FROM PUBLIC;
+
+-- Whether `consumer_group` has anything to hand out now — what `receive`'s
+-- long poll looks for, read only: a window open, events that came back or
+-- whose visibility ended, or new events of its types in the log. The HTTP
+-- API's long polls ask this (it locks and writes nothing) before they call
+-- `receive`, which takes the group's row. False for an unknown group.
+CREATE FUNCTION {schema}.group_pending(consumer_group text) RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  g record;
+BEGIN
+  SELECT k.name, k.lo, k.hi, k.type_likes INTO g
+  FROM {schema}.consumer_groups k WHERE k.name = group_pending.consumer_group;
+  IF NOT FOUND THEN
+    RETURN false;
+  END IF;
+  RETURN g.hi IS NOT NULL
+    OR EXISTS (SELECT 1 FROM {schema}.group_waiting w
+               WHERE w.group_name = g.name AND w.visible_at <= clock_timestamp())
+    OR EXISTS (SELECT 1 FROM {schema}.group_batches b
+               WHERE b.group_name = g.name AND b.visible_at <= clock_timestamp())
+    OR EXISTS (SELECT 1 FROM {schema}.log l
+               WHERE l.txid >= pg_snapshot_xmax(g.lo)
+                 AND (g.type_likes IS NULL OR l.event_type LIKE ANY (g.type_likes)))
+    OR EXISTS (SELECT 1 FROM {schema}.log l
+               WHERE l.txid = ANY (ARRAY(SELECT pg_snapshot_xip(g.lo)))
+                 AND (g.type_likes IS NULL OR l.event_type LIKE ANY (g.type_likes)));
+END
+$fn$;
+
+REVOKE EXECUTE ON FUNCTION {schema}.group_pending(text) FROM PUBLIC;

@@ -146,13 +146,19 @@ pub struct ServeArgs {
     /// How long a token's group is remembered (a revoked token works this much longer at most; 0s: look it up on every call)
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
     pub token_cache: Duration,
-    /// Failed tokens a client address may send a minute before it is answered 429
+    /// Failed tokens a client address (an IPv6 /64) may send a minute before
+    /// unknown tokens from it are answered 429 (the server takes ten times
+    /// as many from everyone; a token that worked lately always passes)
     #[arg(long, value_name = "N", default_value_t = 30)]
     pub failed_tokens_per_minute: u32,
-    /// Largest request body in bytes (an ack of 10,000 receipts is about 500 kB)
+    /// Largest ack body in bytes (10,000 receipts are about 500 kB); a
+    /// receive or a nack takes 64 kB at most
     #[arg(long, value_name = "N", default_value_t = 1 << 20)]
     pub max_body_bytes: usize,
-    /// Database connections the server keeps at most
+    /// Long polls of one group that wait at once; more answer at once with what there is
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub max_polls_per_group: usize,
+    /// Database connections the calls share (LISTEN has one of its own)
     #[arg(long, value_name = "N", default_value_t = 8)]
     pub pool_size: u32,
     /// How long a call waits for a database connection before it is answered 503
@@ -201,6 +207,7 @@ impl ServeArgs {
             ("db-timeout", self.db_timeout.is_zero()),
             ("max-connections", self.max_connections == 0),
             ("max-body-bytes", self.max_body_bytes == 0),
+            ("max-polls-per-group", self.max_polls_per_group == 0),
             ("pool-size", self.pool_size == 0),
             (
                 "failed-tokens-per-minute",
@@ -227,6 +234,7 @@ impl ServeArgs {
             token_cache_for: self.token_cache,
             failed_tokens_per_minute: self.failed_tokens_per_minute,
             max_body_bytes: self.max_body_bytes,
+            max_polls_per_group: self.max_polls_per_group,
         };
         let limits = Limits {
             header_read_timeout: self.header_timeout,
@@ -256,7 +264,8 @@ async fn serve_groups(settings: &Settings, args: ServeArgs) -> Result<ExitCode, 
     if !local.ip().is_loopback() {
         tracing::warn!(
             listen = %local,
-            "serving plain HTTP beyond this host: bearer tokens cross the network in the clear              unless a TLS proxy is in front (docs/consumer-groups.md, Over HTTP)"
+            "serving plain HTTP beyond this host: bearer tokens cross the network in the clear \
+            unless a TLS proxy is in front (docs/consumer-groups.md, Over HTTP)"
         );
     }
     tracing::info!(
@@ -271,11 +280,7 @@ async fn serve_groups(settings: &Settings, args: ServeArgs) -> Result<ExitCode, 
     tokio::spawn(api.clone().wake_on_notifications(shutdown.clone()));
     if let Some(addr) = &args.metrics_listen {
         let store = Store::new(pool.clone(), settings.schema.clone());
-        let endpoint = crate::metrics_endpoint::Endpoint::bind(addr, store, Vec::new()).await?;
-        if let Some(addr) = endpoint.local_addr() {
-            tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
-        }
-        tokio::spawn(endpoint.serve(shutdown.clone()));
+        crate::metrics_endpoint::Endpoint::serve_beside(addr, store, shutdown.clone()).await?;
     }
     serve(
         listener,
@@ -312,7 +317,8 @@ async fn token(
             };
             outln!("{token}");
             errln!(
-                "token {id} opens consumer group {group}; it is shown this once (only its hash is                  kept): give it to the reader as `Authorization: Bearer …`"
+                "token {id} opens consumer group {group}; it is shown this once (only its hash is \
+                kept): give it to the reader as `Authorization: Bearer …`"
             );
             Ok(ExitCode::SUCCESS)
         }

@@ -144,7 +144,9 @@ async fn ensure_groups(
                 }
                 if !differ.is_empty() {
                     lines.push(format!(
-                        "warning: consumer group {name} exists with other {} than [groups.{name}];                          a group's settings are fixed when it is made (drop it with `postbox group                          drop {name}` and migrate again to make it anew, losing what it holds)",
+                        "warning: consumer group {name} exists with other {} than [groups.{name}]; \
+                        a group's settings are fixed when it is made (drop it with `postbox group \
+                        drop {name}` and migrate again to make it anew, losing what it holds)",
                         differ.join(", ")
                     ));
                 }
@@ -153,7 +155,8 @@ async fn ensure_groups(
     }
     if store.log().producer_target().await? != ProducerTarget::Log {
         lines.push(
-            "warning: producers write to the outbox table (claim mode), and consumer groups read              the log: the groups get nothing until producers write to the log (--mode log)"
+            "warning: producers write to the outbox table (claim mode), and consumer groups read \
+            the log: the groups get nothing until producers write to the log (--mode log)"
                 .to_owned(),
         );
     }

@@ -169,13 +169,9 @@ pub async fn run(settings: &Settings, args: ReceiveArgs) -> Result<ExitCode, Any
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     if let Some(addr) = &args.metrics_listen {
         let store = postbox_relay::Store::new(pool.clone(), settings.schema.clone());
-        let endpoint = crate::metrics_endpoint::Endpoint::bind(addr, store, Vec::new()).await?;
+        crate::metrics_endpoint::Endpoint::serve_beside(addr, store, shutdown.clone()).await?;
         metrics::counter!(postbox_relay::metrics::INBOX_DUPLICATES, "consumer" => args.consumer.clone())
             .absolute(0);
-        if let Some(addr) = endpoint.local_addr() {
-            tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
-        }
-        tokio::spawn(endpoint.serve(shutdown.clone()));
     }
     serve(
         listener,

@@ -12,6 +12,7 @@
 
 use super::report::{Groups, GroupsRow, Latency};
 use super::{pgq, Bench, Peer};
+use crate::group_reader::GroupReader;
 use crate::{lock, AnyError};
 use postbox_store::{GroupStart, Groups as StoreGroups, NewGroup, ProducerTarget, Store};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -102,11 +103,11 @@ impl Bench<'_> {
                     let elapsed = match (reader, &peer) {
                         (Reader::Sql(n), _) => {
                             let name = format!("bench-{round}-{n}");
-                            read_group(&groups, &name, n, batch, events).await?
+                            read_group(&groups, None, &name, n, batch, events).await?
                         }
                         (Reader::Http(n), _) => {
                             let name = format!("bench-http-{round}-{n}");
-                            http.read_group(&groups, &name, n, batch, events).await?
+                            read_group(&groups, Some(&http), &name, n, batch, events).await?
                         }
                         (Reader::Pgq, Some(peer)) => {
                             peer.seed(events, i64::from(batch)).await?;
@@ -186,49 +187,30 @@ impl Bench<'_> {
                 humantime::format_duration(self.options.duration)
             );
             groups.create(&NewGroup::new(name)).await?;
-            let token = if over_http {
-                Some(
-                    groups
-                        .create_token(name, Some("bench"), "postbox bench")
-                        .await?
-                        .1,
-                )
-            } else {
-                None
-            };
+            let reader = reader_of(groups, over_http.then_some(http), name).await?;
+            let wait = if over_http { LONG_POLL } else { SQL_LONG_POLL };
             let arrived: Arc<Mutex<Vec<(Uuid, Instant)>>> = Arc::default();
             let stop = CancellationToken::new();
             let reader = {
-                let (groups, http, arrived, stop) =
-                    (groups.clone(), http.clone(), arrived.clone(), stop.clone());
-                let name = name.to_owned();
+                let (arrived, stop) = (arrived.clone(), stop.clone());
                 tokio::spawn(async move {
                     while !stop.is_cancelled() {
-                        let polled = match &token {
-                            Some(token) => {
-                                let poll = http.receive(&name, token, 1000, LONG_POLL);
-                                tokio::select! {
-                                    () = stop.cancelled() => break,
-                                    got = poll => got?,
-                                }
+                        // An HTTP poll is let go at the stop (the server
+                        // holds no database connection while it waits); a
+                        // SQL call is never cancelled half-way, or its
+                        // connection would go back to the pool mid-query.
+                        let polled = if over_http {
+                            tokio::select! {
+                                () = stop.cancelled() => break,
+                                got = reader.receive(1000, VISIBILITY, wait) => got?,
                             }
-                            None => groups
-                                .receive(&name, 1000, VISIBILITY, SQL_LONG_POLL)
-                                .await?
-                                .into_iter()
-                                .map(|e| (e.receipt, e.event_id))
-                                .collect(),
+                        } else {
+                            reader.receive(1000, VISIBILITY, wait).await?
                         };
                         let now = Instant::now();
-                        lock(&arrived).extend(polled.iter().map(|(_, id)| (*id, now)));
-                        let receipts: Vec<String> = polled.into_iter().map(|(r, _)| r).collect();
-                        if receipts.is_empty() {
-                            continue;
-                        }
-                        match &token {
-                            Some(token) => http.ack(&name, token, &receipts).await?,
-                            None => i64::from(groups.ack(&name, &receipts).await?),
-                        };
+                        lock(&arrived).extend(polled.iter().map(|h| (h.event_id, now)));
+                        let receipts: Vec<String> = polled.into_iter().map(|h| h.receipt).collect();
+                        reader.ack(&receipts).await?;
                     }
                     Ok::<_, AnyError>(())
                 })
@@ -264,32 +246,11 @@ impl Bench<'_> {
 
 /// `postbox group serve`'s API in this process, on a free port of
 /// 127.0.0.1, and an HTTP client for it.
-#[derive(Clone)]
 struct HttpGroups {
     client: reqwest::Client,
+    /// `http://127.0.0.1:PORT`.
     base: String,
     stop: CancellationToken,
-}
-
-#[derive(serde::Deserialize)]
-struct Answer {
-    events: Vec<Handed>,
-}
-
-#[derive(serde::Deserialize)]
-struct Handed {
-    receipt: String,
-    event: HandedEvent,
-}
-
-#[derive(serde::Deserialize)]
-struct HandedEvent {
-    id: Uuid,
-}
-
-#[derive(serde::Deserialize)]
-struct Acked {
-    acknowledged: i64,
 }
 
 impl HttpGroups {
@@ -319,133 +280,43 @@ impl HttpGroups {
                 }
             }
         });
-        // reqwest (rustls without a provider of its own) needs one, even
-        // for plain HTTP.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = reqwest::Client::builder()
-            .timeout(LONG_POLL + Duration::from_secs(15))
-            .build()?;
+        let client = crate::group_reader::http_client(LONG_POLL + Duration::from_secs(15))?;
         Ok(Self { client, base, stop })
     }
 
     async fn stop(&self) {
         self.stop.cancel();
     }
+}
 
-    async fn post<T: serde::de::DeserializeOwned>(
-        &self,
-        path: String,
-        token: &str,
-        body: serde_json::Value,
-    ) -> Result<T, AnyError> {
-        let response = self
-            .client
-            .post(format!("{}{path}", self.base))
-            .bearer_auth(token)
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-            .await?;
-        let status = response.status();
-        let bytes = response.bytes().await?;
-        if !status.is_success() {
-            return Err(format!(
-                "groups: {path} answered {status}: {}",
-                String::from_utf8_lossy(&bytes)
-            )
-            .into());
-        }
-        Ok(serde_json::from_slice(&bytes)?)
-    }
-
-    /// Up to `max` events as (receipt, event id).
-    async fn receive(
-        &self,
-        group: &str,
-        token: &str,
-        max: i32,
-        wait: Duration,
-    ) -> Result<Vec<(String, Uuid)>, AnyError> {
-        let answer: Answer = self
-            .post(
-                format!("/groups/{group}/receive"),
-                token,
-                serde_json::json!({
-                    "max_events": max,
-                    "visibility_seconds": VISIBILITY.as_secs(),
-                    "wait_seconds": wait.as_secs_f64(),
-                }),
-            )
-            .await?;
-        Ok(answer
-            .events
-            .into_iter()
-            .map(|h| (h.receipt, h.event.id))
-            .collect())
-    }
-
-    async fn ack(&self, group: &str, token: &str, receipts: &[String]) -> Result<i64, AnyError> {
-        let acked: Acked = self
-            .post(
-                format!("/groups/{group}/ack"),
-                token,
-                serde_json::json!({ "receipts": receipts }),
-            )
-            .await?;
-        Ok(acked.acknowledged)
-    }
-
-    /// As [`read_group`], each reader over HTTP with the group's token.
-    async fn read_group(
-        &self,
-        groups: &StoreGroups,
-        name: &str,
-        readers: usize,
-        batch: i32,
-        events: i64,
-    ) -> Result<Duration, AnyError> {
-        groups
-            .create(&NewGroup {
-                start: GroupStart::Beginning,
-                ..NewGroup::new(name)
-            })
-            .await?;
-        let (_, token) = groups
-            .create_token(name, Some("bench"), "postbox bench")
-            .await?;
-        let done = Arc::new(AtomicI64::new(0));
-        let started = Instant::now();
-        let mut tasks = Vec::with_capacity(readers);
-        for _ in 0..readers {
-            let (http, done, name, token) =
-                (self.clone(), done.clone(), name.to_owned(), token.clone());
-            tasks.push(tokio::spawn(async move {
-                while done.load(Ordering::Relaxed) < events {
-                    let got = http.receive(&name, &token, batch, Duration::ZERO).await?;
-                    if got.is_empty() {
-                        tokio::time::sleep(Duration::from_millis(1)).await;
-                        continue;
-                    }
-                    let receipts: Vec<String> = got.into_iter().map(|(r, _)| r).collect();
-                    let acked = http.ack(&name, &token, &receipts).await?;
-                    done.fetch_add(acked, Ordering::Relaxed);
-                }
-                Ok::<_, AnyError>(())
-            }));
-        }
-        for task in tasks {
-            task.await??;
-        }
-        let elapsed = started.elapsed();
-        groups.drop_group(name, "postbox bench", None).await?;
-        Ok(elapsed)
-    }
+/// A reader of group `name`: over SQL, or over `http` with a token made now.
+async fn reader_of(
+    groups: &StoreGroups,
+    http: Option<&HttpGroups>,
+    name: &str,
+) -> Result<GroupReader, AnyError> {
+    Ok(match http {
+        None => GroupReader::Sql {
+            groups: groups.clone(),
+            group: name.to_owned(),
+        },
+        Some(http) => GroupReader::Http {
+            client: http.client.clone(),
+            base: format!("{}/groups/{name}", http.base),
+            token: groups
+                .create_token(name, Some("bench"), "postbox bench")
+                .await?
+                .1,
+        },
+    })
 }
 
 /// Create group `name` at the log's beginning and let `readers` readers
-/// receive and acknowledge all `events` of it; the time they took.
+/// (over SQL, or over `http`) receive and acknowledge all `events` of it;
+/// the time they took.
 async fn read_group(
     groups: &StoreGroups,
+    http: Option<&HttpGroups>,
     name: &str,
     readers: usize,
     batch: i32,
@@ -457,26 +328,25 @@ async fn read_group(
             ..NewGroup::new(name)
         })
         .await?;
+    let reader = reader_of(groups, http, name).await?;
+    let batch = usize::try_from(batch).unwrap_or(1000);
     let done = Arc::new(AtomicI64::new(0));
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(readers);
     for _ in 0..readers {
-        let (groups, done, name) = (groups.clone(), done.clone(), name.to_owned());
+        let (reader, done) = (reader.clone(), done.clone());
         tasks.push(tokio::spawn(async move {
             while done.load(Ordering::Relaxed) < events {
-                let got = groups
-                    .receive(&name, batch, VISIBILITY, Duration::ZERO)
-                    .await?;
+                let got = reader.receive(batch, VISIBILITY, Duration::ZERO).await?;
                 if got.is_empty() {
                     // The rest is in another reader's hands.
                     tokio::time::sleep(Duration::from_millis(1)).await;
                     continue;
                 }
-                let receipts: Vec<String> = got.into_iter().map(|e| e.receipt).collect();
-                let acked = groups.ack(&name, &receipts).await?;
-                done.fetch_add(i64::from(acked), Ordering::Relaxed);
+                let receipts: Vec<String> = got.into_iter().map(|h| h.receipt).collect();
+                done.fetch_add(reader.ack(&receipts).await?, Ordering::Relaxed);
             }
-            Ok::<_, sqlx::Error>(())
+            Ok::<_, AnyError>(())
         }));
     }
     for task in tasks {

@@ -106,7 +106,7 @@ pub enum Source {
     Amqp(Box<AmqpSource>),
     /// A consumer group of the run's log, read over SQL or HTTP: what is
     /// not acknowledged within its visibility is handed out again.
-    Group(Box<super::pull::GroupReader>),
+    Group(Box<super::pull::PullReader>),
 }
 
 pub struct AmqpSource {

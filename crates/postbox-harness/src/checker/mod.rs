@@ -571,15 +571,15 @@ impl Delivering {
             let reader = match &http {
                 None => pull::GroupReader::Sql {
                     groups: postbox_store::Groups::new(reader_pool.clone(), &schema),
-                    visibility,
+                    group: pull::GROUP.to_owned(),
                 },
                 Some((bases, token, client)) => pull::GroupReader::Http {
                     client: client.clone(),
                     base: bases[i % bases.len()].clone(),
                     token: token.clone(),
-                    visibility,
                 },
             };
+            let reader = pull::PullReader { reader, visibility };
             pull::ReaderParts {
                 consumer,
                 source: consumer::Source::Group(Box::new(reader)),

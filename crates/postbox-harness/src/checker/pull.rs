@@ -9,6 +9,7 @@
 //! held comes back when its visibility ends.
 
 use super::consumer::{Consumer, Seen, Source};
+pub use crate::group_reader::{GroupReader, Handed};
 use crate::supervisor::RelayCommand;
 use crate::{lock, AnyError};
 use postbox::Schema;
@@ -18,7 +19,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use uuid::Uuid;
 
 /// The run's consumer group.
 pub const GROUP: &str = "verify";
@@ -47,146 +47,22 @@ impl Pull {
     }
 }
 
-/// One handed-out event, as the consumer needs it.
-pub struct Handed {
-    pub receipt: String,
-    pub event_id: Uuid,
-    pub aggregate_type: String,
-    pub aggregate_id: String,
-    pub sequence: i64,
-    pub attempts: i32,
-}
-
-/// A reader's way to the group.
-pub enum GroupReader {
-    Sql {
-        groups: Groups,
-        visibility: Duration,
-    },
-    Http {
-        client: reqwest::Client,
-        /// `http://127.0.0.1:PORT/groups/verify` (a fault proxy's port).
-        base: String,
-        token: String,
-        visibility: Duration,
-    },
+/// A reader's way to the group, and how long what it takes stays hidden.
+pub struct PullReader {
+    pub reader: GroupReader,
+    pub visibility: Duration,
 }
 
 /// How long a receive waits for events before it answers empty.
 const WAIT: Duration = Duration::from_millis(500);
 
-#[derive(serde::Deserialize)]
-struct Answer {
-    events: Vec<AnswerEvent>,
-}
-
-#[derive(serde::Deserialize)]
-struct AnswerEvent {
-    receipt: String,
-    attempts: i32,
-    event: CloudEvent,
-}
-
-#[derive(serde::Deserialize)]
-struct CloudEvent {
-    id: Uuid,
-    aggregatetype: String,
-    subject: String,
-    sequence: Option<i64>,
-}
-
-impl GroupReader {
+impl PullReader {
     pub async fn receive(&self, max: usize) -> Result<Vec<Handed>, AnyError> {
-        let max = i32::try_from(max.min(1000)).unwrap_or(1000);
-        match self {
-            GroupReader::Sql { groups, visibility } => Ok(groups
-                .receive(GROUP, max, *visibility, WAIT)
-                .await?
-                .into_iter()
-                .map(|r| Handed {
-                    receipt: r.receipt,
-                    event_id: r.event_id,
-                    aggregate_type: r.aggregate_type,
-                    aggregate_id: r.aggregate_id,
-                    sequence: r.sequence.unwrap_or(0),
-                    attempts: r.attempts,
-                })
-                .collect()),
-            GroupReader::Http { visibility, .. } => {
-                let answer: Answer = self
-                    .post(
-                        "receive",
-                        serde_json::json!({
-                            "max_events": max,
-                            "visibility_seconds": visibility.as_secs_f64().max(1.0),
-                            "wait_seconds": WAIT.as_secs_f64(),
-                        }),
-                    )
-                    .await?;
-                Ok(answer
-                    .events
-                    .into_iter()
-                    .map(|e| Handed {
-                        receipt: e.receipt,
-                        event_id: e.event.id,
-                        aggregate_type: e.event.aggregatetype,
-                        aggregate_id: e.event.subject,
-                        sequence: e.event.sequence.unwrap_or(0),
-                        attempts: e.attempts,
-                    })
-                    .collect())
-            }
-        }
+        self.reader.receive(max, self.visibility, WAIT).await
     }
 
     pub async fn ack(&self, receipts: &[String]) -> Result<(), AnyError> {
-        if receipts.is_empty() {
-            return Ok(());
-        }
-        match self {
-            GroupReader::Sql { groups, .. } => {
-                groups.ack(GROUP, receipts).await?;
-            }
-            GroupReader::Http { .. } => {
-                let _: serde_json::Value = self
-                    .post("ack", serde_json::json!({ "receipts": receipts }))
-                    .await?;
-            }
-        }
-        Ok(())
-    }
-
-    async fn post<T: serde::de::DeserializeOwned>(
-        &self,
-        call: &str,
-        body: serde_json::Value,
-    ) -> Result<T, AnyError> {
-        let GroupReader::Http {
-            client,
-            base,
-            token,
-            ..
-        } = self
-        else {
-            return Err("not an HTTP reader".into());
-        };
-        let response = client
-            .post(format!("{base}/{call}"))
-            .bearer_auth(token)
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-            .await?;
-        let status = response.status();
-        let bytes = response.bytes().await?;
-        if !status.is_success() {
-            return Err(format!(
-                "{call} answered {status}: {}",
-                String::from_utf8_lossy(&bytes)
-            )
-            .into());
-        }
-        Ok(serde_json::from_slice(&bytes)?)
+        self.reader.ack(receipts).await.map(drop)
     }
 }
 
@@ -233,12 +109,7 @@ impl HttpSide {
             proxies.push(FaultProxy::start(&listen).await?);
             commands.push(RelayCommand::group_server(database_url, schema, &listen)?);
         }
-        // reqwest (rustls without a provider of its own) needs one, even
-        // for plain HTTP.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(15))
-            .build()?;
+        let client = crate::group_reader::http_client(Duration::from_secs(15))?;
         Ok(Self {
             commands,
             proxies,
