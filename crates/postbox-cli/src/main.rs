@@ -17,7 +17,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use commands::{
     bench, completions, console, demo, dlq, enqueue, group, log, man, migrate, purge, receive,
-    relay, route, slot, status, verify,
+    relay, replay, route, slot, status, verify,
 };
 use context::{error_chain, AnyError, Global, Settings};
 use std::process::ExitCode;
@@ -68,6 +68,8 @@ pub enum Command {
     Group(group::GroupArgs),
     /// Routes, filters and transforms: `route test` shows what each destination would receive of one event
     Route(route::RouteArgs),
+    /// Deliver retained events again to one destination: a rate-limited, resumable, audited job; list, show, resume, cancel
+    Replay(replay::ReplayArgs),
 }
 
 /// mimalloc: see the dependency's comment in Cargo.toml.
@@ -190,6 +192,7 @@ async fn run(cli: Cli) -> Result<ExitCode, AnyError> {
         Command::Log(args) => log::run(&settings, args).await,
         Command::Group(args) => group::run(&settings, args).await,
         Command::Route(args) => route::run(&settings, args).await,
+        Command::Replay(args) => replay::run(&settings, args).await,
     };
     match result {
         // Before `postbox migrate`, say so instead of "relation does not exist".

@@ -17,6 +17,7 @@ mod ops;
 mod otlp;
 mod pipes;
 mod receive;
+mod replay;
 mod restore;
 mod routes;
 mod tenants;

@@ -354,6 +354,30 @@ impl Router {
         .await
     }
 
+    /// For destination `d` alone, what each of `messages` becomes (`None`:
+    /// its routes do not take that event type), on the evaluator's threads;
+    /// `None` when they could not be started. For `postbox replay`.
+    pub async fn shape_for(
+        self: &Arc<Self>,
+        d: usize,
+        messages: Arc<Vec<Message>>,
+        steps: u64,
+    ) -> Option<Vec<Option<Shaped>>> {
+        let router = self.clone();
+        crate::shape::on_pool(move || {
+            messages
+                .iter()
+                .map(|m| {
+                    router
+                        .targets(&m.event_type)
+                        .contains(&d)
+                        .then(|| router.shape(d, m, steps))
+                })
+                .collect()
+        })
+        .await
+    }
+
     /// Make every route ordered (`postbox relay --ordered`) with `poison` as
     /// the policy of routes that were not ordered already.
     pub fn all_ordered(mut self, poison: PoisonPolicy) -> Self {

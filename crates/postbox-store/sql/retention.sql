@@ -4,14 +4,20 @@
 -- name: purge_sent
 -- Retention: delete up to $2 sent events acknowledged more than $1 seconds
 -- ago, oldest first, with their per-destination rows. Only 'sent' rows:
--- pending, processing and failed rows are never touched. SKIP LOCKED lets
--- several relays purge side by side. Returns how many events went.
+-- pending, processing and failed rows are never touched, nor those an
+-- unfinished replay job still reads (migration 29; archiving keeps them
+-- where a job finds them). SKIP LOCKED lets several relays purge side by
+-- side. Returns how many events went.
 WITH gone AS (
     DELETE FROM {schema}.outbox
     WHERE id IN (
-        SELECT id FROM {schema}.outbox
-        WHERE status = 'sent' AND sent_at < now() - make_interval(secs => $1)
-        ORDER BY id
+        SELECT o.id FROM {schema}.outbox o
+        WHERE o.status = 'sent' AND o.sent_at < now() - make_interval(secs => $1)
+          AND NOT EXISTS (SELECT 1 FROM {schema}.replay_jobs j
+                          WHERE j.source = 'outbox'
+                            AND j.state IN ('running', 'paused', 'failed')
+                            AND o.id >= j.after_id AND o.id <= j.hi)
+        ORDER BY o.id
         LIMIT $2
         FOR UPDATE SKIP LOCKED)
       AND status = 'sent'

@@ -123,6 +123,9 @@ GRANT SELECT ON {schema}.logical_settings TO {relay};
 -- 26): it reads the groups' tables, and changes none of them.
 GRANT SELECT ON {schema}.consumer_groups, {schema}.group_batches, {schema}.group_waiting,
     {schema}.group_dead_letters, {schema}.group_readers TO {relay};
+-- Every mode: retention keeps what an unfinished replay job still reads
+-- (migration 29): the purge reads the jobs, and changes none.
+GRANT SELECT ON {schema}.replay_jobs TO {relay};
 -- Every mode: the relay counts deliveries by minute (migration 20).
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.deliveries_by_minute TO {relay};
 -- …and keeps what it set aside (migration 19), trimming the table.

@@ -24,6 +24,8 @@
 //!   nack), their status and dead letters;
 //! - [`Logical`] — logical mode's replication slot: peek, decode, confirm,
 //!   status, and the hand-off of what a destination did not take.
+//! - [`Replays`] — replay jobs: retained events read again, by id, for one
+//!   destination, with a position of their own;
 //! - [`Tally`] — deliveries counted by minute, destination and reading mode;
 //! - [`connect`] — connecting: options from a URL, a pool after bounded retries,
 //!   errors that never repeat a password;
@@ -43,6 +45,7 @@ mod events;
 mod groups;
 mod log;
 mod logical;
+mod replay;
 mod retention;
 mod roles;
 mod rows;
@@ -79,6 +82,10 @@ pub use log::{
 pub use logical::{
     decode_change, decode_event, decode_or_refuse, default_slot_name, rough_duration, Change,
     Logical, LogicalEvent, LogicalHandoff, Lsn, Refusal, RefusedMessage, SlotStatus, Unread,
+};
+pub use replay::{
+    NewReplay, PageDone, RangeFound, ReplayEvent, ReplayJob, ReplayLock, ReplayRange, ReplaySource,
+    Replays, ACTION_REPLAY_CANCEL, ACTION_REPLAY_START,
 };
 pub use roles::{CreateRolesError, RoleNameError, Roles};
 pub use rows::ClaimedEvent;

@@ -123,6 +123,10 @@ impl Store {
         Events::new(self.pool.clone(), &self.schema)
     }
 
+    pub fn replays(&self) -> crate::Replays {
+        crate::Replays::new(self.pool.clone(), &self.schema)
+    }
+
     /// The log and its cursors (log mode) for this store's schema.
     pub fn log(&self) -> Log {
         Log::committing(self.pool.clone(), &self.schema, self.commit)

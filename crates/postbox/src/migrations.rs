@@ -162,6 +162,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "group_tokens",
         sql: include_str!("../migrations/0028_group_tokens.sql"),
     },
+    Migration {
+        version: 29,
+        name: "replay_jobs",
+        sql: include_str!("../migrations/0029_replay_jobs.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.

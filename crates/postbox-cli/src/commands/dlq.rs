@@ -525,8 +525,9 @@ fn clip(s: &str, max: usize) -> String {
     out
 }
 
-/// `--since`: an RFC 3339 timestamp, or a duration meaning that long ago.
-fn parse_since(s: &str) -> Result<DateTime<Utc>, String> {
+/// An RFC 3339 timestamp, or a duration meaning that long ago (`dlq
+/// --since`, `replay --from/--to`).
+pub(crate) fn parse_since(s: &str) -> Result<DateTime<Utc>, String> {
     if let Ok(t) = DateTime::parse_from_rfc3339(s) {
         return Ok(t.with_timezone(&Utc));
     }

@@ -15,6 +15,7 @@ pub mod migrate;
 pub mod purge;
 pub mod receive;
 pub mod relay;
+pub mod replay;
 pub mod route;
 pub mod slot;
 pub mod status;

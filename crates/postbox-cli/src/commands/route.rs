@@ -333,7 +333,7 @@ fn verdict(m: &Message, answer: Option<Shaped>, source: &str) -> Verdict {
 }
 
 /// The message a relay would read for `event`.
-fn message(event: &StoredEvent) -> Result<Message, String> {
+pub(crate) fn message(event: &StoredEvent) -> Result<Message, String> {
     let headers: BTreeMap<String, String> = match &event.headers {
         Value::Null => BTreeMap::new(),
         h => serde_json::from_value(h.clone())
@@ -358,7 +358,7 @@ fn message(event: &StoredEvent) -> Result<Message, String> {
 
 /// The sink of a previewed destination: never called (the preview only
 /// shapes events), and sends nothing if it were.
-struct Unsent;
+pub(crate) struct Unsent;
 
 #[async_trait::async_trait]
 impl Sink for Unsent {
