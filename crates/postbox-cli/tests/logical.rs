@@ -147,18 +147,30 @@ async fn held(pool: &sqlx::PgPool, slot: &str) -> bool {
     .unwrap()
 }
 
-/// Wait until a relay holds the slot's reader lock (and, since the reader
-/// takes its lock before it creates the slot, the slot exists), or until
-/// none holds it.
+/// Wait until a relay holds the slot's reader lock and the slot is made,
+/// or until none holds it. A slot being made shows in
+/// `pg_replication_slots` before it is: it waits there for the
+/// transactions then running to end, with no confirmed position, and
+/// ending its session then removes it (a test that ended reading sessions
+/// at that moment lost its slot in CI).
 async fn wait_held(pool: &sqlx::PgPool, slot: &str, want: bool) {
     wait_for(
         "the slot's reader lock",
         Duration::from_secs(60),
-        || async {
-            held(pool, slot).await == want && (!want || wal_status(pool, slot).await.is_some())
-        },
+        || async { held(pool, slot).await == want && (!want || made(pool, slot).await) },
     )
     .await;
+}
+
+async fn made(pool: &sqlx::PgPool, slot: &str) -> bool {
+    sqlx::query_scalar::<_, bool>(
+        "SELECT EXISTS (SELECT FROM pg_replication_slots \
+         WHERE slot_name = $1 AND confirmed_flush_lsn IS NOT NULL)",
+    )
+    .bind(slot)
+    .fetch_one(pool)
+    .await
+    .unwrap()
 }
 
 async fn wal_status(pool: &sqlx::PgPool, slot: &str) -> Option<String> {
