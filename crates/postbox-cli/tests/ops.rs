@@ -360,6 +360,142 @@ async fn status_json_keeps_its_keys_and_adds_attempts_and_the_oldest_event() {
     db.drop_schema().await;
 }
 
+/// `status` says how far back a replay reaches (the oldest event of the
+/// source a replay reads by default: the outbox with its archive, or in log
+/// mode the log) and lists the replay jobs still open, which hold retention
+/// back; `status --schemas` says the same per outbox.
+#[tokio::test]
+async fn status_shows_the_oldest_replayable_event_and_the_open_replay_jobs() {
+    use postbox_store::{NewReplay, PageDone, ProducerTarget, ReplayRange, ReplaySource, Store};
+    let db = TestDb::new().await;
+    let json =
+        |args: &[&str]| -> serde_json::Value { serde_json::from_str(&ok(run(&db, args))).unwrap() };
+    let v = json(&["status", "--json"]);
+    assert!(v["oldest_replayable_at"].is_null(), "{v}");
+    assert_eq!(v["replay_source"], "outbox", "{v}");
+    assert_eq!(v["replay_jobs"], serde_json::json!([]), "{v}");
+    let text = ok(run(&db, &["status"]));
+    assert!(
+        text.contains("oldest replayable event  -  (the outbox and its archive hold no event)"),
+        "{text}"
+    );
+    assert!(!text.contains("replay jobs"), "{text}");
+
+    enqueue(&db, 3).await;
+    db.exec("UPDATE {schema}.outbox SET created_at = now() - interval '3 hours'")
+        .await;
+    let store = Store::new(db.pool.clone(), db.schema.clone());
+    let replays = store.replays();
+    let job = |destination: &str, total: i64| NewReplay {
+        destination: destination.to_owned(),
+        source: ReplaySource::Outbox,
+        range: ReplayRange {
+            from: chrono::Utc::now() - chrono::Duration::hours(4),
+            to: chrono::Utc::now(),
+            types: None,
+            type_likes: None,
+            aggregate_type: None,
+            aggregate_id: None,
+        },
+        rate: None,
+        new_ids: false,
+        hi: 3,
+        total,
+        actor: "test".to_owned(),
+    };
+    let paused = replays.create(&job("billing", 3)).await.unwrap();
+    let page = PageDone {
+        after_id: 2,
+        after_event: uuid::Uuid::nil(),
+        delivered: 1,
+        filtered: 1,
+        rejected: 0,
+        error: None,
+    };
+    assert!(replays.advance(paused, &page).await.unwrap());
+    replays
+        .set_state(paused, "paused", &["running"], None)
+        .await
+        .unwrap();
+    let done = replays.create(&job("audit", 3)).await.unwrap();
+    replays
+        .set_state(done, "done", &["running"], None)
+        .await
+        .unwrap();
+
+    let v = json(&["status", "--json"]);
+    let oldest =
+        chrono::DateTime::parse_from_rfc3339(v["oldest_replayable_at"].as_str().unwrap()).unwrap();
+    let age = chrono::Utc::now()
+        .signed_duration_since(oldest)
+        .num_seconds();
+    assert!((3 * 3600 - 60..=3 * 3600 + 60).contains(&age), "{v}");
+    assert_eq!(v["replay_source"], "outbox", "{v}");
+    let jobs = v["replay_jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 1, "the done job is not open: {v}");
+    assert_eq!(jobs[0]["id"], paused, "{v}");
+    assert_eq!(jobs[0]["state"], "paused", "{v}");
+    assert_eq!(jobs[0]["destination"], "billing", "{v}");
+    assert_eq!(
+        (&jobs[0]["handled"], &jobs[0]["total"]),
+        (&2.into(), &3.into()),
+        "{v}"
+    );
+    let text = ok(run(&db, &["status"]));
+    assert!(
+        text.contains(&format!(
+            "oldest replayable event  {}",
+            oldest.format("%Y-%m-%d %H:%M:%S UTC")
+        )) && text.contains("ago; in the outbox and its archive)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "replay jobs  1 open; an open job holds retention back until done or cancelled"
+        ),
+        "{text}"
+    );
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with(&format!("{paused} ")))
+        .unwrap_or_else(|| panic!("a line for job {paused}: {text}"));
+    assert!(
+        line.contains("billing") && line.contains("paused") && line.trim_end().ends_with("2/3"),
+        "{line}"
+    );
+
+    // Many outboxes: the same, per outbox.
+    let lines = json(&["status", "--schemas", db.schema.name(), "--json"]);
+    let l = &lines[0];
+    assert_eq!(l["replay_source"], "outbox", "{l}");
+    assert_eq!(l["oldest_replayable_at"], v["oldest_replayable_at"], "{l}");
+    assert_eq!(l["replay_jobs"][0]["id"], paused, "{l}");
+    let text = ok(run(&db, &["status", "--schemas", db.schema.name()]));
+    assert!(text.contains("oldest replayable"), "{text}");
+    assert!(
+        text.contains(&format!(
+            ": {paused} to billing, paused (2/3 handled); it holds retention back until done or cancelled"
+        )),
+        "{text}"
+    );
+
+    // Log mode: a replay reads the log (empty here) and the archive.
+    store
+        .log()
+        .set_producer_target(ProducerTarget::Log)
+        .await
+        .unwrap();
+    let v = json(&["status", "--json"]);
+    assert_eq!(v["replay_source"], "log", "{v}");
+    assert!(v["oldest_replayable_at"].is_null(), "{v}");
+    let text = ok(run(&db, &["status"]));
+    assert!(
+        text.contains("oldest replayable event  -  (the log and the archive hold no event)"),
+        "{text}"
+    );
+    db.drop_schema().await;
+}
+
 #[tokio::test]
 async fn the_relay_role_drains_and_cannot_read_application_tables() {
     let db = TestDb::new().await;

@@ -12,13 +12,13 @@
 //!   console answers as if the outbox did not exist.
 //!
 //! - **Access.** Users have a role: `viewer` looks, `operator` also replays
-//!   and discards dead letters. Passwords are stored as argon2 hashes
-//!   ([`add_user`]). A session is a random token in an `HttpOnly`,
-//!   `SameSite=Strict` cookie (`Secure` when the console sits behind TLS);
-//!   only the token's SHA-256 is stored. Every state-changing request carries
-//!   the session's CSRF token (the sign-in form its own: an HMAC the console
-//!   process issues under a key it makes at start, bound to the form's cookie
-//!   and expiring).
+//!   and discards dead letters and cancels replay jobs. Passwords are stored
+//!   as argon2 hashes ([`add_user`]). A session is a random token in an
+//!   `HttpOnly`, `SameSite=Strict` cookie (`Secure` when the console sits
+//!   behind TLS); only the token's SHA-256 is stored. Every state-changing
+//!   request carries the session's CSRF token (the sign-in form its own: an
+//!   HMAC the console process issues under a key it makes at start, bound to
+//!   the form's cookie and expiring).
 //!   One guard checks the session, the token and the role in front of every
 //!   state-changing route, from one table ([`state_changing_routes`]); a
 //!   state-changing route without a row is refused. Sign-in attempts and
@@ -33,8 +33,10 @@
 //!   the configured [`PayloadRedactor`]), dead letters with single and bulk
 //!   replay/discard (bulk actions run in the background, batch by batch, and
 //!   can be cancelled), dead letters and retrying events grouped by cause
-//!   (a whole dead-letter group replayed or discarded at once), and the audit
-//!   log, read-only. The overview and the lists update themselves in place.
+//!   (a whole dead-letter group replayed or discarded at once), the replay
+//!   jobs of `postbox replay` (an open one cancelled by an operator, audited),
+//!   and the audit log, read-only. The overview and the lists update
+//!   themselves in place.
 //! - **Storage.** Everything goes through the `postbox-store` crate: the
 //!   dead-letter operations and their audit entries (`store::dlq`) and the
 //!   console's own queries and tables (`store::console`, migration 6).

@@ -20,7 +20,7 @@
 use crate::samples::Samples;
 use postbox::Schema;
 use postbox_store::directory::{self, Schemas, Source};
-use postbox_store::{Backlog, ConsoleStore, DeadLetters, Store};
+use postbox_store::{Backlog, ConsoleStore, DeadLetters, Replays, Store};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::PgPool;
 use std::collections::HashMap;
@@ -43,6 +43,8 @@ pub(crate) struct Outbox {
     pub store: Store,
     pub console: ConsoleStore,
     pub dlq: DeadLetters,
+    /// Its replay jobs (`postbox replay`): listed, and cancelled, audited.
+    pub replays: Replays,
     pub samples: Samples,
     database: String,
     /// Which source found it.
@@ -60,6 +62,7 @@ impl Outbox {
             base: String::new(),
             console: store.console(),
             dlq: store.dead_letters(),
+            replays: store.replays(),
             store,
             samples: Samples::default(),
             database: String::new(),
@@ -76,6 +79,7 @@ impl Outbox {
             base: format!("/o/{}/{}", segment(database), segment(schema.name())),
             console: store.console(),
             dlq: store.dead_letters().naming(name.clone()),
+            replays: store.replays(),
             store,
             samples: Samples::default(),
             database: database.to_owned(),

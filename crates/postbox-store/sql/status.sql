@@ -100,6 +100,17 @@ LEFT JOIN oldest ON true
 LEFT JOIN slot ON true
 LEFT JOIN tup ON true;
 
+-- name: open_replays
+-- The replay jobs not yet done or cancelled (running, paused, failed: each
+-- keeps retention from removing what it still reads, migration 29), oldest
+-- first, through the table's partial index of open jobs.
+SELECT id, destination, source, from_at, to_at, types, type_likes, aggregate_type,
+       aggregate_id, rate, new_ids, after_id, after_event, hi, total, state, delivered,
+       filtered, rejected, last_error, created_by, created_at, updated_at, finished_at
+FROM {schema}.replay_jobs
+WHERE state IN ('running', 'paused', 'failed')
+ORDER BY id;
+
 -- name: ping
 -- Readiness: the database answers and postbox's table is readable.
 SELECT 1 FROM {schema}.outbox LIMIT 0;

@@ -1,6 +1,8 @@
 //! Counts and health reads: status by state, the backlog gauges, attempts,
-//! per-destination counts, the database's health, the LISTEN probe.
+//! per-destination counts, the database's health, the open replay jobs, the
+//! LISTEN probe.
 
+use crate::replay::ReplayJob;
 use crate::store::Store;
 use postbox::statements::trusted;
 use uuid::Uuid;
@@ -123,6 +125,14 @@ impl Store {
         sqlx::query_as(trusted(&self.sql.db_health))
             .bind(self.schema.name())
             .fetch_one(&self.pool)
+            .await
+    }
+
+    /// The replay jobs not yet done or cancelled (running, paused or
+    /// failed), oldest first: each holds retention back until it ends.
+    pub async fn open_replays(&self) -> Result<Vec<ReplayJob>, sqlx::Error> {
+        sqlx::query_as(trusted(&self.sql.open_replays))
+            .fetch_all(&self.pool)
             .await
     }
 

@@ -1,14 +1,17 @@
 //! `postbox status`: counts by status, the oldest pending event, attempts and
-//! dead letters; once, or refreshed until interrupted.
+//! dead letters, how far back a replay reaches and the replay jobs still
+//! open; once, or refreshed until interrupted.
 
 use crate::context::{cancel_on_signal, AnyError, Settings};
 use crate::output::{out, outln};
+use chrono::{DateTime, Utc};
 use clap::Args;
 use postbox::Schema;
 use postbox_relay::health::{findings, Finding, Problem};
 use postbox_relay::Store;
 use postbox_store::{
-    AttemptsCount, CursorLag, DestinationCounts, GroupStatus, SlotStatus, StatusCounts,
+    AttemptsCount, CursorLag, DestinationCounts, GroupStatus, ProducerTarget, ReplayJob,
+    ReplaySource, SlotStatus, StatusCounts,
 };
 use std::process::ExitCode;
 use std::time::Duration;
@@ -18,7 +21,8 @@ use tokio_util::sync::CancellationToken;
 pub struct StatusArgs {
     /// Print JSON: pending, scheduled, processing, sent, failed, oldest_pending_age_seconds,
     /// next_scheduled_in_seconds, oldest_pending_event_id, dead_letters, pending_attempts,
-    /// producers_write_into, numbered_emits, …
+    /// producers_write_into, numbered_emits, oldest_replayable_at, replay_source,
+    /// replay_jobs, …
     #[arg(long)]
     pub json: bool,
     /// Refresh every INTERVAL [default: 2s] until interrupted (JSON: one line per refresh)
@@ -147,8 +151,102 @@ struct StatusReport {
     /// Logical mode: no relay has held the slot for longer than
     /// `--inactive-warn` (`relay.logical_inactive_warn`).
     logical_slot_unread_too_long: bool,
+    /// Where a replay reads by default (where producers write): `outbox`
+    /// (the outbox table and its archive) or `log` (the log and the archive).
+    replay_source: &'static str,
+    /// The oldest event that source still holds: how far back a replay
+    /// reaches (`null`: it holds none).
+    oldest_replayable_at: Option<DateTime<Utc>>,
+    /// The replay jobs not done or cancelled (running, paused, failed),
+    /// oldest first: each holds retention back until it ends.
+    replay_jobs: Vec<OpenReplay>,
     #[serde(skip)]
     inactive_warn: Duration,
+}
+
+/// A replay job still open, as status shows it.
+#[derive(serde::Serialize)]
+struct OpenReplay {
+    id: i64,
+    state: String,
+    destination: String,
+    source: String,
+    /// Events it has delivered, filtered out or had refused so far.
+    handled: i64,
+    /// Events of its range.
+    total: i64,
+    delivered: i64,
+    filtered: i64,
+    rejected: i64,
+    from_at: DateTime<Utc>,
+    to_at: DateTime<Utc>,
+    created_by: String,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl From<ReplayJob> for OpenReplay {
+    fn from(j: ReplayJob) -> Self {
+        Self {
+            handled: j.delivered + j.filtered + j.rejected,
+            id: j.id,
+            state: j.state,
+            destination: j.destination,
+            source: j.source,
+            total: j.total,
+            delivered: j.delivered,
+            filtered: j.filtered,
+            rejected: j.rejected,
+            from_at: j.from_at,
+            to_at: j.to_at,
+            created_by: j.created_by,
+            created_at: j.created_at,
+            updated_at: j.updated_at,
+        }
+    }
+}
+
+/// How far back a replay reaches and the replay jobs still open: `status`'s
+/// and `status --schemas`'s.
+struct Replayable {
+    source: ReplaySource,
+    oldest: Option<DateTime<Utc>>,
+    jobs: Vec<OpenReplay>,
+}
+
+/// The source a replay reads by default (where producers write: the log in
+/// log mode, the outbox otherwise), its oldest event and the open jobs.
+async fn replayable(store: &Store, target: ProducerTarget) -> Result<Replayable, sqlx::Error> {
+    let source = match target {
+        ProducerTarget::Log => ReplaySource::Log,
+        ProducerTarget::Outbox => ReplaySource::Outbox,
+    };
+    let oldest = store.replays().oldest(source).await?;
+    let jobs = store
+        .open_replays()
+        .await?
+        .into_iter()
+        .map(OpenReplay::from)
+        .collect();
+    Ok(Replayable {
+        source,
+        oldest,
+        jobs,
+    })
+}
+
+/// What a replay source (`outbox` or `log`) holds, for people.
+fn source_text(source: &str) -> &'static str {
+    if source == ReplaySource::Log.as_str() {
+        "the log and the archive"
+    } else {
+        "the outbox and its archive"
+    }
+}
+
+/// How long ago `at` was, for people (`-` when never).
+fn ago(at: Option<DateTime<Utc>>) -> String {
+    format_age(at.map(|t| (Utc::now() - t).num_milliseconds() as f64 / 1000.0))
 }
 
 async fn status_report(
@@ -162,7 +260,9 @@ async fn status_report(
     let destinations = store.destination_counts().await?;
     let delivered_last_hour = store.tally().recent(60).await?;
     let log = store.log();
-    let producers_write_into = log.producer_target().await?.as_str();
+    let target = log.producer_target().await?;
+    let producers_write_into = target.as_str();
+    let replay = replayable(store, target).await?;
     let numbered_emits = store.logical().numbered_emits().await?;
     let log_cursors = log.cursor_lag().await?;
     let log_cursors_unread = log_cursors
@@ -196,6 +296,9 @@ async fn status_report(
         consumer_groups,
         consumer_groups_unread,
         logical_slot,
+        replay_source: replay.source.as_str(),
+        oldest_replayable_at: replay.oldest,
+        replay_jobs: replay.jobs,
         dead_letters: counts.failed,
         counts,
         oldest_pending_event_id: gauges.oldest_pending_event_id,
@@ -256,6 +359,38 @@ fn render_status(schema: &Schema, r: &StatusReport) -> String {
             .map(|a| format!("{}: {}", a.attempts, a.count))
             .collect();
         let _ = writeln!(out, "pending by attempts  {}", parts.join(", "));
+    }
+    let _ = match r.oldest_replayable_at {
+        Some(at) => writeln!(
+            out,
+            "oldest replayable event  {}  ({} ago; in {})",
+            at.format("%Y-%m-%d %H:%M:%S UTC"),
+            ago(Some(at)),
+            source_text(r.replay_source)
+        ),
+        None => writeln!(
+            out,
+            "oldest replayable event  -  ({} hold no event)",
+            source_text(r.replay_source)
+        ),
+    };
+    if !r.replay_jobs.is_empty() {
+        let _ = writeln!(
+            out,
+            "replay jobs  {} open; an open job holds retention back until done or cancelled  (id / destination / state / handled of its events)",
+            r.replay_jobs.len()
+        );
+        for j in &r.replay_jobs {
+            let _ = writeln!(
+                out,
+                "  {:<7} {:<20} {:<8} {}/{}",
+                j.id, j.destination, j.state, j.handled, j.total
+            );
+        }
+        let _ = writeln!(
+            out,
+            "  resume one with postbox replay resume ID, or end it with postbox replay cancel ID"
+        );
     }
     if !r.log_cursors.is_empty() {
         let _ = writeln!(
@@ -371,6 +506,11 @@ async fn status_many(settings: &Settings, args: &StatusArgs) -> Result<ExitCode,
         /// (`None`: no group).
         group_unread_events: Option<i64>,
         group_dead_letters: Option<i64>,
+        /// Where a replay reads by default, the oldest event it still
+        /// holds, and the replay jobs still open (each holds retention back).
+        replay_source: &'static str,
+        oldest_replayable_at: Option<DateTime<Utc>>,
+        replay_jobs: Vec<OpenReplay>,
         /// What the relay's health watch would find, against `[health]`'s
         /// thresholds (empty when all is well or `[health]` is off).
         health: Vec<Problem>,
@@ -396,13 +536,14 @@ async fn status_many(settings: &Settings, args: &StatusArgs) -> Result<ExitCode,
         };
         let named = |e: sqlx::Error| format!("{}: {e}", outbox.name);
         let log = store.log();
-        let producers_write_into = log.producer_target().await.map_err(named)?.as_str();
+        let target = log.producer_target().await.map_err(named)?;
         let cursors = log.cursor_lag().await.map_err(named)?;
         let groups = store.groups().status().await.map_err(named)?;
+        let replay = replayable(&store, target).await.map_err(named)?;
         lines.push(Line {
             outbox: &outbox.name,
             counts,
-            producers_write_into,
+            producers_write_into: target.as_str(),
             log_unread_events: cursors.iter().map(|c| c.lag_events).max(),
             log_oldest_unread_seconds: cursors
                 .iter()
@@ -412,6 +553,9 @@ async fn status_many(settings: &Settings, args: &StatusArgs) -> Result<ExitCode,
                 .then(|| groups.iter().map(|g| g.unread + g.waiting).sum()),
             group_dead_letters: (!groups.is_empty())
                 .then(|| groups.iter().map(|g| g.dead_letters).sum()),
+            replay_source: replay.source.as_str(),
+            oldest_replayable_at: replay.oldest,
+            replay_jobs: replay.jobs,
             health: findings.iter().map(Problem::from).collect(),
             findings,
         });
@@ -426,10 +570,11 @@ async fn status_many(settings: &Settings, args: &StatusArgs) -> Result<ExitCode,
         .max()
         .unwrap_or(6)
         .max(6);
-    // Claim mode's counts, then log mode's: what the cursors have not read
-    // and what the consumer groups hold ("-": none in this outbox).
+    // Claim mode's counts, how far back a replay reaches and the replay
+    // jobs still open, then log mode's: what the cursors have not read and
+    // what the consumer groups hold ("-": none in this outbox).
     let mut text = format!(
-        "{:<width$}  {:<6} {:>9} {:>10} {:>10} {:>7}  {:<14} {:>10} {:>13}\n",
+        "{:<width$}  {:<6} {:>9} {:>10} {:>10} {:>7}  {:<14} {:<17} {:>7} {:>10} {:>13}\n",
         "outbox",
         "writes",
         "pending",
@@ -437,6 +582,8 @@ async fn status_many(settings: &Settings, args: &StatusArgs) -> Result<ExitCode,
         "sent",
         "failed",
         "oldest pending",
+        "oldest replayable",
+        "replays",
         "log unread",
         "groups u/dead"
     );
@@ -447,7 +594,7 @@ async fn status_many(settings: &Settings, args: &StatusArgs) -> Result<ExitCode,
             _ => "-".to_owned(),
         };
         text.push_str(&format!(
-            "{:<width$}  {:<6} {:>9} {:>10} {:>10} {:>7}  {:<14} {:>10} {:>13}\n",
+            "{:<width$}  {:<6} {:>9} {:>10} {:>10} {:>7}  {:<14} {:<17} {:>7} {:>10} {:>13}\n",
             l.outbox,
             l.producers_write_into,
             c.pending,
@@ -455,10 +602,21 @@ async fn status_many(settings: &Settings, args: &StatusArgs) -> Result<ExitCode,
             c.sent,
             c.failed,
             format_age(c.oldest_pending_age_seconds),
+            ago(l.oldest_replayable_at),
+            l.replay_jobs.len(),
             l.log_unread_events
                 .map_or_else(|| "-".to_owned(), |n| n.to_string()),
             groups
         ));
+    }
+    // The replay jobs still open, each under its outbox's name.
+    for l in &lines {
+        for j in &l.replay_jobs {
+            text.push_str(&format!(
+                "replay job: {}: {} to {}, {} ({}/{} handled); it holds retention back until done or cancelled\n",
+                l.outbox, j.id, j.destination, j.state, j.handled, j.total
+            ));
+        }
     }
     // What the health watch would warn about: a database's conditions once,
     // an outbox table's under the outbox's name.

@@ -76,6 +76,7 @@ pub(crate) static STATE_CHANGING: &[StateChangingRoute] = &[
     row(Method::POST, "/dead-letters/action", OPERATOR),
     row(Method::POST, "/groups/action", OPERATOR),
     row(Method::POST, "/jobs/{id}/cancel", OPERATOR),
+    row(Method::POST, "/replays/{id}/cancel", OPERATOR),
 ];
 
 /// Who may send `method` to the route mounted at `path`; `None` when the

@@ -99,6 +99,8 @@ const ACTIONS: &[&str] = &[
     "dlq.replay",
     "dlq.replay_new_id",
     "dlq.discard",
+    "replay_start",
+    "replay_cancel",
     "console.sign_in",
     "console.sign_in_failed",
     "console.sign_out",
@@ -111,7 +113,7 @@ fn render(here: &Frame<'_>, v: &AuditView<'_>) -> Markup {
         Nav::Audit,
         html! {
             h1 { "Audit log" }
-            p.muted { "Every replay, discard and sign-in attempt, newest first. Kept in the database; the console cannot change it." }
+            p.muted { "Every replay, discard, replay job started or cancelled and sign-in attempt, newest first. Kept in the database; the console cannot change it." }
             @if !v.sign_in_details {
                 p.muted.small #sign-in-details-hidden { "Failed sign-ins are listed without the name tried, the address or the reason: operators see those." }
             }

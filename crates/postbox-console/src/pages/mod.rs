@@ -13,6 +13,7 @@ mod events;
 mod groups;
 mod job;
 mod overview;
+mod replays;
 mod sign_in;
 
 use crate::assets;
@@ -38,6 +39,9 @@ pub(crate) fn routes() -> Routes {
         .get("/jobs/{id}", job::job_page)
         .get("/jobs/{id}/progress", job::job_progress)
         .post("/jobs/{id}/cancel", job::job_cancel)
+        .get("/replays", replays::replays)
+        .get("/replays/{id}", replays::replay_page)
+        .post("/replays/{id}/cancel", replays::replay_cancel)
         .get("/audit", audit::audit)
         .get("/static/console.css", assets::css)
         .get("/static/console.js", assets::js)

@@ -56,6 +56,8 @@ fn audit_what(here: &Frame<'_>, a: &AuditEntry) -> Markup {
     } else {
         String::new()
     };
+    // A replay job's entry (`postbox replay`, or a cancel in the console).
+    let replay = a.selection.get("replay").and_then(Value::as_i64);
     let field = |k: &str| a.details.get(k).and_then(Value::as_str);
     let other = match (events.is_empty(), field("outcome"), field("client")) {
         (false, _, _) => String::new(),
@@ -64,6 +66,11 @@ fn audit_what(here: &Frame<'_>, a: &AuditEntry) -> Markup {
         (true, _, _) => clip(&a.details.to_string(), 160),
     };
     html! {
+        @if let Some(id) = replay {
+            a href=(here.at(&format!("/replays/{id}"))) { "replay " (id) }
+            @if let Some(d) = a.selection.get("destination").and_then(Value::as_str) { " to " (d) }
+            br;
+        }
         @if !selection.is_empty() { code { (selection) } br; }
         @for id in events.iter().take(5) {
             a.id href=(here.at(&format!("/events/{}", id))) { (id) } br;

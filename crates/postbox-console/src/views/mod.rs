@@ -18,6 +18,7 @@ pub(crate) enum Nav {
     Overview,
     Events,
     DeadLetters,
+    Replays,
     Audit,
     None,
 }
@@ -77,6 +78,7 @@ pub(crate) fn layout(title: &str, here: Option<&Frame<'_>>, nav: Nav, body: Mark
                                 a href=(h.at("/")) aria-current=[current(nav == Nav::Overview)] { "Overview" }
                                 a href=(h.at("/events")) aria-current=[current(nav == Nav::Events)] { "Events" }
                                 a href=(h.at("/dead-letters")) aria-current=[current(nav == Nav::DeadLetters)] { "Dead letters" }
+                                a href=(h.at("/replays")) aria-current=[current(nav == Nav::Replays)] { "Replays" }
                             }
                             a href=(h.at("/audit")) aria-current=[current(nav == Nav::Audit)] {
                                 @if h.many && h.outbox.is_none() { "Sign-in log" } @else { "Audit log" }
@@ -170,6 +172,8 @@ pub(crate) fn notice_text(code: Option<&str>) -> Option<&'static str> {
         "not-dead" => Some("Nothing was done: the event is not an unresolved dead letter (any more)."),
         "none-selected" => Some("Nothing was done: select at least one dead letter first."),
         "group-gone" => Some("Nothing was done: that group has no unresolved dead letters any more."),
+        "replay-cancelled" => Some("Cancelled, and recorded in the audit log: a runner still delivering it stops after its current page, and retention no longer keeps its events for it."),
+        "replay-not-open" => Some("Nothing was done: the replay job had already ended (done or cancelled)."),
         _ => None,
     }
 }
