@@ -217,7 +217,28 @@ impl FileConfig {
         })?;
         config.redact.redactor()?;
         config.groups()?;
+        config.starts()?;
         Ok(config)
+    }
+
+    /// Each `[destinations.NAME]`'s `start`, checked: an error names the
+    /// field. `[sink]` takes none (a single sink is the outbox's first).
+    pub fn starts(&self) -> Result<Vec<Option<postbox_store::GroupStart>>, String> {
+        if self.sink.start.is_some() {
+            return Err("sink.start: only a [destinations.NAME] section takes a start".to_owned());
+        }
+        self.destinations
+            .iter()
+            .map(|(name, d)| {
+                d.start
+                    .as_deref()
+                    .map(|s| {
+                        s.parse()
+                            .map_err(|e| format!("destinations.{name}.start: {e}"))
+                    })
+                    .transpose()
+            })
+            .collect()
     }
 
     /// `[groups.NAME]`, checked: an error names the field.

@@ -3,7 +3,8 @@
 //! once and nothing outside it, through the destination's filter, to that
 //! destination only, in claim and log mode; bad input is refused with its
 //! exit code and nothing sent; retention (the purge, log truncation) keeps
-//! what an open job still reads, until it is cancelled (audited).
+//! what an open job still reads, until it is cancelled (audited). A
+//! destination added to an outbox starts where its `start` says.
 
 use postbox::statements::trusted;
 use postbox::NewEvent;
@@ -54,7 +55,7 @@ fn text(o: &Output) -> String {
 /// behind, even when the test fails.
 struct Cleanup {
     file: PathBuf,
-    keys: [String; 2],
+    keys: Vec<String>,
     child: Option<Child>,
 }
 
@@ -78,7 +79,7 @@ impl Drop for Cleanup {
 /// billing (a Redis list) takes events with an even `n`; audit (another
 /// list) takes every event. Both are routed every type.
 fn setup(db: &TestDb, mode: &str) -> Cleanup {
-    let keys = [
+    let keys = vec![
         format!("{}_billing", db.schema.name()),
         format!("{}_audit", db.schema.name()),
     ];
@@ -509,4 +510,136 @@ async fn log_truncation_keeps_the_segments_an_open_replay_reads() {
     assert_eq!(truncate().await, Some(30), "a cancelled one does not");
     drop(cleanup);
     db.drop_schema().await;
+}
+
+/// A file of `[destinations.NAME]` sections, each a Redis list named after
+/// the schema and the destination, with its `start` when given, every type
+/// routed to each.
+fn destinations(
+    db: &TestDb,
+    mode: &str,
+    file: &Path,
+    list: &[(&str, Option<&str>)],
+) -> Vec<String> {
+    let mut toml = format!("[relay]\nmode = \"{mode}\"\n");
+    let mut keys = Vec::new();
+    for (name, start) in list {
+        let key = format!("{}_{name}", db.schema.name());
+        toml += &format!(
+            "\n[destinations.{name}]\nurl = \"{}?key={key}\"\n",
+            postbox_testkit::redis_url()
+        );
+        if let Some(start) = start {
+            toml += &format!("start = \"{start}\"\n");
+        }
+        keys.push(key);
+    }
+    let names: Vec<String> = list.iter().map(|(n, _)| format!("{n:?}")).collect();
+    toml += &format!(
+        "\n[[routes]]\nmatch = [\"*\"]\nto = [{}]\n",
+        names.join(", ")
+    );
+    std::fs::write(file, toml).unwrap();
+    keys
+}
+
+fn drain(db: &TestDb, cfg: &Path) {
+    let o = postbox(db, cfg, &["relay", "--drain"]);
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+/// The `n` of each event a Redis list received, sorted.
+async fn numbers(key: &str) -> Vec<i64> {
+    let mut redis = redis().await;
+    let bodies: Vec<String> = redis.lrange(key, 0, -1).await.unwrap();
+    let mut n: Vec<i64> = bodies
+        .iter()
+        .map(|b| {
+            let v: serde_json::Value = serde_json::from_str(b).unwrap();
+            v["data"]["n"].as_i64().unwrap()
+        })
+        .collect();
+    n.sort_unstable();
+    n
+}
+
+/// In log mode a destination added to a running outbox starts now unless
+/// it says otherwise: `beginning` gets what the log retains, a time gets
+/// what was created from then on, `now` and no `start` only what comes
+/// next. The outbox's first destination, with no `start`, got everything.
+#[tokio::test]
+async fn a_destination_added_to_a_log_mode_outbox_starts_where_it_says() {
+    let db = TestDb::new().await;
+    let mut cleanup = setup(&db, "log");
+    let cfg = cleanup.file.clone();
+    let o = postbox(&db, &cfg, &["migrate", "--mode", "log"]);
+    assert!(o.status.success(), "{}", text(&o));
+    commit(&db, "order.placed", 0, 10).await;
+    let t = clock(&db).await;
+    commit(&db, "order.placed", 10, 5).await;
+    cleanup.keys = destinations(&db, "log", &cfg, &[("first", None)]);
+    drain(&db, &cfg);
+
+    let later = [
+        ("first", None),
+        ("plain", None),
+        ("history", Some("beginning")),
+        ("since", Some(t.as_str())),
+        ("fresh", Some("now")),
+    ];
+    cleanup.keys = destinations(&db, "log", &cfg, &later);
+    drain(&db, &cfg);
+    commit(&db, "order.placed", 15, 3).await;
+    drain(&db, &cfg);
+
+    let all: Vec<i64> = (0..18).collect();
+    let k = &cleanup.keys;
+    assert_eq!(numbers(&k[0]).await, all, "the first destination");
+    assert_eq!(numbers(&k[1]).await, vec![15, 16, 17], "no start: now");
+    assert_eq!(numbers(&k[2]).await, all, "beginning");
+    assert_eq!(numbers(&k[3]).await, (10..18).collect::<Vec<_>>(), "a time");
+    assert_eq!(numbers(&k[4]).await, vec![15, 16, 17], "now");
+}
+
+/// In claim mode a start time keeps every event created before it from
+/// that destination (filtered out, counted), and the others get them; a
+/// start that is not one is refused at start-up naming the field.
+#[tokio::test]
+async fn a_start_time_keeps_earlier_events_from_a_destination_in_claim_mode() {
+    let db = TestDb::new().await;
+    let mut cleanup = setup(&db, "claim");
+    let cfg = cleanup.file.clone();
+    cleanup.keys = destinations(
+        &db,
+        "claim",
+        &cfg,
+        &[("all", None), ("since", Some("yesterday"))],
+    );
+    let o = postbox(&db, &cfg, &["relay", "--drain"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("destinations.since.start: \"yesterday\""),
+        "{}",
+        text(&o)
+    );
+
+    commit(&db, "order.placed", 0, 10).await;
+    let t = clock(&db).await;
+    commit(&db, "order.placed", 10, 5).await;
+    cleanup.keys = destinations(
+        &db,
+        "claim",
+        &cfg,
+        &[("all", None), ("since", Some(t.as_str()))],
+    );
+    drain(&db, &cfg);
+    assert_eq!(numbers(&cleanup.keys[0]).await, (0..15).collect::<Vec<_>>());
+    assert_eq!(
+        numbers(&cleanup.keys[1]).await,
+        (10..15).collect::<Vec<_>>()
+    );
+    let o = postbox(&db, &cfg, &["status", "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let status = String::from_utf8_lossy(&o.stdout);
+    assert!(status.contains("\"filtered\""), "{status}");
 }

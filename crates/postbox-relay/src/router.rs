@@ -16,7 +16,7 @@
 use crate::config::ConfigError;
 use crate::shape::{Shape, Shaped};
 use crate::sink::{Message, Outcome, Sink};
-use postbox_store::{ClaimOrder, DeliveryState, DeliveryUpdate, Status};
+use postbox_store::{ClaimOrder, CursorStart, DeliveryState, DeliveryUpdate, GroupStart, Status};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -121,6 +121,9 @@ pub struct Destination {
     pub sink: Arc<dyn Sink>,
     /// Its own filter, transform and headers (see [`crate::shape`]).
     pub shape: Shape,
+    /// Where it starts (`start`; `None`: not configured). A time also keeps
+    /// every event created before it from the destination, in every mode.
+    pub start: Option<GroupStart>,
 }
 
 impl Destination {
@@ -130,6 +133,7 @@ impl Destination {
             name: name.into(),
             sink,
             shape: Shape::default(),
+            start: None,
         }
     }
 
@@ -137,6 +141,30 @@ impl Destination {
     pub fn with_shape(mut self, shape: Shape) -> Self {
         self.shape = shape;
         self
+    }
+
+    /// Starting there.
+    pub fn with_start(mut self, start: Option<GroupStart>) -> Self {
+        self.start = start;
+        self
+    }
+
+    /// Where a new log cursor of this destination starts: a time starts
+    /// at the beginning, and the events before it are filtered out.
+    pub fn cursor_start(&self) -> CursorStart {
+        match self.start {
+            None => CursorStart::Default,
+            Some(GroupStart::Now) => CursorStart::Now,
+            Some(GroupStart::Beginning | GroupStart::At(_)) => CursorStart::Beginning,
+        }
+    }
+
+    /// The time before which it gets no event (`start` = a time).
+    pub fn start_at(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        match self.start {
+            Some(GroupStart::At(t)) => Some(t),
+            _ => None,
+        }
     }
 }
 
@@ -192,6 +220,7 @@ impl Router {
                 name: DEFAULT_DESTINATION.to_owned(),
                 sink,
                 shape,
+                start: None,
             }],
             routes: vec![Route {
                 name: "routes[0]".into(),
@@ -298,6 +327,7 @@ impl Router {
         let shaped = (0..destinations.len())
             .map(|d| {
                 !destinations[d].shape.is_empty()
+                    || destinations[d].start_at().is_some()
                     || built
                         .iter()
                         .any(|r| r.to.contains(&d) && !r.shape.is_empty())
@@ -311,8 +341,8 @@ impl Router {
         })
     }
 
-    /// Whether any filter, transform or headers expression applies on the
-    /// way to destination `d`.
+    /// Whether any filter, transform or headers expression (or a start
+    /// time) applies on the way to destination `d`.
     pub fn shapes(&self, d: usize) -> bool {
         self.shaped.get(d).copied().unwrap_or(false)
     }
@@ -323,17 +353,22 @@ impl Router {
     /// expression.
     pub fn shape(&self, d: usize, m: &Message, steps: u64) -> Shaped {
         let destination = &self.destinations[d];
+        let owner = if destination.name == DEFAULT_DESTINATION && self.destinations.len() == 1 {
+            "sink".to_owned()
+        } else {
+            format!("destinations.{}", destination.name)
+        };
+        if destination.start_at().is_some_and(|t| m.created_at < t) {
+            return Shaped::Filtered {
+                by: format!("{owner}.start"),
+            };
+        }
         let routes: Vec<(&str, &Shape)> = self
             .routes
             .iter()
             .filter(|r| r.to.contains(&d) && r.patterns.iter().any(|p| p.matches(&m.event_type)))
             .map(|r| (r.name.as_str(), &r.shape))
             .collect();
-        let owner = if destination.name == DEFAULT_DESTINATION && self.destinations.len() == 1 {
-            "sink".to_owned()
-        } else {
-            format!("destinations.{}", destination.name)
-        };
         crate::shape::shape(m, &owner, &destination.shape, &routes, steps)
     }
 

@@ -185,3 +185,59 @@ fn consumer_groups_have_gauges() {
         })
     });
 }
+
+/// The open replay jobs have gauges: how many, and the events each
+/// destination's jobs still have to go through; a destination whose jobs
+/// all ended goes back to 0.
+#[test]
+fn open_replay_jobs_have_gauges() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let gauges = || -> HashMap<String, f64> {
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter_map(|(key, _, _, value)| {
+                let label: Vec<String> = key.key().labels().map(|l| l.value().to_owned()).collect();
+                match value {
+                    DebugValue::Gauge(g) => {
+                        Some((format!("{}{:?}", key.key().name(), label), g.into_inner()))
+                    }
+                    _ => None,
+                }
+            })
+            .collect()
+    };
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let db = TestDb::new().await;
+            let store = store(&db);
+            db.exec(
+                "INSERT INTO {schema}.replay_jobs \
+                 (destination, source, from_at, to_at, after_id, hi, total, delivered, filtered, \
+                  rejected, state, created_by) VALUES \
+                 ('billing', 'outbox', now() - interval '1 hour', now(), 0, 100, 100, 30, 10, 0, 'running', 't'), \
+                 ('billing', 'outbox', now() - interval '1 hour', now(), 0, 100, 50, 0, 0, 5, 'paused', 't'), \
+                 ('audit', 'outbox', now() - interval '1 hour', now(), 0, 100, 70, 70, 0, 0, 'done', 't')",
+            )
+            .await;
+            let known = m::refresh_replays(&store, &Default::default()).await.unwrap();
+            let g = gauges();
+            assert_eq!(g["postbox_replay_jobs_open[]"], 2.0, "{g:?}");
+            assert_eq!(g["postbox_replay_events_left[\"billing\"]"], 105.0, "{g:?}");
+            assert!(!g.contains_key("postbox_replay_events_left[\"audit\"]"), "{g:?}");
+
+            db.exec("UPDATE {schema}.replay_jobs SET state = 'cancelled'").await;
+            m::refresh_replays(&store, &known).await.unwrap();
+            let g = gauges();
+            assert_eq!(g["postbox_replay_jobs_open[]"], 0.0, "{g:?}");
+            assert_eq!(g["postbox_replay_events_left[\"billing\"]"], 0.0, "{g:?}");
+            db.drop_schema().await;
+        })
+    });
+}

@@ -136,7 +136,8 @@ impl SinkOptions {
 ///
 /// `filter`, `transform` and `headers` are the relay's jq expressions on the
 /// way to this destination (the relay compiles and runs them; the sink never
-/// sees them): they are read here so that the section keeps one set of keys.
+/// sees them), and `start` where a new destination starts: they are read
+/// here so that the section keeps one set of keys.
 #[derive(Clone, Debug, Default)]
 pub struct SinkSection {
     pub url: Option<String>,
@@ -149,6 +150,9 @@ pub struct SinkSection {
     /// A jq expression whose first output (an object of strings) is the set of
     /// headers the destination gets.
     pub headers: Option<String>,
+    /// Where a destination added to the configuration starts: `now`,
+    /// `beginning` or an RFC 3339 time (the relay reads and checks it).
+    pub start: Option<String>,
     pub(super) tables: OptionTables,
 }
 
@@ -190,7 +194,7 @@ impl SinkSection {
 fn section_keys() -> &'static [&'static str] {
     static KEYS: OnceLock<Vec<&'static str>> = OnceLock::new();
     KEYS.get_or_init(|| {
-        ["url", "source", "filter", "transform", "headers"]
+        ["url", "source", "filter", "transform", "headers", "start"]
             .into_iter()
             .chain(
                 SINKS
@@ -234,6 +238,7 @@ impl Visitor<'_> for KeySeed {
             "filter" => Ok(Key::Expression("filter")),
             "transform" => Ok(Key::Expression("transform")),
             "headers" => Ok(Key::Expression("headers")),
+            "start" => Ok(Key::Expression("start")),
             _ => match SINKS.iter().find(|k| k.has_options && k.name == key) {
                 Some(kind) if kind.built().is_some() => Ok(Key::Table(kind)),
                 Some(kind) => Err(E::custom(kind.not_built())),
@@ -272,6 +277,7 @@ impl<'de> Visitor<'de> for SectionVisitor {
                     let slot = match name {
                         "filter" => &mut section.filter,
                         "transform" => &mut section.transform,
+                        "start" => &mut section.start,
                         _ => &mut section.headers,
                     };
                     if slot.is_some() {

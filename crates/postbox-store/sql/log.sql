@@ -3,11 +3,18 @@
 
 -- name: cursors_ensure
 -- Cursors for each destination $1 that has none, split into $2 partitions
--- (migration 14); a new cursor starts before the first event still in the
--- log.
-INSERT INTO {schema}.log_cursors (destination, part, parts)
-SELECT d, p, $2
-FROM unnest($1::text[]) AS d, generate_series(0, $2 - 1) AS p
+-- (migration 14), starting where its entry of $3 says: 'beginning' before
+-- the first event still in the log, 'now' after every event committed so
+-- far; '' (no `start` configured) at the beginning when the schema has no
+-- cursor yet (the outbox's first destinations), else now (a destination
+-- added to a running outbox).
+INSERT INTO {schema}.log_cursors (destination, part, parts, lo)
+SELECT d, p, $2,
+       CASE WHEN s = 'beginning'
+                 OR (s = '' AND NOT EXISTS (SELECT 1 FROM {schema}.log_cursors))
+            THEN '1:1:'::pg_snapshot
+            ELSE pg_current_snapshot() END
+FROM unnest($1::text[], $3::text[]) AS x(d, s), generate_series(0, $2 - 1) AS p
 WHERE NOT EXISTS (SELECT 1 FROM {schema}.log_cursors c WHERE c.destination = d)
 ON CONFLICT (destination, part) DO NOTHING;
 

@@ -76,8 +76,8 @@ pub use groups::{
     ACTION_REVOKE_GROUP_TOKEN, TOKEN_PREFIX,
 };
 pub use log::{
-    CursorDropped, CursorLag, Handoff, HeldEvents, Lease, Log, LogEvent, LogWindow, ProducerTarget,
-    ACTION_DROP_CURSOR,
+    CursorDropped, CursorLag, CursorStart, Handoff, HeldEvents, Lease, Log, LogEvent, LogWindow,
+    ProducerTarget, ACTION_DROP_CURSOR,
 };
 pub use logical::{
     decode_change, decode_event, decode_or_refuse, default_slot_name, rough_duration, Change,

@@ -36,6 +36,29 @@ impl ProducerTarget {
     }
 }
 
+/// Where a destination's new cursor starts (`start` of its configuration).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CursorStart {
+    /// None configured: at the beginning of what the log retains when the
+    /// schema has no cursor yet (the outbox's first destinations), else
+    /// after every event committed so far (one added to a running outbox).
+    Default,
+    /// After every event committed so far.
+    Now,
+    /// Before the first event the log still retains.
+    Beginning,
+}
+
+impl CursorStart {
+    fn as_sql(self) -> &'static str {
+        match self {
+            CursorStart::Default => "",
+            CursorStart::Now => "now",
+            CursorStart::Beginning => "beginning",
+        }
+    }
+}
+
 /// The window a cursor reads now.
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
 pub struct LogWindow {
@@ -289,33 +312,54 @@ impl Log {
     }
 
     /// Make sure each destination has a cursor (in one partition when it
-    /// has none yet).
+    /// has none yet), starting as [`CursorStart::Default`] says.
     pub async fn ensure_cursors(&self, destinations: &[String]) -> Result<(), sqlx::Error> {
+        let starts = vec![CursorStart::Default; destinations.len()];
+        self.make_cursors(destinations, &starts, 1).await
+    }
+
+    async fn make_cursors(
+        &self,
+        destinations: &[String],
+        starts: &[CursorStart],
+        parts: i32,
+    ) -> Result<(), sqlx::Error> {
+        let starts: Vec<&str> = starts.iter().map(|s| s.as_sql()).collect();
         sqlx::query(trusted(&self.sql.cursors_ensure))
             .bind(destinations)
-            .bind(1_i32)
+            .bind(parts)
+            .bind(starts)
             .execute(&self.pool)
             .await?;
         Ok(())
     }
 
-    /// Make sure each destination has a cursor split into `parts`
-    /// partitions: new cursors are made so; a destination split otherwise is
-    /// re-split when no relay holds any of its cursors (every partition then
-    /// starts again at the earliest of the old cursors' positions, so events
-    /// the others had read past that are delivered again). Returns, per
-    /// destination, how many partitions it has now — the old count where a
-    /// relay holds one of its cursors.
+    /// [`Log::ensure_split_from`] with every new cursor starting as
+    /// [`CursorStart::Default`] says.
     pub async fn ensure_split(
         &self,
         destinations: &[String],
         parts: i32,
     ) -> Result<Vec<(String, i32)>, sqlx::Error> {
-        sqlx::query(trusted(&self.sql.cursors_ensure))
-            .bind(destinations)
-            .bind(parts)
-            .execute(&self.pool)
-            .await?;
+        let starts = vec![CursorStart::Default; destinations.len()];
+        self.ensure_split_from(destinations, &starts, parts).await
+    }
+
+    /// Make sure each destination has a cursor split into `parts`
+    /// partitions: new cursors are made so, starting where the destination's
+    /// entry of `starts` says; a destination split otherwise is
+    /// re-split when no relay holds any of its cursors (every partition then
+    /// starts again at the earliest of the old cursors' positions, so events
+    /// the others had read past that are delivered again). Returns, per
+    /// destination, how many partitions it has now — the old count where a
+    /// relay holds one of its cursors.
+    pub async fn ensure_split_from(
+        &self,
+        destinations: &[String],
+        starts: &[CursorStart],
+        parts: i32,
+    ) -> Result<Vec<(String, i32)>, sqlx::Error> {
+        self.make_cursors(destinations, starts, parts).await?;
         let mut split: Vec<(String, i32)> = sqlx::query_as(trusted(&self.sql.cursors_split))
             .bind(destinations)
             .fetch_all(&self.pool)

@@ -127,6 +127,19 @@ pub fn resolve_relay(
             owner => format!("{owner}: {e}").into(),
         })
     })?;
+    if config.mode != ReadMode::Log {
+        for d in router.destinations() {
+            if d.start == Some(postbox_store::GroupStart::Beginning) {
+                tracing::warn!(
+                    destination = %d.name,
+                    "start = \"beginning\" reaches history only in log mode: this mode delivers \
+                     what is still undelivered; send what was delivered before with \
+                     `postbox replay --destination {} --from TIME`",
+                    d.name
+                );
+            }
+        }
+    }
     let router = if args.ordered {
         router.all_ordered(args.poison.unwrap_or_default())
     } else {
@@ -166,7 +179,8 @@ pub(crate) fn router_of(
         return Err("give either a single sink (--sink, POSTBOX_SINK or [sink]) or [destinations.NAME] with [[routes]], not both".into());
     }
     let mut destinations = Vec::with_capacity(file.destinations.len());
-    for (name, section) in &file.destinations {
+    let starts = file.starts()?;
+    for ((name, section), start) in file.destinations.iter().zip(starts) {
         let owner = format!("destinations.{name}");
         let url = section
             .url
@@ -174,7 +188,11 @@ pub(crate) fn router_of(
             .ok_or_else(|| format!("{owner}.url: missing"))?;
         let sink = make(&owner, url, section)?;
         let shape = shape_of(&owner, section)?;
-        destinations.push(Destination::new(name.clone(), sink).with_shape(shape));
+        destinations.push(
+            Destination::new(name.clone(), sink)
+                .with_shape(shape)
+                .with_start(start),
+        );
     }
     Ok(Router::new(destinations, &file.routes)?)
 }

@@ -68,10 +68,21 @@ pub(crate) async fn start(
         .iter()
         .map(|d| d.name.clone())
         .collect();
+    let starts: Vec<_> = shared
+        .router
+        .destinations()
+        .iter()
+        .map(|d| d.cursor_start())
+        .collect();
     let wanted = i32::from(shared.config.log_partitions);
     let mut failures = 0;
     let split = loop {
-        match shared.store.log().ensure_split(&names, wanted).await {
+        match shared
+            .store
+            .log()
+            .ensure_split_from(&names, &starts, wanted)
+            .await
+        {
             Ok(split) => break split,
             Err(e) => {
                 failures += 1;

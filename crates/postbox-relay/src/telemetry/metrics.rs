@@ -117,6 +117,12 @@ pub const SLOT_XMIN_AGE: &str = "postbox_db_replication_slot_xmin_age";
 pub const DEAD_TUPLES: &str = "postbox_outbox_dead_tuples";
 /// Gauge: dead / (live + dead) tuples of the outbox table.
 pub const DEAD_TUPLE_RATIO: &str = "postbox_outbox_dead_tuple_ratio";
+/// Gauge: replay jobs (`postbox replay`) not done or cancelled: running,
+/// paused or failed, each holding retention back.
+pub const REPLAY_JOBS_OPEN: &str = "postbox_replay_jobs_open";
+/// Gauge: events an open replay job still has to go through (its range's
+/// total less those delivered, filtered and refused), by destination.
+pub const REPLAY_EVENTS_LEFT: &str = "postbox_replay_events_left";
 /// Gauge: 1 when the LISTEN probe came back, 0 when it did not (polling only).
 pub const LISTEN_WORKING: &str = "postbox_listen_working";
 
@@ -262,6 +268,14 @@ fn describe_health() {
         "Dead / (live + dead) tuples of the outbox table"
     );
     describe_gauge!(
+        REPLAY_JOBS_OPEN,
+        "Replay jobs not done or cancelled (each holds retention back)"
+    );
+    describe_gauge!(
+        REPLAY_EVENTS_LEFT,
+        "Events open replay jobs still have to go through, by destination"
+    );
+    describe_gauge!(
         LISTEN_WORKING,
         "1 when LISTEN/NOTIFY reaches the relay, 0 when it relies on polling"
     );
@@ -280,6 +294,27 @@ pub async fn refresh_gauges(store: &Store) -> Result<Gauges, sqlx::Error> {
     let g = store.gauges().await?;
     set_gauges(&g);
     Ok(g)
+}
+
+/// Set the replay gauges from the open jobs: how many, and the events left
+/// per destination. A destination of `known` (those reported before) with
+/// no open job left is set to 0; returns the destinations reported now.
+pub async fn refresh_replays(
+    store: &Store,
+    known: &std::collections::BTreeSet<String>,
+) -> Result<std::collections::BTreeSet<String>, sqlx::Error> {
+    let jobs = store.open_replays().await?;
+    gauge!(REPLAY_JOBS_OPEN).set(jobs.len() as f64);
+    let mut left: std::collections::BTreeMap<String, i64> =
+        known.iter().map(|d| (d.clone(), 0)).collect();
+    for j in &jobs {
+        *left.entry(j.destination.clone()).or_default() +=
+            (j.total - j.delivered - j.filtered - j.rejected).max(0);
+    }
+    for (d, n) in &left {
+        gauge!(REPLAY_EVENTS_LEFT, "destination" => d.clone()).set(*n as f64);
+    }
+    Ok(jobs.into_iter().map(|j| j.destination).collect())
 }
 
 /// Record commit-to-delivery latency for events created at `created` and
