@@ -643,3 +643,147 @@ async fn a_start_time_keeps_earlier_events_from_a_destination_in_claim_mode() {
     let status = String::from_utf8_lossy(&o.stdout);
     assert!(status.contains("\"filtered\""), "{status}");
 }
+
+/// The relay's replay jobs: (created_by, state, delivered).
+async fn relay_jobs(db: &TestDb) -> Vec<(String, String, String, i64)> {
+    sqlx::query_as(trusted(&db.sql(
+        "SELECT destination, created_by, state, delivered FROM {schema}.replay_jobs ORDER BY id",
+    )))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// What a list received, each event once (a replay job and live delivery
+/// may both send an event still undelivered when the destination came).
+async fn distinct_numbers(key: &str) -> Vec<i64> {
+    let mut n = numbers(key).await;
+    n.dedup();
+    n
+}
+
+/// In claim and logical mode, a destination added to a running outbox with
+/// `start = "beginning"` gets a replay job, made and run by the relay, of
+/// what the outbox retains; one with a time gets what was created since
+/// (live events created before it are filtered out); one with no start
+/// only what is still undelivered. The outbox's first destinations get no
+/// job, and a relay started again makes none. In logical mode the outbox
+/// retains only what was enqueued into it (emitted events leave no row):
+/// events 0–9 are enqueued, 10–15 emitted.
+async fn a_destination_added_with_a_start_in_the_past(mode: &str) {
+    let db = TestDb::new().await;
+    let mut cleanup = setup(&db, mode);
+    let cfg = cleanup.file.clone();
+    let slot = postbox_testkit::unique("pbx_start_");
+    let write = |keys: &[(&str, Option<&str>)]| {
+        let k = destinations(&db, mode, &cfg, keys);
+        if mode == "logical" {
+            let mut toml = std::fs::read_to_string(&cfg).unwrap();
+            toml = toml.replacen(
+                "[relay]\n",
+                &format!("[relay]\nlogical_slot = \"{slot}\"\n"),
+                1,
+            );
+            std::fs::write(&cfg, toml).unwrap();
+        }
+        k
+    };
+    let _slot = DropSlotOnExit(slot.clone());
+    cleanup.keys = write(&[("first", Some("beginning"))]);
+    drain(&db, &cfg);
+    commit(&db, "order.placed", 0, 10).await;
+    drain(&db, &cfg);
+    assert!(
+        relay_jobs(&db).await.is_empty(),
+        "the first destinations get no job"
+    );
+
+    let late = if mode == "logical" {
+        let emit = db.sql(
+            "SELECT {schema}.emit('order.placed', 'order', '1', jsonb_build_object('n', $1::int))",
+        );
+        for n in 10..13 {
+            sqlx::query(trusted(&emit))
+                .bind(n)
+                .execute(&db.pool)
+                .await
+                .unwrap();
+        }
+        let t = clock(&db).await;
+        for n in 13..16 {
+            sqlx::query(trusted(&emit))
+                .bind(n)
+                .execute(&db.pool)
+                .await
+                .unwrap();
+        }
+        t
+    } else {
+        commit(&db, "order.placed", 10, 3).await;
+        let t = clock(&db).await;
+        commit(&db, "order.placed", 13, 3).await;
+        t
+    };
+    cleanup.keys = write(&[
+        ("first", Some("beginning")),
+        ("history", Some("beginning")),
+        ("since", Some(late.as_str())),
+        ("plain", None),
+    ]);
+    drain(&db, &cfg);
+    drain(&db, &cfg);
+    let k = &cleanup.keys;
+    let all: Vec<i64> = (0..16).collect();
+    assert_eq!(distinct_numbers(&k[0]).await, all, "the first destination");
+    assert_eq!(distinct_numbers(&k[1]).await, all, "beginning");
+    assert_eq!(
+        distinct_numbers(&k[2]).await,
+        vec![13, 14, 15],
+        "a time: earlier live events filtered out"
+    );
+    assert_eq!(
+        numbers(&k[3]).await,
+        (10..16).collect::<Vec<_>>(),
+        "no start: what was undelivered"
+    );
+    let jobs = relay_jobs(&db).await;
+    let history: Vec<_> = jobs.iter().filter(|j| j.0 == "history").collect();
+    assert_eq!(history.len(), 1, "one job for beginning: {jobs:?}");
+    assert_eq!(
+        (history[0].1.as_str(), history[0].2.as_str()),
+        ("relay", "done")
+    );
+    assert!(
+        jobs.iter().all(|j| j.0 != "plain" && j.0 != "first"),
+        "{jobs:?}"
+    );
+    drop(cleanup);
+    db.drop_schema().await;
+}
+
+/// Drops a logical test's slot when the test ends, passing or failing.
+struct DropSlotOnExit(String);
+
+impl Drop for DropSlotOnExit {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("psql")
+            .arg(postbox_testkit::database_url())
+            .arg("-qAtc")
+            .arg(format!(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                 WHERE slot_name = '{}' AND NOT active",
+                self.0
+            ))
+            .output();
+    }
+}
+
+#[tokio::test]
+async fn a_destination_added_with_a_start_in_the_past_gets_history_in_claim_mode() {
+    a_destination_added_with_a_start_in_the_past("claim").await;
+}
+
+#[tokio::test]
+async fn a_destination_added_with_a_start_in_the_past_gets_history_in_logical_mode() {
+    a_destination_added_with_a_start_in_the_past("logical").await;
+}

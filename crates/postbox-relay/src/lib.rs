@@ -30,6 +30,7 @@ mod engine;
 pub mod failpoint;
 mod modes;
 pub mod relay;
+pub mod replay;
 pub mod router;
 pub mod shape;
 mod tasks;

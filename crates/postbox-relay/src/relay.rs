@@ -18,6 +18,7 @@ use crate::sink::Sink;
 use crate::tasks::gauges::gauge_loop;
 use crate::tasks::health::{self, HealthConfig};
 use crate::tasks::listen::{forward_wake, listen_loop};
+use crate::tasks::replays::replay_loop;
 use crate::tasks::rescue::rescue_loop;
 use crate::tasks::retention::{retention_loop, RetentionConfig};
 use crate::tasks::tally::tally_loop;
@@ -200,6 +201,14 @@ impl Relay {
         let pipeline = claim::Pipeline::start(shared.clone());
         let rescuer = spawn(rescue_loop(shared.clone(), background.clone()));
         let tally = spawn(tally_loop(shared.clone(), background.clone()));
+        // Stopped by shutdown, not with the other background tasks: a
+        // drain waits for the replay jobs of destinations added with a
+        // start in the past.
+        let replayer = spawn(replay_loop(
+            shared.clone(),
+            shared.shutdown.clone(),
+            mode == RunMode::Drain,
+        ));
         let listener = match self.wake.clone() {
             Some(signal) => Some(spawn(forward_wake(
                 shared.clone(),
@@ -279,6 +288,7 @@ impl Relay {
         } else {
             drained.await;
         }
+        let _ = replayer.await;
         background.cancel();
         let _ = rescuer.await;
         let _ = tally.await;

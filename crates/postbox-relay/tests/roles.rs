@@ -810,6 +810,12 @@ async fn the_relay_changes_only_delivery_state() {
             "UPDATE {schema}.idempotency_keys SET response_body = 'forged'",
         ),
         ("an inbox record", "UPDATE {schema}.inbox SET processed_at = now()"),
+        (
+            "a replay job's range",
+            "UPDATE {schema}.replay_jobs SET hi = hi + 1, destination = 'x', from_at = from_at",
+        ),
+        ("a replay job away", "DELETE FROM {schema}.replay_jobs"),
+        ("a seen destination away", "DELETE FROM {schema}.destinations_seen"),
     ];
     for (what, sql) in refused {
         assert_denied(
@@ -832,6 +838,15 @@ async fn the_relay_changes_only_delivery_state() {
         .expect("the relay changes delivery state"),
         2
     );
+    // …and a replay job's position, counts and state (migration 30).
+    try_exec(
+        &r,
+        &pool,
+        "UPDATE {schema}.replay_jobs SET after_id = after_id, delivered = delivered + 1, \
+         state = 'done', finished_at = now(), updated_at = now()",
+    )
+    .await
+    .expect("the relay moves a replay job");
 
     producer.close().await;
     pool.close().await;
@@ -1447,5 +1462,49 @@ async fn every_function_states_who_may_execute_it() {
         "the execute matrix changed: decide who may run each function, then write it here:\n{}",
         actual.join("\n")
     );
+    r.finish().await;
+}
+
+/// Under the relay role, a destination added with `start = "beginning"`
+/// gets a replay job the relay makes (migration 30) and runs to its end:
+/// the new destination receives the events delivered before it came.
+#[tokio::test]
+async fn the_relay_makes_and_runs_a_replay_job_for_a_new_destination() {
+    let r = RoleDb::new().await;
+    let producer = r.producer().await;
+    produce(&producer, &r.outbox(), 5).await;
+    let route = |to: &[&str]| RouteConfig {
+        matches: vec!["*".into()],
+        to: to.iter().map(|s| s.to_string()).collect(),
+        ..RouteConfig::default()
+    };
+    let a = ScriptedSink::delivering();
+    let router = Router::new(vec![Destination::new("a", a.clone())], &[route(&["a"])]).unwrap();
+    drain_with(Relay::with_router(r.relay().await, router, fast_config()).unwrap()).await;
+
+    let b = ScriptedSink::delivering();
+    let router = Router::new(
+        vec![
+            Destination::new("a", a.clone()),
+            Destination::new("b", b.clone()).with_start(Some(postbox_store::GroupStart::Beginning)),
+        ],
+        &[route(&["a", "b"])],
+    )
+    .unwrap();
+    drain_with(Relay::with_router(r.relay().await, router, fast_config()).unwrap()).await;
+    assert_eq!(
+        b.seen.lock().unwrap().messages.len(),
+        5,
+        "b got the history"
+    );
+    assert_eq!(
+        r.db.count(
+            "SELECT count(*) FROM {schema}.replay_jobs \
+             WHERE destination = 'b' AND created_by = 'relay' AND state = 'done' AND delivered = 5"
+        )
+        .await,
+        1
+    );
+    producer.close().await;
     r.finish().await;
 }

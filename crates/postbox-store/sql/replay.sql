@@ -107,3 +107,27 @@ RETURNING state;
 -- name: lock
 -- The runner's hold on job $1, for its session: one runner per job.
 SELECT pg_try_advisory_lock(hashtext('postbox replay ' || $2), $1::integer) AS held;
+
+-- name: register
+-- A relay's destinations $1 recorded as seen (migration 30); returns the
+-- names new to a table that already held some (destinations added to a
+-- running outbox). All CTEs read one snapshot: `known` is the table before
+-- this insert. Two relays registering at once: the second waits on the
+-- first's rows and inserts nothing of them, so a name comes back once.
+WITH known AS (SELECT EXISTS (SELECT 1 FROM {schema}.destinations_seen) AS some),
+added AS (
+    INSERT INTO {schema}.destinations_seen (name)
+    SELECT DISTINCT unnest($1::text[])
+    ON CONFLICT (name) DO NOTHING
+    RETURNING name
+)
+SELECT added.name FROM added, known WHERE known.some;
+
+-- name: relay_open
+-- The open jobs relays made (created_by 'relay') for destinations $1, oldest first.
+SELECT id, destination, source, from_at, to_at, types, type_likes, aggregate_type,
+       aggregate_id, rate, new_ids, after_id, after_event, hi, total, state, delivered,
+       filtered, rejected, last_error, created_by, created_at, updated_at, finished_at
+FROM {schema}.replay_jobs
+WHERE state IN ('running', 'failed') AND created_by = 'relay' AND destination = ANY ($1)
+ORDER BY id;

@@ -124,8 +124,14 @@ GRANT SELECT ON {schema}.logical_settings TO {relay};
 GRANT SELECT ON {schema}.consumer_groups, {schema}.group_batches, {schema}.group_waiting,
     {schema}.group_dead_letters, {schema}.group_readers TO {relay};
 -- Every mode: retention keeps what an unfinished replay job still reads
--- (migration 29): the purge reads the jobs, and changes none.
-GRANT SELECT ON {schema}.replay_jobs TO {relay};
+-- (migration 29): the purge reads the jobs. In claim and logical mode the
+-- relay records the destinations it serves (migration 30), makes a job for
+-- one added with a start in the past, and runs it: it inserts jobs and
+-- moves their position, counts and state, never their range or destination.
+GRANT SELECT, INSERT ON {schema}.replay_jobs, {schema}.destinations_seen TO {relay};
+GRANT UPDATE (after_id, after_event, delivered, filtered, rejected, last_error, state,
+              updated_at, finished_at)
+  ON {schema}.replay_jobs TO {relay};
 -- Every mode: the relay counts deliveries by minute (migration 20).
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.deliveries_by_minute TO {relay};
 -- …and keeps what it set aside (migration 19), trimming the table.

@@ -85,7 +85,7 @@ pub use logical::{
 };
 pub use replay::{
     NewReplay, PageDone, RangeFound, ReplayEvent, ReplayJob, ReplayLock, ReplayRange, ReplaySource,
-    Replays, ACTION_REPLAY_CANCEL, ACTION_REPLAY_START,
+    Replays, ACTION_REPLAY_CANCEL, ACTION_REPLAY_START, RELAY_ACTOR,
 };
 pub use roles::{CreateRolesError, RoleNameError, Roles};
 pub use rows::ClaimedEvent;

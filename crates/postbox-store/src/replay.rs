@@ -1,12 +1,14 @@
 //! Replay jobs (migration 29): retained events delivered again to one
 //! destination. A job is a row with a position of its own; whoever runs it
-//! (`postbox replay`) reads a page after that position, delivers it, then
+//! (`postbox replay`, or a relay for a destination added with a start in
+//! the past) reads a page after that position, delivers it, then
 //! moves the position — a runner killed between the two sends that page
 //! again, never skips one. One runner per job: it holds the job's advisory
 //! lock on a connection of its own for as long as it runs.
 
 use crate::catalog;
 use crate::events::StoredEvent;
+use crate::groups::GroupStart;
 use chrono::{DateTime, Utc};
 use postbox::statements::trusted;
 use postbox::Schema;
@@ -17,6 +19,10 @@ use uuid::Uuid;
 /// The audit log's action when a replay job is made, and cancelled.
 pub const ACTION_REPLAY_START: &str = "replay_start";
 pub const ACTION_REPLAY_CANCEL: &str = "replay_cancel";
+
+/// `created_by` of the jobs a relay makes for a destination added with a
+/// start in the past (claim and logical mode).
+pub const RELAY_ACTOR: &str = "relay";
 
 /// Where a job reads its events.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -160,6 +166,8 @@ struct Queries {
     advance: String,
     set_state: String,
     lock: String,
+    register: String,
+    relay_open: String,
     audit_insert: String,
 }
 
@@ -177,6 +185,8 @@ impl Queries {
             advance: file.render("advance", schema),
             set_state: file.render("set_state", schema),
             lock: file.render("lock", schema),
+            register: file.render("register", schema),
+            relay_open: file.render("relay_open", schema),
             audit_insert: crate::dead_letters::AuditQueries::new(schema).insert,
         };
         file.finish();
@@ -381,6 +391,93 @@ impl Replays {
             .await?;
         tx.commit().await?;
         Ok(Some(before.state))
+    }
+
+    /// Record a relay's destinations as seen (migration 30) and, in one
+    /// transaction, make a job (created by `relay`) for each destination new
+    /// to a schema that had some already and given a start in `starts`
+    /// (`None`: now, no job): the retained events of `source` from that
+    /// start (the oldest retained for [`GroupStart::Beginning`]) until now.
+    /// Returns the jobs made. A new destination whose range holds nothing
+    /// gets no job.
+    pub async fn start_new_destinations(
+        &self,
+        destinations: &[(String, Option<GroupStart>)],
+        source: ReplaySource,
+    ) -> Result<Vec<i64>, sqlx::Error> {
+        let names: Vec<&str> = destinations.iter().map(|(n, _)| n.as_str()).collect();
+        let mut tx = self.pool.begin().await?;
+        let added: Vec<String> = sqlx::query_scalar(trusted(&self.sql.register))
+            .bind(&names)
+            .fetch_all(&mut *tx)
+            .await?;
+        let mut jobs = Vec::new();
+        let now = Utc::now();
+        for (name, start) in destinations {
+            if !added.contains(name) {
+                continue;
+            }
+            let from = match start {
+                None | Some(GroupStart::Now) => continue,
+                Some(GroupStart::At(t)) => *t,
+                Some(GroupStart::Beginning) => {
+                    let oldest: Option<DateTime<Utc>> =
+                        sqlx::query_scalar(trusted(&self.sql.oldest))
+                            .bind(source.as_str())
+                            .fetch_one(&mut *tx)
+                            .await?;
+                    match oldest {
+                        Some(t) => t,
+                        None => continue,
+                    }
+                }
+            };
+            if from >= now {
+                continue;
+            }
+            let (total, hi): (i64, i64) = sqlx::query_as(trusted(&self.sql.range))
+                .bind(from)
+                .bind(now)
+                .bind(None::<Vec<String>>)
+                .bind(None::<String>)
+                .bind(None::<String>)
+                .bind(0_i64)
+                .bind(Uuid::nil())
+                .bind(i64::MAX)
+                .bind(source.as_str())
+                .fetch_one(&mut *tx)
+                .await?;
+            if total == 0 {
+                continue;
+            }
+            let id: i64 = sqlx::query_scalar(trusted(&self.sql.create))
+                .bind(name)
+                .bind(source.as_str())
+                .bind(from)
+                .bind(now)
+                .bind(None::<String>)
+                .bind(None::<Vec<String>>)
+                .bind(None::<String>)
+                .bind(None::<String>)
+                .bind(None::<i32>)
+                .bind(false)
+                .bind(hi)
+                .bind(total)
+                .bind(RELAY_ACTOR)
+                .fetch_one(&mut *tx)
+                .await?;
+            jobs.push(id);
+        }
+        tx.commit().await?;
+        Ok(jobs)
+    }
+
+    /// The open jobs relays made for `destinations`, oldest first.
+    pub async fn relay_open(&self, destinations: &[&str]) -> Result<Vec<ReplayJob>, sqlx::Error> {
+        sqlx::query_as(trusted(&self.sql.relay_open))
+            .bind(destinations)
+            .fetch_all(&self.pool)
+            .await
     }
 
     /// Take job `id` for this runner; None when another runner holds it.

@@ -167,6 +167,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "replay_jobs",
         sql: include_str!("../migrations/0029_replay_jobs.sql"),
     },
+    Migration {
+        version: 30,
+        name: "destinations_seen",
+        sql: include_str!("../migrations/0030_destinations_seen.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.

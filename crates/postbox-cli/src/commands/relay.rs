@@ -127,19 +127,6 @@ pub fn resolve_relay(
             owner => format!("{owner}: {e}").into(),
         })
     })?;
-    if config.mode != ReadMode::Log {
-        for d in router.destinations() {
-            if d.start == Some(postbox_store::GroupStart::Beginning) {
-                tracing::warn!(
-                    destination = %d.name,
-                    "start = \"beginning\" reaches history only in log mode: this mode delivers \
-                     what is still undelivered; send what was delivered before with \
-                     `postbox replay --destination {} --from TIME`",
-                    d.name
-                );
-            }
-        }
-    }
     let router = if args.ordered {
         router.all_ordered(args.poison.unwrap_or_default())
     } else {

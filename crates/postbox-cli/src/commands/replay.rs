@@ -8,19 +8,15 @@ use crate::context::{actor, shutdown_signal, AnyError, Settings};
 use crate::output::outln;
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
-use postbox::redact::sanitize_error;
+use postbox_relay::replay::{Ended, Runner, ATTEMPTS};
 use postbox_relay::router::Pattern;
-use postbox_relay::shape::Shaped;
-use postbox_relay::{sinks, Message, Outcome, Router, Sink, Store};
-use postbox_store::{
-    NewReplay, PageDone, ProducerTarget, ReplayJob, ReplayRange, ReplaySource, Replays,
-};
+use postbox_relay::{sinks, Router, Sink, Store};
+use postbox_store::{NewReplay, ProducerTarget, ReplayJob, ReplayRange, ReplaySource, Replays};
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-use uuid::Uuid;
 
 /// Exit codes, documented in `docs/replay.md`.
 const EXIT_NO_DESTINATION: u8 = 3;
@@ -30,10 +26,6 @@ const EXIT_BEYOND_RETENTION: u8 = 6;
 const EXIT_FAILED: u8 = 7;
 const EXIT_NOT_RUNNABLE: u8 = 8;
 const EXIT_INTERRUPTED: u8 = 130;
-
-/// How many times a page's undelivered events are tried before the job
-/// stops as failed (resumable).
-const ATTEMPTS: u32 = 8;
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -378,26 +370,11 @@ async fn execute(
     batch_size: i64,
     quiet: bool,
 ) -> Result<ExitCode, AnyError> {
-    let Some(_lock) = replays.lock(job.id).await? else {
-        eprintln!(
-            "postbox replay: job {} is being run by another process",
-            job.id
-        );
-        return Ok(ExitCode::from(EXIT_NOT_RUNNABLE));
-    };
-    if job.state != "running" {
-        replays
-            .set_state(job.id, "running", &["paused", "failed"], None)
-            .await?;
-    }
     let d = router
         .destinations()
         .iter()
         .position(|x| x.name == job.destination || router.destinations().len() == 1)
         .ok_or("the destination is not in the router")?;
-    let sink = router.destinations()[d].sink.clone();
-    let secrets = sink.secrets().clone();
-    let steps = settings.file.relay.expression_steps;
     let stop = CancellationToken::new();
     tokio::spawn({
         let stop = stop.clone();
@@ -406,31 +383,23 @@ async fn execute(
             stop.cancel();
         }
     });
+    let runner = Runner {
+        replays,
+        router,
+        d,
+        steps: settings.file.relay.expression_steps,
+        batch_size,
+    };
     let started = Instant::now();
-    let delivered_at_start = job.delivered + job.filtered + job.rejected;
     let mut progress = Progress::new(!quiet && std::io::stderr().is_terminal());
-    // With a rate, a page is at most a second's worth, so pacing stays even.
-    let page_size = job
-        .rate
-        .map_or(batch_size, |r| i64::from(r).min(batch_size));
-    loop {
-        if stop.is_cancelled() {
-            replays
-                .set_state(job.id, "paused", &["running"], None)
-                .await?;
-            progress.end();
-            eprintln!(
-                "postbox replay: job {} paused after {} events (resume with: postbox replay resume {})",
-                job.id, job.delivered, job.id
-            );
-            return Ok(ExitCode::from(EXIT_INTERRUPTED));
-        }
-        let page = replays.page(&job, page_size).await?;
-        let Some(last) = page.last() else {
-            replays
-                .set_state(job.id, "done", &["running"], None)
-                .await?;
-            progress.end();
+    let ended = runner
+        .run(&mut job, &stop, true, &mut |job, this_run| {
+            progress.show(job, this_run, started)
+        })
+        .await;
+    progress.end();
+    match ended? {
+        Ended::Done => {
             outln!(
                 "replay {}: done — {} delivered, {} filtered out, {} refused by the destination",
                 job.id,
@@ -438,159 +407,33 @@ async fn execute(
                 job.filtered,
                 job.rejected
             );
-            return Ok(ExitCode::SUCCESS);
-        };
-        let mut done = PageDone {
-            after_id: last.id,
-            after_event: last.event.event_id,
-            ..PageDone::default()
-        };
-        let mut messages = Vec::with_capacity(page.len());
-        for e in &page {
-            match super::route::message(&e.event) {
-                Ok(mut m) => {
-                    if job.new_ids {
-                        m.event_id = Uuid::now_v7();
-                    }
-                    messages.push(m);
-                }
-                Err(error) => {
-                    done.rejected += 1;
-                    done.error = Some(sanitize_error(&error));
-                }
-            }
+            Ok(ExitCode::SUCCESS)
         }
-        let shaped = router
-            .shape_for(d, Arc::new(messages.clone()), steps)
-            .await
-            .ok_or("the expression evaluator could not start")?;
-        let mut send = Vec::with_capacity(messages.len());
-        for (m, s) in messages.iter().zip(shaped) {
-            match s {
-                None | Some(Shaped::Filtered { .. }) => done.filtered += 1,
-                Some(failed @ Shaped::Failed { .. }) => {
-                    done.rejected += 1;
-                    done.error = failed.error().map(|e| sanitize_error(&e));
-                }
-                Some(Shaped::Send {
-                    payload, headers, ..
-                }) => send.push(postbox_relay::shape::reshaped(m, payload, headers)),
-            }
+        Ended::Stopped => {
+            eprintln!(
+                "postbox replay: job {} paused after {} events (resume with: postbox replay resume {})",
+                job.id, job.delivered, job.id
+            );
+            Ok(ExitCode::from(EXIT_INTERRUPTED))
         }
-        match deliver(&*sink, &secrets, send, &stop).await {
-            Delivery::Done {
-                delivered,
-                rejected,
-                error,
-            } => {
-                done.delivered += delivered;
-                done.rejected += rejected;
-                if error.is_some() {
-                    done.error = error;
-                }
-            }
-            Delivery::Failed(error) => {
-                replays
-                    .set_state(job.id, "failed", &["running"], Some(&error))
-                    .await?;
-                progress.end();
-                eprintln!(
-                    "postbox replay: job {} stopped: the destination did not take events after {ATTEMPTS} tries ({error}); resume with: postbox replay resume {}",
-                    job.id, job.id
-                );
-                return Ok(ExitCode::from(EXIT_FAILED));
-            }
-            Delivery::Interrupted => continue,
+        Ended::Failed(error) => {
+            eprintln!(
+                "postbox replay: job {} stopped: the destination did not take events after {ATTEMPTS} tries ({error}); resume with: postbox replay resume {}",
+                job.id, job.id
+            );
+            Ok(ExitCode::from(EXIT_FAILED))
         }
-        if !replays.advance(job.id, &done).await? {
-            progress.end();
+        Ended::Cancelled => {
             eprintln!("postbox replay: job {} was cancelled", job.id);
-            return Ok(ExitCode::SUCCESS);
+            Ok(ExitCode::SUCCESS)
         }
-        job.after_id = done.after_id;
-        job.after_event = done.after_event;
-        job.delivered += done.delivered;
-        job.filtered += done.filtered;
-        job.rejected += done.rejected;
-        let handled = job.delivered + job.filtered + job.rejected;
-        progress.show(&job, handled - delivered_at_start, started);
-        if let Some(rate) = job.rate {
-            // Pace to the rate since this runner started.
-            let due =
-                Duration::from_secs_f64((handled - delivered_at_start) as f64 / f64::from(rate));
-            if let Some(wait) = due.checked_sub(started.elapsed()) {
-                tokio::select! {
-                    () = tokio::time::sleep(wait) => {}
-                    () = stop.cancelled() => {}
-                }
-            }
+        Ended::Busy => {
+            eprintln!(
+                "postbox replay: job {} is being run by another process",
+                job.id
+            );
+            Ok(ExitCode::from(EXIT_NOT_RUNNABLE))
         }
-    }
-}
-
-enum Delivery {
-    Done {
-        delivered: i64,
-        rejected: i64,
-        error: Option<String>,
-    },
-    /// Not all delivered after [`ATTEMPTS`] tries: the last error.
-    Failed(String),
-    /// Stopped (Ctrl-C) before the page was delivered: it goes again on
-    /// resume.
-    Interrupted,
-}
-
-/// Deliver `send`, trying what the sink did not take again with a backoff.
-async fn deliver(
-    sink: &dyn Sink,
-    secrets: &postbox::redact::Secrets,
-    mut send: Vec<Message>,
-    stop: &CancellationToken,
-) -> Delivery {
-    let (mut delivered, mut rejected, mut error) = (0, 0, None);
-    let mut wait = Duration::from_millis(200);
-    for attempt in 1..=ATTEMPTS {
-        if send.is_empty() {
-            break;
-        }
-        let outcomes = sink.publish(&send).await;
-        let mut again = Vec::new();
-        let mut last = None;
-        for (m, outcome) in send.into_iter().zip(outcomes) {
-            match outcome.masked(secrets) {
-                Outcome::Delivered => delivered += 1,
-                Outcome::Reject { error: e } => {
-                    rejected += 1;
-                    error = Some(sanitize_error(&e));
-                }
-                Outcome::Retry { error: e, .. } => {
-                    last = Some(sanitize_error(&e));
-                    again.push(m);
-                }
-                Outcome::Deferred { reason, .. } => {
-                    last = Some(sanitize_error(&reason));
-                    again.push(m);
-                }
-            }
-        }
-        send = again;
-        if send.is_empty() {
-            break;
-        }
-        if attempt == ATTEMPTS {
-            return Delivery::Failed(last.unwrap_or_else(|| "not delivered".into()));
-        }
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            () = stop.cancelled() => return Delivery::Interrupted,
-        }
-        wait = (wait * 2).min(Duration::from_secs(10));
-    }
-    Delivery::Done {
-        delivered,
-        rejected,
-        error,
     }
 }
 

@@ -14,7 +14,6 @@ use postbox_relay::shape::Shaped;
 use postbox_relay::{Message, Outcome, Router, Sink, SinkError, Store};
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -269,7 +268,7 @@ impl Preview {
     /// What each destination makes of `event`.
     pub async fn of(&self, event: &StoredEvent) -> Vec<DestinationPreview> {
         let names = self.router.destinations().iter().map(|d| d.name.clone());
-        let m = match message(event) {
+        let m = match postbox_relay::replay::stored_message(event) {
             Ok(m) => m,
             Err(error) => {
                 return names
@@ -330,30 +329,6 @@ fn verdict(m: &Message, answer: Option<Shaped>, source: &str) -> Verdict {
             }
         }
     }
-}
-
-/// The message a relay would read for `event`.
-pub(crate) fn message(event: &StoredEvent) -> Result<Message, String> {
-    let headers: BTreeMap<String, String> = match &event.headers {
-        Value::Null => BTreeMap::new(),
-        h => serde_json::from_value(h.clone())
-            .map_err(|_| "the event's headers are not an object of strings".to_owned())?,
-    };
-    let payload = RawValue::from_string(event.payload.clone())
-        .map_err(|e| format!("the event's payload is not JSON: {e}"))?;
-    Ok(Message {
-        event_id: event.event_id,
-        event_type: event.event_type.clone(),
-        aggregate_type: event.aggregate_type.clone(),
-        aggregate_id: event.aggregate_id.clone(),
-        schema_version: event.schema_version,
-        payload,
-        headers,
-        created_at: event.created_at,
-        attempt: 1,
-        sequence: event.sequence,
-        source: None,
-    })
 }
 
 /// The sink of a previewed destination: never called (the preview only
