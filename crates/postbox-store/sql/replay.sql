@@ -40,11 +40,46 @@ WHERE (id, event_id) > ($6, $7)
 SELECT count(*) AS total, coalesce(max(id), 0) AS hi
 FROM ({events}) e;
 
+-- name: keep
+-- Not run alone: which rows of a source `page` keeps — after ($6, $7) in
+-- (id, event_id) order up to id $8, created in [$1, $2), of an event type
+-- LIKE ANY $3 (NULL: any), aggregate type $4 and id $5 (NULL: any).
+id >= $6 AND id <= $8 AND (id, event_id) > ($6, $7)
+  AND created_at >= $1 AND created_at < $2
+  AND ($3::text[] IS NULL OR event_type LIKE ANY ($3))
+  AND ($4::text IS NULL OR aggregate_type = $4)
+  AND ($5::text IS NULL OR aggregate_id = $5)
+
 -- name: page
--- The job's next events after its position, at most $10.
+-- The job's next events after its position, at most $10: each source's
+-- first $10 in id order (its id index read from the position, stopping at
+-- $10 — a page costs the same at the start of a long range as at its
+-- end), then the union's first $10. Within one table ids are unique, so
+-- id order there is (id, event_id) order.
 SELECT id, event_id, event_type, aggregate_type, aggregate_id, schema_version, sequence,
        created_at, payload::text AS payload, headers, place
-FROM ({events}) e
+FROM (
+    (SELECT id, event_id, event_type, aggregate_type, aggregate_id, schema_version, sequence,
+            created_at, payload, headers, 'outbox' AS place
+     FROM {schema}.outbox
+     WHERE $9 = 'outbox' AND {keep}
+     ORDER BY id
+     LIMIT $10)
+    UNION ALL
+    (SELECT id, event_id, event_type, aggregate_type, aggregate_id, schema_version, sequence,
+            created_at, payload, headers, 'archive'
+     FROM {schema}.outbox_archive
+     WHERE {keep}
+     ORDER BY id
+     LIMIT $10)
+    UNION ALL
+    (SELECT id, event_id, event_type, aggregate_type, aggregate_id, schema_version, sequence,
+            created_at, payload, headers, 'log'
+     FROM {schema}.log
+     WHERE $9 = 'log' AND {keep}
+     ORDER BY id
+     LIMIT $10)
+) e
 ORDER BY id, event_id
 LIMIT $10;
 

@@ -177,7 +177,10 @@ impl Queries {
         let events = file.render("events", schema);
         let queries = Self {
             range: file.render_with("range", schema, &[("events", &events)]),
-            page: file.render_with("page", schema, &[("events", &events)]),
+            page: {
+                let keep = file.render("keep", schema);
+                file.render_with("page", schema, &[("keep", &keep)])
+            },
             oldest: file.render("oldest", schema),
             create: file.render("create", schema),
             get: file.render("get", schema),
