@@ -24,6 +24,27 @@ SELECT {schema}.uuid_v7(), 'order.created', 'order',
        CASE WHEN $2 > 0 THEN (g - 1) / $2 + 1 ELSE 1 END
 FROM generate_series(1, $1) g;
 
+-- name: seed_sent
+-- Events a replay re-reads (`--replay-beside`): $1 events already
+-- delivered (status sent), created at $2, of about 200 bytes each, each its
+-- own aggregate; the relay never claims them.
+INSERT INTO {schema}.outbox (event_id, event_type, aggregate_type, aggregate_id, payload,
+                             status, sent_at, created_at)
+SELECT {schema}.uuid_v7(), 'order.created', 'order', g::text,
+       jsonb_build_object('order_id', g, 'account_id', g % 97, 'customer', 'customer-' || (g % 1000),
+                          'currency', 'EUR', 'total_cents', (g * 7919) % 100000,
+                          'note', repeat('x', 48)),
+       'sent', $2, $2
+FROM generate_series(1, $1) g;
+
+-- name: replayed
+-- Events the replay jobs have delivered so far, and for how long they ran
+-- (made to finished, or to their last page).
+SELECT coalesce(sum(delivered), 0)::bigint AS delivered,
+       coalesce(extract(epoch FROM max(coalesce(finished_at, updated_at)) - min(created_at)), 0)::float8
+           AS seconds
+FROM {schema}.replay_jobs;
+
 -- name: seed_log
 -- The same seed appended to the log (log mode): $1 committed events with a payload of about 200 bytes.
 -- With $2 > 0 they belong to $2 aggregates, interleaved (event g is number

@@ -31,6 +31,45 @@ SELECT event_id FROM {schema}.verify_produced;
 -- name: effects
 SELECT event_id, applied FROM {schema}.verify_effects;
 
+-- name: now
+SELECT statement_timestamp() AS now;
+
+-- name: replay_range
+-- `--replay`: the events of source $2 ('outbox' or 'log', each with the
+-- archive) created from $1 until this statement began, in one snapshot (so
+-- every one of them committed), with that moment (the range's end). One
+-- row with a NULL id when there are none.
+SELECT t.to_at, e.event_id
+FROM (SELECT statement_timestamp() AS to_at) t
+LEFT JOIN (
+    SELECT event_id, created_at FROM {schema}.outbox WHERE $2 = 'outbox'
+    UNION ALL
+    SELECT event_id, created_at FROM {schema}.outbox_archive
+    UNION ALL
+    SELECT event_id, created_at FROM {schema}.log WHERE $2 = 'log'
+) e ON e.created_at >= $1 AND e.created_at < t.to_at;
+
+-- name: created_at_of
+-- When each of the events $1 was created, wherever it is.
+SELECT event_id, min(created_at) AS created_at
+FROM (
+    SELECT event_id, created_at FROM {schema}.outbox WHERE event_id = ANY ($1)
+    UNION ALL
+    SELECT event_id, created_at FROM {schema}.outbox_archive WHERE event_id = ANY ($1)
+    UNION ALL
+    SELECT event_id, created_at FROM {schema}.log WHERE event_id = ANY ($1)
+) e
+GROUP BY event_id;
+
+-- name: last_replay_job
+SELECT max(id) AS id FROM {schema}.replay_jobs;
+
+-- name: replay_job_done
+SELECT coalesce(bool_or(state = 'done'), false) AS done FROM {schema}.replay_jobs WHERE id = $1;
+
+-- name: replay_from
+SELECT (SELECT from_at FROM {schema}.replay_jobs ORDER BY id DESC LIMIT 1) AS from_at;
+
 -- name: drop_schema
 -- After a run whose checks passed (unless --keep).
 DROP SCHEMA {schema} CASCADE;

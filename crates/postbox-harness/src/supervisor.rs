@@ -51,6 +51,14 @@ impl RelayCommand {
         })
     }
 
+    /// `postbox replay ARGS…` instead of a relay (the bench's replay beside
+    /// live traffic).
+    pub fn replay(database_url: &str, schema: &Schema) -> std::io::Result<Self> {
+        let mut command = Self::new(database_url, schema)?;
+        command.args = vec!["replay".to_owned()];
+        Ok(command)
+    }
+
     /// `postbox group serve --listen ADDR` instead of a relay: the consumer
     /// groups' HTTP API, which the fault schedule kills and stalls as it
     /// does relays (verify's pull run over HTTP).

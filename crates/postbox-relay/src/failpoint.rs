@@ -45,14 +45,19 @@ pub mod points {
     /// is lost (the transaction commits, or is dropped, and the producer sees
     /// an error either way).
     pub const PRODUCER_COMMIT: &str = "producer_commit";
+    /// A planted bug, for proving that `postbox verify --replay` catches
+    /// one. `fail`: the replay runner moves its job past a page without
+    /// sending it.
+    pub const REPLAY_SKIP_PAGE: &str = "replay_skip_page";
 
     /// Every name above.
-    pub const ALL: [&str; 5] = [
+    pub const ALL: [&str; 6] = [
         AFTER_CLAIM_COMMIT,
         AFTER_PUBLISH_BEFORE_ACK,
         DURING_ACK,
         ACK_BEFORE_PUBLISH,
         PRODUCER_COMMIT,
+        REPLAY_SKIP_PAGE,
     ];
 }
 

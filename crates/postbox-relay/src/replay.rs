@@ -145,6 +145,9 @@ impl Runner<'_> {
                     }) => send.push(reshaped(m, payload, headers)),
                 }
             }
+            if crate::failpoint::hit(crate::failpoint::points::REPLAY_SKIP_PAGE).await {
+                send.clear();
+            }
             match deliver(&*sink, &secrets, send, stop).await {
                 Delivery::Done {
                     delivered,

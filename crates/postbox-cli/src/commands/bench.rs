@@ -76,6 +76,11 @@ pub struct BenchArgs {
         value_parser = super::parse_mode
     )]
     pub latency_modes: Vec<postbox_relay::ReadMode>,
+    /// Latency again in each mode (LISTEN, synchronous commits) with a
+    /// `postbox replay` of this many retained events running beside the
+    /// live traffic, into another Redis list (0: no such rows)
+    #[arg(long, value_name = "EVENTS", default_value_t = 0)]
+    pub replay_beside: i64,
     /// Other systems the drain runs the same events through, into the same
     /// sink, when the server has them: pgq (PgQ's canonical consumer; needs
     /// the pgq extension, e.g. Debian's postgresql-15-pgq3; the bench
@@ -170,6 +175,7 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> Result<ExitCode, AnyEr
             .map(|Peer::Pgq| bench::Peer::Pgq)
             .collect(),
         latency_modes: args.latency_modes,
+        replay_beside: args.replay_beside.max(0),
         bench_schema: args.bench_schema,
         json: args.json,
         fsync_off: args.fsync_off,

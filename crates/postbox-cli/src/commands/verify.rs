@@ -85,6 +85,13 @@ pub struct VerifyArgs {
     /// Plant a bug in the relays, to see verify catch it (needs `failpoints`)
     #[arg(long, value_name = "BUG")]
     pub plant: Option<Plant>,
+    /// Run a replay beside the live traffic: a third of the way in (at
+    /// most 5 s), `postbox replay` re-sends the events created since the run
+    /// began to a Redis list of its own, killed at random and resumed; the
+    /// check: every event of the range arrived, nothing outside it (claim
+    /// and log mode)
+    #[arg(long)]
+    pub replay: bool,
     /// Longest wait after the run for every committed event to arrive
     #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,
@@ -131,6 +138,9 @@ pub enum Plant {
     /// The consumer acknowledges a batch, works on it for 50 ms, then
     /// applies it (lost when a reader is killed in between: a pull run)
     ReaderAcksFirst,
+    /// The replay runner moves its job past some pages without sending
+    /// them (needs --replay)
+    ReplaySkipsPages,
 }
 
 /// Exit status when a check fails (setup errors exit with 2).
@@ -164,9 +174,11 @@ pub async fn run(settings: &Settings, args: VerifyArgs) -> Result<ExitCode, AnyE
             Plant::AckBeforePublish => PlantedBug::AckBeforePublish,
             Plant::ConsumerAsyncCommit => PlantedBug::ConsumerAsyncCommit,
             Plant::ReaderAcksFirst => PlantedBug::ReaderAcksFirst,
+            Plant::ReplaySkipsPages => PlantedBug::ReplaySkipsPages,
         }),
         drain_timeout: args.drain_timeout,
         keep: args.keep,
+        replay: args.replay,
         json: args.json,
     };
     let interrupt = Box::pin(shutdown_signal());

@@ -26,15 +26,18 @@ impl Bench<'_> {
     /// One latency run: LISTEN/NOTIFY or polling, synchronous or
     /// asynchronous relay commits, claim, log (producers then append to the
     /// log) or logical mode (producers emit; the relay reads a replication
-    /// slot, created before it starts and dropped after the run).
+    /// slot, created before it starts and dropped after the run). With
+    /// `replay` > 0, a `postbox replay` of that many retained events (rows
+    /// already delivered) runs beside the live traffic, into another list.
     pub(super) async fn latency(
         &self,
         listen: bool,
         synchronous: bool,
         reading: ReadMode,
+        replay: i64,
     ) -> Result<Latency, AnyError> {
         let options = self.options;
-        let mode = match reading {
+        let mut mode = match reading {
             ReadMode::Claim => mode(listen, synchronous, options.poll_interval),
             ReadMode::Log => format!(
                 "log mode, {}",
@@ -42,6 +45,9 @@ impl Bench<'_> {
             ),
             ReadMode::Logical => "logical mode (emit, replication slot)".to_owned(),
         };
+        if replay > 0 {
+            mode += &format!(", beside a replay of {replay} events");
+        }
         crate::progressln!(
             "latency: {} events/s for {} with {mode}…",
             options.rate,
@@ -50,10 +56,11 @@ impl Bench<'_> {
         self.reset().await?;
         if reading == ReadMode::Logical {
             return self
-                .with_slot(self.latency_run(listen, synchronous, reading, mode))
+                .with_slot(self.latency_run(listen, synchronous, reading, mode, replay))
                 .await;
         }
-        self.latency_run(listen, synchronous, reading, mode).await
+        self.latency_run(listen, synchronous, reading, mode, replay)
+            .await
     }
 
     async fn latency_run(
@@ -61,9 +68,18 @@ impl Bench<'_> {
         listen: bool,
         synchronous: bool,
         reading: ReadMode,
-        mode: String,
+        mut mode: String,
+        replay: i64,
     ) -> Result<Latency, AnyError> {
         let options = self.options;
+        // What the replay reads: rows already delivered, created an hour ago.
+        let replay_from = chrono::Utc::now() - chrono::Duration::hours(1);
+        if replay > 0 {
+            crate::progressln!("latency: {replay} delivered events for the replay to read…");
+            self.store
+                .seed_sent(replay, replay_from + chrono::Duration::seconds(1))
+                .await?;
+        }
         if reading == ReadMode::Log {
             postbox_store::Store::new(self.pool.clone(), self.schema.clone())
                 .log()
@@ -93,7 +109,7 @@ impl Bench<'_> {
             .config(&config)
             .args(["--sink", &self.sink])
             .spawn(None)?;
-        let arrivals = Arrivals::start(&redis_url, key).await?;
+        let arrivals = Arrivals::start(&redis_url, key.clone()).await?;
         let emit = reading == ReadMode::Logical;
         if let Err(e) = self.warm_up(&arrivals, emit).await {
             let _ = relay.stop(RELAY_GRACE).await;
@@ -101,12 +117,66 @@ impl Bench<'_> {
         }
         arrivals.clear();
 
-        let committed = self.produce_steadily(emit).await?;
+        let replaying = if replay > 0 {
+            Some(self.start_replay(&redis_url, &key, replay_from)?)
+        } else {
+            None
+        };
+        let committed = self.produce_steadily(emit).await;
+        let replayed = match replaying {
+            Some((runner, replay_config, replay_key)) => {
+                let _ = runner.stop(RELAY_GRACE).await;
+                let _ = std::fs::remove_file(&replay_config);
+                super::clear_redis(&replay_key).await;
+                Some(self.store.replayed().await?)
+            }
+            None => None,
+        };
+        let committed = committed?;
         arrivals.wait_for(committed.len(), ARRIVAL_TIMEOUT).await;
         let arrived = arrivals.stop();
         let _ = relay.stop(RELAY_GRACE).await;
         let _ = std::fs::remove_file(&config);
+        if let Some((n, seconds)) = replayed {
+            mode += &format!(
+                " ({n} replayed in {seconds:.1} s, {:.0}/s)",
+                n as f64 / seconds.max(0.001)
+            );
+        }
         measure(mode, options.rate, options.duration, &committed, &arrived)
+    }
+
+    /// `postbox replay` of every event created since `from` into the list
+    /// `KEY_replay` beside the sink's: the runner, its config file and that
+    /// list's sink URL (to clear it afterwards).
+    fn start_replay(
+        &self,
+        redis_url: &str,
+        key: &str,
+        from: chrono::DateTime<chrono::Utc>,
+    ) -> Result<(crate::process::ChildProcess, std::path::PathBuf, String), AnyError> {
+        let sink = format!("{redis_url}?key={key}_replay");
+        let config = self.write_config(
+            "postbox-bench-replay",
+            format!("[sink]\nurl = \"{sink}\"\n"),
+        )?;
+        let from = from.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        let batch = self.options.batch_size.to_string();
+        let runner = crate::supervisor::RelayCommand::replay(self.url, &self.schema)?
+            .config(&config)
+            .args([
+                "--destination",
+                "sink",
+                "--from",
+                &from,
+                "--source",
+                "outbox",
+                "--quiet",
+                "--batch-size",
+                &batch,
+            ])
+            .spawn(None)?;
+        Ok((runner, config, sink))
     }
 
     /// One event through the whole path, so that the relay's start

@@ -102,6 +102,9 @@ pub struct Options {
     pub modes: Vec<Mode>,
     /// Reading modes of the latency run.
     pub latency_modes: Vec<ReadMode>,
+    /// With N > 0, each mode's LISTEN latency run is followed by the same
+    /// run with a replay of N retained events beside the live traffic.
+    pub replay_beside: i64,
     /// Schema the benchmark creates and drops (its name must contain "bench").
     pub bench_schema: String,
     /// Print the results as JSON rather than a table.
@@ -253,7 +256,14 @@ async fn run_on(url: &str, options: &Options) -> Result<BenchReport, AnyError> {
                 if options.latency_modes.contains(&mode) {
                     report
                         .latency
-                        .push(bench.latency(listen, synchronous, mode).await?);
+                        .push(bench.latency(listen, synchronous, mode, 0).await?);
+                    if listen && synchronous && options.replay_beside > 0 {
+                        report.latency.push(
+                            bench
+                                .latency(listen, synchronous, mode, options.replay_beside)
+                                .await?,
+                        );
+                    }
                 }
             }
         } else {

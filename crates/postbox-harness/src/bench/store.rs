@@ -15,6 +15,8 @@ pub struct BenchStore {
     drop_schema: String,
     seed: String,
     seed_log: String,
+    seed_sent: String,
+    replayed: String,
     seed_emit: String,
     table_rows: String,
     log_analyze: String,
@@ -50,6 +52,8 @@ impl BenchStore {
             drop_schema: sql.render("drop_schema", schema),
             seed: sql.render("seed", schema),
             seed_log: sql.render("seed_log", schema),
+            seed_sent: sql.render("seed_sent", schema),
+            replayed: sql.render("replayed", schema),
             seed_emit: sql.render("seed_emit", schema),
             table_rows: sql.render("table_rows", schema),
             log_analyze: sql.render("log_analyze", schema),
@@ -105,6 +109,32 @@ impl BenchStore {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+
+    /// Insert `n` events already delivered, created at `at`, for a replay
+    /// to read again, then VACUUM ANALYZE the table.
+    pub async fn seed_sent(
+        &self,
+        n: i64,
+        at: chrono::DateTime<chrono::Utc>,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(trusted(&self.seed_sent))
+            .bind(n)
+            .bind(at)
+            .execute(&self.pool)
+            .await?;
+        sqlx::raw_sql(trusted(&self.vacuum_analyze))
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Events the schema's replay jobs have delivered so far, and the
+    /// seconds they ran for.
+    pub async fn replayed(&self) -> Result<(i64, f64), sqlx::Error> {
+        sqlx::query_as(trusted(&self.replayed))
+            .fetch_one(&self.pool)
+            .await
     }
 
     /// Append `n` committed events to the log (log mode), then ANALYZE it.

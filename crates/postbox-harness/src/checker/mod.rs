@@ -24,6 +24,7 @@ mod broker;
 mod consumer;
 mod faults;
 mod pull;
+mod replay;
 mod report;
 mod tables;
 mod workload;
@@ -98,6 +99,9 @@ pub struct Options {
     pub failpoints: Option<String>,
     /// A bug to plant in the relays, to see the check catch it.
     pub plant: Option<PlantedBug>,
+    /// Run a replay beside the live traffic (`postbox replay`, killed and
+    /// resumed) and check that it delivered its range.
+    pub replay: bool,
     /// Longest wait after the run for every committed event to arrive.
     pub drain_timeout: Duration,
     /// Keep the schema, the broker's stream and the relay logs even when the checks pass.
@@ -120,6 +124,9 @@ pub enum PlantedBug {
     /// 50 ms of work): a reader killed in between loses the batch. Visible
     /// in a pull run, whose readers the `kill` fault kills.
     ReaderAcksFirst,
+    /// The replay runner moves its job past some pages without sending
+    /// them (with `--replay`).
+    ReplaySkipsPages,
 }
 
 /// Resolves when the user asks the run to stop (SIGINT, SIGTERM). It is
@@ -145,6 +152,16 @@ pub async fn run(
         if options.mode != ReadMode::Log {
             return Err("--sink group:…: a consumer group reads the log; use --mode log".into());
         }
+    }
+    if options.replay && options.mode == ReadMode::Logical {
+        return Err(
+            "--replay: logical mode's emitted events leave no row to replay; \
+                    run it in claim or log mode"
+                .into(),
+        );
+    }
+    if options.plant == Some(PlantedBug::ReplaySkipsPages) && !options.replay {
+        return Err("--plant replay-skips-pages plants its bug in the replay: add --replay".into());
     }
     let crashes = options.faults.contains(&FaultKind::Crash);
     if crashes && database_url.is_some() && options.crash_external.is_none() {
@@ -195,6 +212,12 @@ fn arm_failpoints(options: &Options) -> Result<String, AnyError> {
             spec.push(',');
         }
         spec.push_str("ack_before_publish=10%fail");
+    }
+    if options.plant == Some(PlantedBug::ReplaySkipsPages) {
+        if !spec.is_empty() {
+            spec.push(',');
+        }
+        spec.push_str("replay_skip_page=20%fail");
     }
     let rules = failpoint::parse(&spec)?;
     if rules.iter().any(|(name, rule)| {
@@ -292,6 +315,34 @@ async fn run_in(
         consumer,
         cleanup,
     } = Delivering::start(options, db, spec, &logs, seed, run_id).await?;
+    let replay_list = (
+        replay_redis(&options.sink),
+        format!("postbox-verify:{run_id}:replay"),
+    );
+    let stop_replay = CancellationToken::new();
+    let replaying = if options.replay {
+        Some(replay::ReplayBeside::start(
+            replay::ReplaySetup {
+                proxied_url: db.proxied_url.clone(),
+                schema: db.schema.clone(),
+                direct: db.direct.clone(),
+                tables: db.tables.clone(),
+                mode: options.mode,
+                redis_url: replay_list.0.clone(),
+                key: replay_list.1.clone(),
+                logs: logs.clone(),
+                failpoints: spec.to_owned(),
+                seed,
+                from: db.tables.now(&db.direct).await?,
+                // Soon enough that log mode's ring still holds the range's
+                // first events.
+                after: (options.duration / 3).min(Duration::from_secs(5)),
+            },
+            stop_replay.clone(),
+        ))
+    } else {
+        None
+    };
     let mut producers = Producers::start(options, db, seed)?;
 
     let counters = FaultCounters::default();
@@ -318,6 +369,10 @@ async fn run_in(
         broker.restore();
     }
     let ran_for = started.elapsed();
+    if !matches!(ended, FaultsEnded::Done) {
+        stop_replay.cancel();
+    }
+    let replaying = replaying.map(replay::ReplayBeside::calm);
     match ended {
         FaultsEnded::Done => {}
         FaultsEnded::Interrupted => {
@@ -334,6 +389,18 @@ async fn run_in(
 
     let pull = Pull::from_sink(&options.sink).is_some();
     let drained = drain(db, consumer.seen(), pull, options.drain_timeout).await?;
+    let replayed = match replaying {
+        Some(r) => Some(
+            r.finish(
+                (&replay_list.0, &replay_list.1),
+                &db.direct,
+                &db.tables,
+                options.drain_timeout,
+            )
+            .await?,
+        ),
+        None => None,
+    };
     let relay_counters = relays.counters.clone();
     relays.shutdown().await;
     let seen = consumer.stop_when_quiet().await;
@@ -350,6 +417,10 @@ async fn run_in(
     .to_owned();
     report.relay_synchronous_commit = options.relay_synchronous_commit;
     report.planted = options.plant.map(|p| format!("{p:?}"));
+    if let Some(r) = replayed {
+        report.passed &= r.passed;
+        report.replay = Some(r);
+    }
     report.relays = options.relays;
     report.ordered = options.ordered;
     report.seed = seed;
@@ -597,6 +668,18 @@ impl Delivering {
             consumer: Consumers::Readers(readers),
             cleanup: None,
         })
+    }
+}
+
+/// The Redis server the replay's list is on: the run's sink's when it is
+/// Redis, else the default one.
+fn replay_redis(sink: &str) -> String {
+    match url::Url::parse(sink) {
+        Ok(mut u) if u.scheme() == "redis" => {
+            u.set_query(None);
+            u.to_string()
+        }
+        _ => "redis://127.0.0.1:6379".to_owned(),
     }
 }
 

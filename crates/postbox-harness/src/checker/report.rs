@@ -69,6 +69,8 @@ pub struct ContractReport {
     pub order_violation_count: usize,
     pub schema: String,
     pub logs: String,
+    /// The replay beside the run (`--replay`).
+    pub replay: Option<super::replay::ReplayReport>,
 }
 
 impl ContractReport {
@@ -164,6 +166,7 @@ impl ContractReport {
         );
         self.write_figures(&mut o);
         self.write_checks(&mut o);
+        self.write_replay(&mut o);
         self.write_violations(&mut o);
         let _ = writeln!(
             o,
@@ -309,6 +312,52 @@ impl ContractReport {
                 "not checked (run with --ordered)".into()
             },
         );
+    }
+
+    fn write_replay(&self, o: &mut String) {
+        let Some(r) = &self.replay else { return };
+        let _ = writeln!(
+            o,
+            "replay beside the run ({} created {} to {})",
+            r.source, r.from, r.to
+        );
+        line(o, "events in its range", r.events.to_string());
+        line(
+            o,
+            "delivered to its list / bodies received",
+            format!("{} / {}", r.delivered, r.received),
+        );
+        line(
+            o,
+            "runner started / killed",
+            format!("{} / {}", r.runner_starts, r.runner_kills),
+        );
+        line(
+            o,
+            "every event of the range delivered",
+            if r.missing_count == 0 { "ok" } else { "FAILED" }.into(),
+        );
+        line(
+            o,
+            "nothing outside the range delivered",
+            if r.outside_count == 0 { "ok" } else { "FAILED" }.into(),
+        );
+        if r.missing_count > 0 {
+            let _ = writeln!(
+                o,
+                "REPLAY MISSED: {} events of its range never reached its list:\n    {}",
+                r.missing_count,
+                ids(&r.missing, r.missing_count)
+            );
+        }
+        if r.outside_count > 0 {
+            let _ = writeln!(
+                o,
+                "REPLAY OUTSIDE ITS RANGE: {} bodies:\n    {}",
+                r.outside_count,
+                ids(&r.outside, r.outside_count)
+            );
+        }
     }
 
     fn write_violations(&self, o: &mut String) {

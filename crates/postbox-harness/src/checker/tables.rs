@@ -3,10 +3,11 @@
 //! consumer applied each event.
 
 use crate::catalog;
+use chrono::{DateTime, Utc};
 use postbox::statements::trusted;
 use postbox::Schema;
 use sqlx::{PgConnection, PgPool, Row};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use uuid::Uuid;
 
 pub struct Tables {
@@ -17,6 +18,12 @@ pub struct Tables {
     produced_count: String,
     produced: String,
     effects: String,
+    now: String,
+    replay_range: String,
+    created_at_of: String,
+    last_replay_job: String,
+    replay_job_done: String,
+    replay_from: String,
     drop_schema: String,
 }
 
@@ -31,6 +38,12 @@ impl Tables {
             produced_count: sql.render("produced_count", schema),
             produced: sql.render("produced", schema),
             effects: sql.render("effects", schema),
+            now: sql.render("now", schema),
+            replay_range: sql.render("replay_range", schema),
+            created_at_of: sql.render("created_at_of", schema),
+            last_replay_job: sql.render("last_replay_job", schema),
+            replay_job_done: sql.render("replay_job_done", schema),
+            replay_from: sql.render("replay_from", schema),
             drop_schema: sql.render("drop_schema", schema),
         };
         sql.finish();
@@ -106,6 +119,78 @@ impl Tables {
             .iter()
             .map(|row| Ok((row.try_get("event_id")?, row.try_get("applied")?)))
             .collect()
+    }
+
+    /// The server's time.
+    pub async fn now(&self, pool: &PgPool) -> Result<DateTime<Utc>, sqlx::Error> {
+        sqlx::query(trusted(&self.now))
+            .fetch_one(pool)
+            .await?
+            .try_get("now")
+    }
+
+    /// `--replay`: the events of `source` created from `from` until now, in
+    /// one snapshot, and that now.
+    pub async fn replay_range(
+        &self,
+        pool: &PgPool,
+        from: DateTime<Utc>,
+        source: &str,
+    ) -> Result<(DateTime<Utc>, HashSet<Uuid>), sqlx::Error> {
+        let rows = sqlx::query(trusted(&self.replay_range))
+            .bind(from)
+            .bind(source)
+            .fetch_all(pool)
+            .await?;
+        let mut to = from;
+        let mut events = HashSet::new();
+        for row in rows {
+            to = row.try_get("to_at")?;
+            if let Some(id) = row.try_get::<Option<Uuid>, _>("event_id")? {
+                events.insert(id);
+            }
+        }
+        Ok((to, events))
+    }
+
+    /// When each of `ids` was created (those the database holds).
+    pub async fn created_at_of(
+        &self,
+        pool: &PgPool,
+        ids: &[Uuid],
+    ) -> Result<HashMap<Uuid, DateTime<Utc>>, sqlx::Error> {
+        sqlx::query(trusted(&self.created_at_of))
+            .bind(ids)
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(|row| Ok((row.try_get("event_id")?, row.try_get("created_at")?)))
+            .collect()
+    }
+
+    /// The newest replay job, if any.
+    pub async fn last_replay_job(&self, pool: &PgPool) -> Result<Option<i64>, sqlx::Error> {
+        sqlx::query(trusted(&self.last_replay_job))
+            .fetch_one(pool)
+            .await?
+            .try_get("id")
+    }
+
+    /// Whether replay job `id` is done.
+    pub async fn replay_job_done(&self, pool: &PgPool, id: i64) -> Result<bool, sqlx::Error> {
+        sqlx::query(trusted(&self.replay_job_done))
+            .bind(id)
+            .fetch_one(pool)
+            .await?
+            .try_get("done")
+    }
+
+    /// The newest replay job's `from`.
+    pub async fn replay_from(&self, pool: &PgPool) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+        sqlx::query(trusted(&self.replay_from))
+            .fetch_one(pool)
+            .await?
+            .try_get("from_at")
     }
 
     /// Drop the run's schema, postbox's tables with it.
