@@ -35,6 +35,7 @@ pub fn fast_config() -> RelayConfig {
         logical_poll_interval: Duration::from_millis(10),
         logical_inactive_warn: Duration::from_secs(300),
         expression_steps: 100_000,
+        replay_rate: 0,
     }
 }
 

@@ -400,13 +400,14 @@ impl Replays {
     /// transaction, make a job (created by `relay`) for each destination new
     /// to a schema that had some already and given a start in `starts`
     /// (`None`: now, no job): the retained events of `source` from that
-    /// start (the oldest retained for [`GroupStart::Beginning`]) until now.
-    /// Returns the jobs made. A new destination whose range holds nothing
-    /// gets no job.
+    /// start (the oldest retained for [`GroupStart::Beginning`]) until now,
+    /// at `rate` events a second (None: unpaced). Returns the jobs made. A
+    /// new destination whose range holds nothing gets no job.
     pub async fn start_new_destinations(
         &self,
         destinations: &[(String, Option<GroupStart>)],
         source: ReplaySource,
+        rate: Option<i32>,
     ) -> Result<Vec<i64>, sqlx::Error> {
         let names: Vec<&str> = destinations.iter().map(|(n, _)| n.as_str()).collect();
         let mut tx = self.pool.begin().await?;
@@ -462,7 +463,7 @@ impl Replays {
                 .bind(None::<Vec<String>>)
                 .bind(None::<String>)
                 .bind(None::<String>)
-                .bind(None::<i32>)
+                .bind(rate)
                 .bind(false)
                 .bind(hi)
                 .bind(total)

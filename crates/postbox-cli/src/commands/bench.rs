@@ -81,6 +81,9 @@ pub struct BenchArgs {
     /// live traffic, into another Redis list (0: no such rows)
     #[arg(long, value_name = "EVENTS", default_value_t = 0)]
     pub replay_beside: i64,
+    /// The pace of that replay, events/s (0: unpaced)
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub replay_rate: u32,
     /// Other systems the drain runs the same events through, into the same
     /// sink, when the server has them: pgq (PgQ's canonical consumer; needs
     /// the pgq extension, e.g. Debian's postgresql-15-pgq3; the bench
@@ -176,6 +179,7 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> Result<ExitCode, AnyEr
             .collect(),
         latency_modes: args.latency_modes,
         replay_beside: args.replay_beside.max(0),
+        replay_rate: args.replay_rate,
         bench_schema: args.bench_schema,
         json: args.json,
         fsync_off: args.fsync_off,

@@ -47,6 +47,9 @@ impl Bench<'_> {
         };
         if replay > 0 {
             mode += &format!(", beside a replay of {replay} events");
+            if options.replay_rate > 0 {
+                mode += &format!(" at {}/s", options.replay_rate);
+            }
         }
         crate::progressln!(
             "latency: {} events/s for {} with {mode}…",
@@ -162,8 +165,11 @@ impl Bench<'_> {
         )?;
         let from = from.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
         let batch = self.options.batch_size.to_string();
+        let rate = self.options.replay_rate;
+        let paced = (rate > 0).then(|| ["--rate".to_owned(), format!("{rate}/s")]);
         let runner = crate::supervisor::RelayCommand::replay(self.url, &self.schema)?
             .config(&config)
+            .args(paced.into_iter().flatten())
             .args([
                 "--destination",
                 "sink",

@@ -105,6 +105,8 @@ pub struct Options {
     /// With N > 0, each mode's LISTEN latency run is followed by the same
     /// run with a replay of N retained events beside the live traffic.
     pub replay_beside: i64,
+    /// The pace of that replay, events/s (0: unpaced).
+    pub replay_rate: u32,
     /// Schema the benchmark creates and drops (its name must contain "bench").
     pub bench_schema: String,
     /// Print the results as JSON rather than a table.

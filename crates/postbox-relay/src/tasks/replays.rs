@@ -35,8 +35,12 @@ pub(crate) async fn replay_loop(shared: Arc<Shared>, stop: CancellationToken, dr
         .iter()
         .map(|d| (d.name.clone(), if stream { d.start.clone() } else { None }))
         .collect();
+    // The configured pace, for the jobs made now and those taken up again.
+    let rate = i32::try_from(shared.config.replay_rate)
+        .ok()
+        .filter(|r| *r > 0);
     let made = retrying(&stop, "recording the relay's destinations", || {
-        replays.start_new_destinations(&destinations, ReplaySource::Outbox)
+        replays.start_new_destinations(&destinations, ReplaySource::Outbox, rate)
     })
     .await;
     let Some(made) = made else { return };
@@ -72,6 +76,7 @@ pub(crate) async fn replay_loop(shared: Arc<Shared>, stop: CancellationToken, dr
                 steps: shared.config.expression_steps,
                 batch_size: i64::from(shared.config.batch_size),
             };
+            job.rate = rate;
             let (id, destination) = (job.id, job.destination.clone());
             tracing::info!(job = id, destination = %destination, events = job.total, "running replay job");
             match runner.run(&mut job, &stop, false, &mut |_, _| {}).await {
