@@ -49,18 +49,6 @@ LEFT JOIN (
     SELECT event_id, created_at FROM {schema}.log WHERE $2 = 'log'
 ) e ON e.created_at >= $1 AND e.created_at < t.to_at;
 
--- name: created_at_of
--- When each of the events $1 was created, wherever it is.
-SELECT event_id, min(created_at) AS created_at
-FROM (
-    SELECT event_id, created_at FROM {schema}.outbox WHERE event_id = ANY ($1)
-    UNION ALL
-    SELECT event_id, created_at FROM {schema}.outbox_archive WHERE event_id = ANY ($1)
-    UNION ALL
-    SELECT event_id, created_at FROM {schema}.log WHERE event_id = ANY ($1)
-) e
-GROUP BY event_id;
-
 -- name: last_replay_job
 SELECT max(id) AS id FROM {schema}.replay_jobs;
 

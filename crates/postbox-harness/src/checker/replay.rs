@@ -19,7 +19,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use redis::AsyncCommands;
 use sqlx::PgPool;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -252,33 +252,46 @@ async fn check(
     let mut redis = crate::redis_connection(&client).await?;
     let bodies: Vec<String> = redis.lrange(key, 0, -1).await?;
     let _: Result<(), _> = redis.del(key).await;
-    let mut received = HashSet::new();
+    // Each body's event id and creation time (its CloudEvents `time`): the
+    // database may no longer hold a late event by now (log mode truncates
+    // its ring), the body does.
+    let mut received: HashMap<Uuid, Option<DateTime<Utc>>> = HashMap::new();
     let mut malformed = 0;
     for body in &bodies {
-        match serde_json::from_str::<serde_json::Value>(body)
-            .ok()
-            .and_then(|v| v["id"].as_str().and_then(|s| s.parse::<Uuid>().ok()))
-        {
+        let parsed = serde_json::from_str::<serde_json::Value>(body).ok();
+        let id = parsed
+            .as_ref()
+            .and_then(|v| v["id"].as_str().and_then(|s| s.parse::<Uuid>().ok()));
+        let time = parsed
+            .as_ref()
+            .and_then(|v| v["time"].as_str())
+            .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.with_timezone(&Utc));
+        match id {
             Some(id) => {
-                received.insert(id);
+                received.insert(id, time);
             }
             None => malformed += 1,
         }
     }
-    let mut missing: Vec<Uuid> = replayed.events.difference(&received).copied().collect();
-    let others: Vec<Uuid> = received.difference(&replayed.events).copied().collect();
-    // A received event beyond the snapshot is in the range only if it was
-    // created in it (a transaction that committed after the snapshot).
-    let created = tables.created_at_of(direct, &others).await?;
-    let from = replayed_from(tables, direct).await?;
-    let mut outside: Vec<Uuid> = others
+    let mut missing: Vec<Uuid> = replayed
+        .events
         .iter()
-        .filter(|id| {
-            created
-                .get(id)
-                .is_none_or(|at| *at < from || *at >= replayed.to)
-        })
+        .filter(|id| !received.contains_key(id))
         .copied()
+        .collect();
+    // A received event beyond the snapshot is in the range only if a
+    // producer committed it (the run's own table says) and it was created
+    // in the range (a transaction that committed after the snapshot).
+    let committed = tables.produced(direct).await?;
+    let from = replayed_from(tables, direct).await?;
+    let mut outside: Vec<Uuid> = received
+        .iter()
+        .filter(|(id, _)| !replayed.events.contains(id))
+        .filter(|(id, time)| {
+            !committed.contains(id) || time.is_none_or(|at| at < from || at >= replayed.to)
+        })
+        .map(|(id, _)| *id)
         .collect();
     let (missing_count, outside_count) = (missing.len(), outside.len() + malformed);
     missing.sort_unstable();
@@ -290,7 +303,11 @@ async fn check(
         from: from.to_rfc3339(),
         to: replayed.to.to_rfc3339(),
         events: replayed.events.len(),
-        delivered: received.intersection(&replayed.events).count(),
+        delivered: replayed
+            .events
+            .iter()
+            .filter(|id| received.contains_key(id))
+            .count(),
         received: bodies.len(),
         runner_kills: replayed.kills,
         runner_starts: replayed.starts,

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use postbox::statements::trusted;
 use postbox::Schema;
 use sqlx::{PgConnection, PgPool, Row};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use uuid::Uuid;
 
 pub struct Tables {
@@ -20,7 +20,6 @@ pub struct Tables {
     effects: String,
     now: String,
     replay_range: String,
-    created_at_of: String,
     last_replay_job: String,
     replay_job_done: String,
     replay_from: String,
@@ -40,7 +39,6 @@ impl Tables {
             effects: sql.render("effects", schema),
             now: sql.render("now", schema),
             replay_range: sql.render("replay_range", schema),
-            created_at_of: sql.render("created_at_of", schema),
             last_replay_job: sql.render("last_replay_job", schema),
             replay_job_done: sql.render("replay_job_done", schema),
             replay_from: sql.render("replay_from", schema),
@@ -151,21 +149,6 @@ impl Tables {
             }
         }
         Ok((to, events))
-    }
-
-    /// When each of `ids` was created (those the database holds).
-    pub async fn created_at_of(
-        &self,
-        pool: &PgPool,
-        ids: &[Uuid],
-    ) -> Result<HashMap<Uuid, DateTime<Utc>>, sqlx::Error> {
-        sqlx::query(trusted(&self.created_at_of))
-            .bind(ids)
-            .fetch_all(pool)
-            .await?
-            .iter()
-            .map(|row| Ok((row.try_get("event_id")?, row.try_get("created_at")?)))
-            .collect()
     }
 
     /// The newest replay job, if any.
