@@ -319,9 +319,65 @@ fn demo_in_mode(mode: &str, says: &str) {
     assert!(sent >= committed && committed > 300, "{mode}: {text}");
 }
 
+/// One `postbox bench` at a time in this binary: two side by side on one
+/// server ended in `deadlock detected` (the pgq peer creates and drops its
+/// extension, a server-wide step), and their figures would mean nothing.
+pub(crate) static BENCH: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// `--replay-beside N`: each mode's LISTEN latency again with a replay of
+/// N retained events running beside the live traffic, which it reports.
+#[tokio::test]
+async fn bench_measures_latency_beside_a_replay() {
+    let _alone = BENCH.lock().await;
+    let db = TestDb::empty().await;
+    let schema = unique("bench_t_");
+    let key = unique("test:bench:");
+    let sink = format!("{}?key={key}", redis_url());
+    let out = ok(postbox(
+        &db,
+        &[
+            "bench",
+            "--rate",
+            "100",
+            "--duration",
+            "1s",
+            "--bench-schema",
+            &schema,
+            "--sink",
+            &sink,
+            "--only",
+            "latency",
+            "--latency-modes",
+            "claim",
+            "--replay-beside",
+            "2000",
+            "--json",
+        ],
+    ));
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let modes: Vec<&str> = r["latency"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["mode"].as_str().unwrap())
+        .collect();
+    assert_eq!(modes.len(), 4, "{r}");
+    assert_eq!(modes[0], "LISTEN/NOTIFY", "{r}");
+    let beside = modes[1];
+    let replayed: i64 = beside
+        .strip_prefix("LISTEN/NOTIFY, beside a replay of 2000 events (")
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{beside}"));
+    assert!(replayed > 0, "the replay ran beside: {beside}");
+    assert!(beside.contains(" replayed in "), "{beside}");
+    assert!(r["latency"][1]["events"].as_u64().unwrap() > 0, "{r}");
+}
+
 #[tokio::test]
 async fn bench_runs_on_tiny_inputs() {
     // Only proves the harness works end to end; figures come from real runs.
+    let _alone = BENCH.lock().await;
     let db = TestDb::empty().await;
     let schema = unique("bench_t_");
     let key = unique("test:bench:");
@@ -865,6 +921,7 @@ async fn status_shows_the_schemas_replication_slot() {
 /// for a terminal.
 #[tokio::test]
 async fn bench_shows_progress_within_a_long_drain() {
+    let _alone = BENCH.lock().await;
     let db = TestDb::empty().await;
     let schema = unique("bench_p_");
     let sink = format!("{}?key={}", redis_url(), unique("test:bench:"));

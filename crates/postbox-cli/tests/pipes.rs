@@ -165,6 +165,7 @@ async fn status_watch_into_a_closed_pipe_exits_cleanly() {
 /// workload's printing stops instead of panicking, and bench exits 0.
 #[tokio::test]
 async fn bench_into_a_closed_pipe_exits_cleanly() {
+    let _alone = crate::cli::BENCH.lock().await;
     let db = TestDb::new().await;
     let schema = format!("{}_bench", db.schema.name());
     let sink = format!("{}?key={}", redis_url(), unique("test:bench:"));

@@ -23,10 +23,7 @@ use jaq_json::Val;
 use std::cell::Cell;
 use std::sync::Arc;
 
-/// The largest JSON text an expression may produce for one event.
-pub const MAX_OUTPUT_BYTES: usize = 1 << 20;
-/// The deepest nesting an expression's JSON output may have.
-pub const MAX_DEPTH: usize = 128;
+pub use super::bounds::{MAX_DEPTH, MAX_OUTPUT_BYTES};
 /// Stack an evaluation may use before it stops with [`Fault::Depth`] on the
 /// evaluator's threads, which have [`super::pool::STACK_BYTES`].
 pub(crate) const MAX_STACK_BYTES: usize = 192 << 20;
@@ -60,6 +57,8 @@ const PRELUDE: &str = "def range($from; $upto; $by): \
 pub struct Expr {
     code: Arc<str>,
     program: Arc<jaq_core::Filter<Metered>>,
+    /// The direct evaluator's plan, when the expression is in its subset.
+    plan: Option<Arc<super::fast::Plan>>,
 }
 
 impl std::fmt::Debug for Expr {
@@ -271,7 +270,26 @@ impl Expr {
         Ok(Self {
             code: code.into(),
             program: Arc::new(program),
+            plan: super::fast::Plan::compile(code).map(Arc::new),
         })
+    }
+
+    /// The same expression, planned as a headers expression (whose top may
+    /// also be `.headers + {…}`).
+    pub(crate) fn for_headers(mut self) -> Self {
+        self.plan = super::fast::Plan::compile_headers(&self.code).map(Arc::new);
+        self
+    }
+
+    /// The direct evaluator's plan (see [`super::fast`]), if it has one.
+    pub(crate) fn plan(&self) -> Option<&super::fast::Plan> {
+        self.plan.as_deref()
+    }
+
+    /// Whether the expression runs on the direct evaluator (it falls back
+    /// to jaq, per event, wherever jq would raise an error).
+    pub fn is_direct(&self) -> bool {
+        self.plan.is_some()
     }
 
     /// The expression's text, as configured.

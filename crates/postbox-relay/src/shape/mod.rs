@@ -25,7 +25,9 @@
 //! the compiled shapes, and the engine's publish path runs them on the
 //! evaluator's threads ([`pool`]).
 
+mod bounds;
 pub mod expr;
+mod fast;
 pub(crate) mod pool;
 #[cfg(test)]
 mod reference;
@@ -87,7 +89,7 @@ impl Shape {
         Ok(Self {
             filter: one(Which::Filter, filter)?,
             transform: one(Which::Transform, transform)?,
-            headers: one(Which::Headers, headers)?,
+            headers: one(Which::Headers, headers)?.map(Expr::for_headers),
         })
     }
 
@@ -223,12 +225,22 @@ pub fn shape(
         expression: format!("{} of {by}", which.as_str()),
         fault,
     };
-    let input = match input(m) {
-        Ok(input) => input,
-        Err(fault) => return failed(Which::Filter, owner, fault),
+    // The event as jq's value, built only when an expression needs jaq
+    // (the direct evaluator reads the event itself).
+    let built = std::cell::OnceCell::new();
+    let jaq_input = || {
+        built
+            .get_or_init(|| input(m))
+            .as_ref()
+            .map_err(Clone::clone)
     };
     let passes = |e: &Expr| -> Result<bool, Fault> {
-        Ok(e.first(&input, steps)?.as_ref().is_some_and(expr::truthy))
+        if let Some(yes) = e.plan().and_then(|p| p.test(m)) {
+            return Ok(yes);
+        }
+        Ok(e.first(jaq_input()?, steps)?
+            .as_ref()
+            .is_some_and(expr::truthy))
     };
     if let Some(f) = &own.filter {
         match passes(f) {
@@ -268,14 +280,16 @@ pub fn shape(
     let payload = match pick(&carried.transform, &own.transform, route) {
         None => None,
         Some((e, name)) => {
-            let out = e
-                .first(&input, steps)
-                .and_then(|v| v.ok_or_else(|| Fault::Output("is empty (no value)".into())))
-                .and_then(|v| expr::to_json(&v))
-                .and_then(|text| {
-                    RawValue::from_string(text)
-                        .map_err(|e| Fault::Output(format!("is not JSON: {e}")))
-                });
+            let text = match e.plan().and_then(|p| p.json(m)) {
+                Some(text) => Ok(text),
+                None => jaq_input()
+                    .and_then(|input| e.first(input, steps))
+                    .and_then(|v| v.ok_or_else(|| Fault::Output("is empty (no value)".into())))
+                    .and_then(|v| expr::to_json(&v)),
+            };
+            let out = text.and_then(|text| {
+                RawValue::from_string(text).map_err(|e| Fault::Output(format!("is not JSON: {e}")))
+            });
             match out {
                 Ok(p) => {
                     by = Some(name);
@@ -288,10 +302,13 @@ pub fn shape(
     let headers = match pick(&carried.headers, &own.headers, route) {
         None => None,
         Some((e, name)) => {
-            let out = e
-                .first(&input, steps)
-                .and_then(|v| v.ok_or_else(|| Fault::Output("is empty (no value)".into())))
-                .and_then(|v| headers_of(&v));
+            let out = match e.plan().and_then(|p| p.headers(m)) {
+                Some(headers) => Ok(headers),
+                None => jaq_input()
+                    .and_then(|input| e.first(input, steps))
+                    .and_then(|v| v.ok_or_else(|| Fault::Output("is empty (no value)".into())))
+                    .and_then(|v| headers_of(&v)),
+            };
             match out {
                 Ok(h) => {
                     by.get_or_insert(name);

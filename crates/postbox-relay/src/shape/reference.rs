@@ -30,7 +30,7 @@ fn blocks(page: &str) -> Vec<(String, String)> {
 
 /// Numbers compared as numbers (`249950` and `249950.0` alike), objects
 /// whatever their key order.
-fn normal(v: serde_json::Value) -> serde_json::Value {
+pub(super) fn normal(v: serde_json::Value) -> serde_json::Value {
     use serde_json::Value;
     match v {
         Value::Number(n) => n
