@@ -87,6 +87,9 @@ struct Replayed {
 /// Longest a runner runs before it is killed, while the faults go on.
 const KILL_WITHIN: Duration = Duration::from_millis(2500);
 
+/// About how long the replay job takes, unkilled: longer than KILL_WITHIN.
+const REPLAY_SECONDS: usize = 4;
+
 impl ReplayBeside {
     pub(super) fn start(setup: ReplaySetup, stop: CancellationToken) -> Self {
         let calm = CancellationToken::new();
@@ -144,6 +147,9 @@ async fn run(
         .to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
     let to_text = to.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
     let log = setup.logs.join("replay.log");
+    // Slow enough that the job outlasts the first kill: at 500/s a short
+    // run's few hundred events were all sent before any runner was killed.
+    let rate = format!("{}/s", (events.len() / REPLAY_SECONDS).clamp(10, 500));
     let mut rng = StdRng::seed_from_u64(setup.seed ^ 0x7e91a9);
     let (mut kills, mut starts) = (0, 0);
     let mut job: Option<i64> = None;
@@ -179,7 +185,7 @@ async fn run(
                 "--source",
                 source_of(setup.mode),
                 "--rate",
-                "500/s",
+                &rate,
                 "--actor",
                 "verify",
             ]
