@@ -176,6 +176,17 @@ BEGIN
 END
 $ceiling$;
 
+-- name: log_read_snapshot
+-- Every log event committed now, as the upper snapshot of a window from
+-- nothing.
+SELECT pg_current_snapshot()::text AS hi;
+
+-- name: log_read
+-- The wire's bound for a log reader: the relay's page statement, the page
+-- of up to $3 events after id $2 of the window ('1:1:', $1), its rows
+-- received by the client and not decoded, no cursor moved, nothing sent on.
+SELECT * FROM {schema}.log_page('1:1:', $1, $2, $3, 1, 0) ORDER BY id;
+
 -- name: naive_select
 -- The naive relay most write-ups start from: 100 unsent rows at a time...
 SELECT id, payload::text AS payload FROM {schema}.outbox WHERE status = 'pending' ORDER BY id LIMIT 100;

@@ -474,6 +474,12 @@ impl Bench<'_> {
         let started = Instant::now();
         self.store.log_ceiling(options.batch_size).await?;
         let log_ceiling = options.events as f64 / started.elapsed().as_secs_f64();
+        crate::progressln!(
+            "drain: the same events read page by page over one connection, neither decoded nor sent…"
+        );
+        let started = Instant::now();
+        let read = self.store.log_read(options.batch_size).await?;
+        let log_read = read as f64 / started.elapsed().as_secs_f64();
 
         crate::progressln!("drain: the same events through the pure-SQL ceiling…");
         self.seeded(options.events).await?;
@@ -531,6 +537,8 @@ impl Bench<'_> {
             log_vs_naive: round2(log_rate / naive),
             log_ceiling_events_per_s: log_ceiling.round(),
             log_vs_log_ceiling: round2(log_rate / log_ceiling),
+            log_read_events_per_s: log_read.round(),
+            log_vs_log_read: round2(log_rate / log_read),
             log_after,
             logical_events_per_transaction: EMIT_PER_TRANSACTION,
             logical_relay_events_per_s: logical_rate.round(),

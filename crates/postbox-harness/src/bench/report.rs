@@ -150,6 +150,12 @@ pub struct Drain {
     /// SQL alone.
     pub log_ceiling_events_per_s: f64,
     pub log_vs_log_ceiling: f64,
+    /// The same events read with log mode's page statement over one
+    /// connection, received and not decoded, nothing sent on: what one log
+    /// reader's connection can carry (the ceiling above never leaves the
+    /// server).
+    pub log_read_events_per_s: f64,
+    pub log_vs_log_read: f64,
     /// The log's partitions after the log-mode drain.
     pub log_after: TableSize,
     /// The same number of events emitted into the WAL (`emit`, in
@@ -295,6 +301,11 @@ pub(super) fn print_table(r: &BenchReport) {
             "  pure-SQL log ceiling       {:>9.0} events/s   log relay = {:.2} × log ceiling",
             d.log_ceiling_events_per_s,
             d.log_vs_log_ceiling
+        );
+        crate::outln!(
+            "  log pages over the wire    {:>9.0} events/s   log relay = {:.2} × (one connection reading the pages; rows neither decoded nor sent)",
+            d.log_read_events_per_s,
+            d.log_vs_log_read
         );
         crate::outln!(
             "  log mode, filter+transform {:>9.0} events/s   = {:.2} × the same drain without them ({:.0} events/s; two rounds each, alternating)",

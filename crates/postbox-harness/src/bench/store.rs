@@ -28,6 +28,8 @@ pub struct BenchStore {
     ceiling: String,
     log_ceiling_cursor: String,
     log_ceiling: String,
+    log_read_snapshot: String,
+    log_read: String,
     naive_select: String,
     naive_mark: String,
     table_size: String,
@@ -65,6 +67,8 @@ impl BenchStore {
             ceiling: sql.render("ceiling", schema),
             log_ceiling_cursor: sql.render("log_ceiling_cursor", schema),
             log_ceiling: sql.render("log_ceiling", schema),
+            log_read_snapshot: sql.render("log_read_snapshot", schema),
+            log_read: sql.render("log_read", schema),
             naive_select: sql.render("naive_select", schema),
             naive_mark: sql.render("naive_mark", schema),
             table_size: sql.render("table_size", schema),
@@ -248,6 +252,31 @@ impl BenchStore {
             .await?;
         let sql = self.log_ceiling.replace("{batch}", &batch.to_string());
         self.committing_block(&sql).await
+    }
+
+    /// Read every event committed in the log with log mode's page
+    /// statement, page after page of `batch` over one connection, as a relay
+    /// receives them, without decoding a row or sending it anywhere: the
+    /// bound of one log reader's connection. How many events it read.
+    pub async fn log_read(&self, batch: u32) -> Result<u64, sqlx::Error> {
+        let mut conn = self.pool.acquire().await?;
+        let hi: String = sqlx::query_scalar(trusted(&self.log_read_snapshot))
+            .fetch_one(&mut *conn)
+            .await?;
+        let (mut after, mut read) = (0_i64, 0_u64);
+        loop {
+            let rows = sqlx::query(trusted(&self.log_read))
+                .bind(&hi)
+                .bind(after)
+                .bind(i64::from(batch))
+                .fetch_all(&mut *conn)
+                .await?;
+            let Some(last) = rows.last() else {
+                return Ok(read);
+            };
+            after = last.try_get("id")?;
+            read += rows.len() as u64;
+        }
     }
 
     /// Up to 100 pending rows, oldest first: (id, payload).
