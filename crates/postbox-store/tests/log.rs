@@ -579,3 +579,128 @@ async fn a_handoff_of_an_event_not_in_the_log_moves_nothing() {
     assert_eq!(db.count("SELECT count(*) FROM {schema}.outbox").await, 2);
     db.drop_schema().await;
 }
+
+/// Every column of an event reaches the relay as it was committed, whether
+/// it is read from a window's first page (`open`), a later page (`page`) or
+/// a claim: the fields differ from one another and from their defaults, so
+/// a column returned under another's name (`log_page` returns its columns
+/// by position) or read from the wrong place shows.
+#[tokio::test]
+async fn an_event_is_read_as_committed_from_a_window_a_page_and_a_claim() {
+    let db = TestDb::new().await;
+    let reader = Reader::new(&db).await;
+    let columns = "event_id, event_type, aggregate_type, aggregate_id, schema_version, \
+                   payload, headers, sequence, created_at";
+    let values = "$1, $2, $3, $4, $5, $6::jsonb, $7::jsonb, $8, $9";
+    let created = chrono::DateTime::parse_from_rfc3339("2026-01-02T03:04:05.678901Z")
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    let expected = |i: i64| Expected {
+        event_type: format!("order.placed.{i}"),
+        aggregate_type: format!("order-type-{i}"),
+        aggregate_id: format!("order-id-{i}"),
+        schema_version: 3 + i as i32,
+        payload: format!(r#"{{"n": {i}, "s": "x"}}"#),
+        headers: BTreeMap::from([
+            ("h".to_owned(), format!("v{i}")),
+            ("n".to_owned(), "7".to_owned()),
+        ]),
+        sequence: Some(40 + i),
+        created_at: created + chrono::Duration::seconds(i),
+    };
+    let mut ids = Vec::new();
+    for table in ["log", "outbox"] {
+        let insert = db.sql(&format!(
+            "INSERT INTO {{schema}}.{table} ({columns}) VALUES ({values})"
+        ));
+        for i in 0..3 {
+            let e = expected(i);
+            let id = Uuid::now_v7();
+            ids.push(id);
+            let headers = serde_json::json!({"h": format!("v{i}"), "n": 7}).to_string();
+            sqlx::query(trusted(&insert))
+                .bind(id)
+                .bind(&e.event_type)
+                .bind(&e.aggregate_type)
+                .bind(&e.aggregate_id)
+                .bind(e.schema_version)
+                .bind(&e.payload)
+                .bind(headers)
+                .bind(e.sequence)
+                .bind(e.created_at)
+                .execute(&db.pool)
+                .await
+                .unwrap();
+        }
+    }
+    let check = |source: &str, i: i64, event: &postbox_store::ClaimedEvent, id: Uuid| {
+        let e = expected(i);
+        let payload: serde_json::Value = serde_json::from_str(event.payload.get()).unwrap();
+        let want: serde_json::Value = serde_json::from_str(&e.payload).unwrap();
+        assert_eq!(
+            (
+                event.event_id,
+                &event.event_type,
+                &event.aggregate_type,
+                &event.aggregate_id,
+                event.schema_version,
+                payload,
+                &event.headers,
+                event.sequence,
+                event.created_at,
+                event.attempt,
+            ),
+            (
+                id,
+                &e.event_type,
+                &e.aggregate_type,
+                &e.aggregate_id,
+                e.schema_version,
+                want,
+                &e.headers,
+                e.sequence,
+                e.created_at,
+                1,
+            ),
+            "{source}: event {i}"
+        );
+    };
+    // The window's first page holds one event, the next page the rest.
+    let (mut window, first) = reader
+        .log
+        .open(&reader.destination, 0, reader.owner, None, 1)
+        .await
+        .unwrap()
+        .expect("the reader holds its cursor");
+    assert_eq!(first.len(), 1);
+    check("open", 0, &first[0].event, ids[0]);
+    window.after_id = first[0].id;
+    let page = reader.log.page(&window, 10).await.unwrap();
+    assert_eq!(page.len(), 2);
+    for (i, e) in page.iter().enumerate() {
+        assert!(!e.scheduled);
+        check("page", i as i64 + 1, &e.event, ids[i + 1]);
+    }
+    let store = Store::new(db.pool.clone(), db.schema.clone());
+    let claim = store
+        .claim(10, Duration::from_secs(60), None)
+        .await
+        .unwrap();
+    assert_eq!(claim.events.len(), 3);
+    for (i, event) in claim.events.iter().enumerate() {
+        check("claim", i as i64, event, ids[i + 3]);
+    }
+    db.drop_schema().await;
+}
+
+/// What `an_event_is_read_as_committed_from_a_window_a_page_and_a_claim` wrote.
+struct Expected {
+    event_type: String,
+    aggregate_type: String,
+    aggregate_id: String,
+    schema_version: i32,
+    payload: String,
+    headers: BTreeMap<String, String>,
+    sequence: Option<i64>,
+    created_at: chrono::DateTime<chrono::Utc>,
+}
