@@ -228,13 +228,21 @@ impl Bench<'_> {
         drop(warm);
         let deadline = Instant::now() + options.duration;
         let period = Duration::from_secs_f64(producers as f64 / options.rate as f64);
+        let start = tokio::time::Instant::now();
         let mut tasks = Vec::new();
         for p in 0..producers {
+            // The producers take turns: producer p's ticks come p/producers
+            // of a period after producer 0's, so events are committed one
+            // every 1/rate s. (Ticks in step, as they were until 2026-12-06,
+            // commit all producers' events at once, a burst of `producers`
+            // events every period, and the burst's last events wait behind
+            // the others on two cores: p95 about 8 ms in every mode.)
+            let first = start + turn(p, producers, period);
             let pool = self.pool.clone();
             let outbox = Outbox::new(self.schema.clone());
             let committed = committed.clone();
             tasks.push(tokio::spawn(async move {
-                let mut tick = tokio::time::interval(period);
+                let mut tick = tokio::time::interval_at(first, period);
                 let mut i = 0_u64;
                 while Instant::now() < deadline {
                     tick.tick().await;
@@ -263,6 +271,12 @@ impl Bench<'_> {
         let committed = std::mem::take(&mut *lock(&committed));
         Ok(committed)
     }
+}
+
+/// How long after producer 0's ticks producer `p` of `producers` ticks,
+/// ticking every `period`: their turns split the period evenly.
+fn turn(p: u64, producers: u64, period: Duration) -> Duration {
+    period.mul_f64(p as f64 / producers as f64)
 }
 
 /// The name of a latency mode, as the report shows it.
@@ -398,4 +412,25 @@ fn event_id(body: &str) -> Option<Uuid> {
     serde_json::from_str::<serde_json::Value>(body)
         .ok()
         .and_then(|v| v["id"].as_str().and_then(|s| s.parse().ok()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::turn;
+    use std::time::Duration;
+
+    /// At 1,000 events/s, 40 producers ticking every 40 ms commit one event
+    /// every millisecond between them, not 40 at once.
+    #[test]
+    fn producers_take_turns_across_the_period() {
+        let period = Duration::from_millis(40);
+        let mut ticks: Vec<Duration> = (0..40).map(|p| turn(p, 40, period)).collect();
+        ticks.sort();
+        ticks.dedup();
+        assert_eq!(ticks.len(), 40, "two producers tick at once");
+        assert_eq!(ticks[0], Duration::ZERO);
+        for pair in ticks.windows(2) {
+            assert_eq!(pair[1] - pair[0], Duration::from_millis(1));
+        }
+    }
 }
