@@ -440,6 +440,12 @@ impl Reader {
                     log.page(&next, batch).await
                 }))
             };
+            // Let the read start now. A task spawned from a worker waits in
+            // that worker's own next-task slot, which the other worker does
+            // not take from, so without this the read's query would leave
+            // only when publishing first gives the thread up — after the
+            // page's messages are built, about a millisecond a page later.
+            tokio::task::yield_now().await;
             let published = publish_page(shared, log, d, &page, self.ordered).await;
             let ahead = reading.await.ok().and_then(Result::ok);
             (published, ahead)
