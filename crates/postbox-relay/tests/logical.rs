@@ -1321,6 +1321,67 @@ async fn malformed_messages_are_set_aside_and_do_not_stall(transport: LogicalTra
     .await;
 }
 
+/// The stream reader reads on while a batch publishes: a transaction far
+/// larger than a batch, with messages that are not events among its events,
+/// is delivered whole, once, in order, and every one of those messages is
+/// set aside — also the ones read while a batch was in flight.
+#[tokio::test]
+async fn messages_read_while_a_batch_publishes_are_delivered_or_set_aside() {
+    let db = TestDb::new().await;
+    let (pool, schema) = (db.pool.clone(), db.schema.clone());
+    with_slot(db, move |slot| async move {
+        let sink = ScriptedSink::delivering();
+        let stop = CancellationToken::new();
+        let relay = spawn_relay(&pool, &schema, sink.clone(), config(&slot), stop.clone());
+        wait_for_slot(&pool, &slot, true).await;
+        let prefix = format!("postbox.{}", schema.name());
+        let outbox = Outbox::new(schema.clone());
+        let mut tx = pool.begin().await.unwrap();
+        let mut ids = Vec::new();
+        for i in 0..300 {
+            if i % 50 == 17 {
+                sqlx::query("SELECT pg_logical_emit_message(true, $1, $2::bytea)")
+                    .bind(&prefix)
+                    .bind(format!("not an event {i}").as_bytes())
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+            }
+            ids.push(
+                postbox::sqlx::emit(&outbox, &mut tx, &event(i, "order.created"))
+                    .await
+                    .unwrap(),
+            );
+        }
+        tx.commit().await.unwrap();
+        let after = wal_now(&pool).await;
+        wait_for("every event delivered", Duration::from_secs(60), || async {
+            sink.count() >= ids.len()
+        })
+        .await;
+        wait_for(
+            "the slot confirmed past the transaction",
+            Duration::from_secs(30),
+            || confirmed_past(&pool, &slot, &after),
+        )
+        .await;
+        stop.cancel();
+        relay.await.unwrap();
+        assert_eq!(sink.ids(), ids, "every event once, in order");
+        let kept = postbox_relay::Store::new(pool.clone(), schema.clone())
+            .logical()
+            .refused(100)
+            .await
+            .unwrap();
+        assert_eq!(
+            kept.len(),
+            6,
+            "every message that is not an event set aside: {kept:?}"
+        );
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn malformed_messages_are_set_aside_on_the_stream() {
     malformed_messages_are_set_aside_and_do_not_stall(LogicalTransport::Stream).await;

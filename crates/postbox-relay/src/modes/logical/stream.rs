@@ -8,10 +8,12 @@
 //! pgoutput (`proto_version '1'`, the slot's publication, `messages
 //! 'true'`). The server pushes each transaction as it commits, decoded once;
 //! the reader publishes events in batches (`batch_size` pending, or as soon
-//! as the stream has nothing more ready), hands what a destination did not
-//! take to the outbox, and only then raises the position it reports in its
-//! standby status updates (`confirmed_flush_lsn`) to the last commit whose
-//! events were all published or handed off. A server keepalive read while no
+//! as the stream has nothing more ready), reading on into the next batch
+//! while one is checked and published (two batches in memory at most),
+//! hands what a destination did not take to the outbox, and only then
+//! raises the position it reports in its standby status updates
+//! (`confirmed_flush_lsn`) to the last commit whose events were all
+//! published or handed off. A server keepalive read while no
 //! transaction is open and nothing is pending confirms up to its WAL
 //! position, so the slot follows the WAL while only other writes happen.
 //! A crash redelivers at most what was read since the last confirmation.
@@ -27,7 +29,7 @@ use percent_encoding::percent_decode_str;
 use pgwire_replication::{
     PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent, SslMode, TlsConfig,
 };
-use postbox_store::{decode_or_refuse, Logical, LogicalEvent, Lsn};
+use postbox_store::{decode_or_refuse, Logical, LogicalEvent, Lsn, Refusal};
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 use sqlx::ConnectOptions;
 use std::time::{Duration, Instant};
@@ -89,6 +91,7 @@ pub(super) async fn session(
         prefix: logical.prefix().to_owned(),
         client,
         pending: Vec::with_capacity(shared.config.batch_size as usize),
+        refused: Vec::new(),
         in_txn: false,
         last_commit: None,
         confirmed,
@@ -118,6 +121,8 @@ struct Reader<'a> {
     client: ReplicationClient,
     /// Events read and not yet published.
     pending: Vec<LogicalEvent>,
+    /// Messages read under the prefix that are not events, to set aside.
+    refused: Vec<(Lsn, Refusal)>,
 
     /// Inside a transaction (Begin read, its Commit not yet).
     in_txn: bool,
@@ -174,62 +179,17 @@ impl Reader<'_> {
                 }
             };
             last_arrival = Instant::now();
-            let event = match next {
-                Ok(Some(event)) => event,
-                Ok(None) => {
-                    return Err(ReadError::Stream(
-                        "the server ended the replication stream".to_owned(),
-                    ))
-                }
-                Err(e) => return Err(refused_or_stream(e)),
-            };
+            let event = received(next)?;
             if *failures > 0 {
                 *failures = 0;
                 super::reading_again(self.shared, slot);
             }
-            match event {
-                ReplicationEvent::Begin { .. } => self.in_txn = true,
-                ReplicationEvent::Message {
-                    transactional: true,
-                    prefix,
-                    content,
-                    lsn,
-                } if prefix == self.prefix => {
-                    let at = Lsn(lsn.as_u64());
-                    match decode_or_refuse(&content) {
-                        Ok(mut event) => {
-                            event.at = at;
-                            self.pending.push(event);
-                        }
-                        Err(refusal) => {
-                            self.batches.refuse(at, &refusal).await;
-                            continue;
-                        }
-                    }
-                    if self.pending.len() >= batch {
-                        if let Settled::Stopped = self.publish().await? {
-                            return Ok(Ended::Shutdown);
-                        }
-                    }
+            self.take(event, false);
+            self.refuse_read().await;
+            while self.pending.len() >= batch {
+                if let Settled::Stopped = self.publish().await? {
+                    return Ok(Ended::Shutdown);
                 }
-                ReplicationEvent::Commit { end_lsn, .. } => {
-                    self.in_txn = false;
-                    self.last_commit = Some(Lsn(end_lsn.as_u64()));
-                    if self.pending.is_empty() {
-                        self.confirm(Lsn(end_lsn.as_u64()));
-                    }
-                }
-                ReplicationEvent::KeepAlive { wal_end, .. } => {
-                    // Everything the server sent before this keepalive was
-                    // read: with no transaction open and nothing pending,
-                    // nothing before its position is left to deliver.
-                    if !self.in_txn && self.pending.is_empty() {
-                        self.confirm(Lsn(wal_end.as_u64()));
-                    }
-                }
-                ReplicationEvent::StoppedAt { .. }
-                | ReplicationEvent::Message { .. }
-                | ReplicationEvent::XLogData { .. } => {}
             }
             if self.shared.shutdown.is_cancelled() {
                 return Ok(Ended::Shutdown);
@@ -242,6 +202,55 @@ impl Reader<'_> {
         }
     }
 
+    /// Take one message read. While a batch is publishing (`in_flight`)
+    /// nothing is confirmed: the commits read belong after it.
+    fn take(&mut self, event: ReplicationEvent, in_flight: bool) {
+        match event {
+            ReplicationEvent::Begin { .. } => self.in_txn = true,
+            ReplicationEvent::Message {
+                transactional: true,
+                prefix,
+                content,
+                lsn,
+            } if prefix == self.prefix => {
+                let at = Lsn(lsn.as_u64());
+                match decode_or_refuse(&content) {
+                    Ok(mut event) => {
+                        event.at = at;
+                        self.pending.push(event);
+                    }
+                    Err(refusal) => self.refused.push((at, refusal)),
+                }
+            }
+            ReplicationEvent::Commit { end_lsn, .. } => {
+                self.in_txn = false;
+                self.last_commit = Some(Lsn(end_lsn.as_u64()));
+                if !in_flight && self.pending.is_empty() {
+                    self.confirm(Lsn(end_lsn.as_u64()));
+                }
+            }
+            ReplicationEvent::KeepAlive { wal_end, .. } => {
+                // Everything the server sent before this keepalive was
+                // read: with no transaction open and nothing pending or
+                // publishing, nothing before its position is left to deliver.
+                if !in_flight && !self.in_txn && self.pending.is_empty() {
+                    self.confirm(Lsn(wal_end.as_u64()));
+                }
+            }
+            ReplicationEvent::StoppedAt { .. }
+            | ReplicationEvent::Message { .. }
+            | ReplicationEvent::XLogData { .. } => {}
+        }
+    }
+
+    /// Set aside the messages read that are not events (before the slot is
+    /// confirmed past them).
+    async fn refuse_read(&mut self) {
+        for (at, refusal) in std::mem::take(&mut self.refused) {
+            self.batches.refuse(at, &refusal).await;
+        }
+    }
+
     /// Publish what is pending and confirm up to the last commit read.
     async fn settle(&mut self) -> Result<Settled, ReadError> {
         if self.pending.is_empty() {
@@ -251,14 +260,37 @@ impl Reader<'_> {
     }
 
     /// Publish the pending events (hand off what a destination did not
-    /// take); then every commit read so far is settled. Stopped: nothing
-    /// was published, nothing confirmed.
+    /// take), reading on into the next batch meanwhile; then every commit
+    /// read before it was taken is settled, and every commit read at all
+    /// once nothing new is pending. Stopped: nothing was published, nothing
+    /// confirmed.
     async fn publish(&mut self) -> Result<Settled, ReadError> {
-        if let Settled::Stopped = publish_batch(self.shared, self.batches, &self.pending).await? {
+        let batch = self.shared.config.batch_size as usize;
+        let events = std::mem::replace(&mut self.pending, Vec::with_capacity(batch));
+        let settles = self.last_commit;
+        let (shared, batches) = (self.shared, self.batches);
+        let publishing = publish_batch(shared, batches, &events);
+        tokio::pin!(publishing);
+        // The next batch is read while this one is checked and published,
+        // up to a batch (what is in memory stays at two batches).
+        let published = loop {
+            if self.pending.len() >= batch || shared.shutdown.is_cancelled() {
+                break publishing.await;
+            }
+            tokio::select! {
+                biased;
+                published = &mut publishing => break published,
+                next = self.client.recv() => self.take(received(next)?, true),
+            }
+        };
+        if let Settled::Stopped = published? {
             return Ok(Settled::Stopped);
         }
-        self.pending.clear();
-        if let Some(commit) = self.last_commit {
+        self.refuse_read().await;
+        if let Some(commit) = settles {
+            self.confirm(commit);
+        }
+        if let (true, Some(commit)) = (self.pending.is_empty(), self.last_commit) {
             self.confirm(commit);
         }
         Ok(Settled::Done)
@@ -290,6 +322,19 @@ impl Reader<'_> {
         if let Err(e) = self.client.shutdown().await {
             tracing::debug!(error = %sanitize_error(&e.to_string()), "closing the replication stream");
         }
+    }
+}
+
+/// The next message, or why the stream ended.
+fn received(
+    next: Result<Option<ReplicationEvent>, PgWireError>,
+) -> Result<ReplicationEvent, ReadError> {
+    match next {
+        Ok(Some(event)) => Ok(event),
+        Ok(None) => Err(ReadError::Stream(
+            "the server ended the replication stream".to_owned(),
+        )),
+        Err(e) => Err(refused_or_stream(e)),
     }
 }
 
