@@ -103,6 +103,56 @@ async fn every_event_once(synchronous_commit: bool) {
     db.drop_schema().await;
 }
 
+/// Pages read ahead are read from where the page before them would end if
+/// it were dense; across gaps in the ids (sequence values taken and never
+/// written) those guesses are wrong and must be dropped unread.
+#[tokio::test]
+async fn pages_read_ahead_across_gaps_in_the_ids_deliver_every_event_once_in_order() {
+    let db = TestDb::new().await;
+    // Runs of events (batch 40) with gaps of ids between them: dense pages,
+    // a page ending short of a full run, gaps of 1, 5 and 39 ids, and runs
+    // ending on and off a page's end.
+    let runs = [
+        (120, 5),
+        (97, 1),
+        (40, 39),
+        (83, 0),
+        (200, 40),
+        (41, 2),
+        (79, 0),
+    ];
+    for (events, gap) in runs {
+        sqlx::query(trusted(&db.sql(
+            "INSERT INTO {schema}.log (event_id, event_type, aggregate_type, aggregate_id, payload, sequence) \
+             SELECT {schema}.uuid_v7(), 'order.created', 'order', g::text, '{}'::jsonb, 1 \
+             FROM generate_series(1, $1) g",
+        )))
+        .bind(events)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        sqlx::query(trusted(&db.sql(
+            "SELECT count(nextval('{schema}.outbox_id_seq')) FROM generate_series(1, $1)",
+        )))
+        .bind(gap)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    let written: Vec<Uuid> = sqlx::query_scalar(trusted(
+        &db.sql("SELECT event_id FROM {schema}.log ORDER BY id"),
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(written.len(), 660);
+    let sink = ScriptedSink::delivering();
+    let stats = drain_with(&db, Router::single(sink.clone()), log_config()).await;
+    assert_eq!(stats.delivered, 660);
+    assert_eq!(sink.ids(), written, "every event once, in id order");
+    db.drop_schema().await;
+}
+
 #[tokio::test]
 async fn retries_and_rejections_leave_the_log_for_the_outbox() {
     let db = TestDb::new().await;

@@ -505,6 +505,12 @@ impl Log {
         Ok(Some((window, page)))
     }
 
+    /// The pool has a connection idle now, or room to open one: a read
+    /// that is only worth making when no other work waits for it.
+    pub fn spare_connection(&self) -> bool {
+        self.pool.num_idle() > 0 || self.pool.size() < self.pool.options().get_max_connections()
+    }
+
     /// Up to `limit` events of `window` after its position, in id order.
     pub async fn page(&self, window: &LogWindow, limit: i64) -> Result<Vec<LogEvent>, sqlx::Error> {
         let rows: Vec<PageRow> = sqlx::query_as(trusted(&self.sql.page))

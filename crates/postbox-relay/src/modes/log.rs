@@ -24,7 +24,11 @@
 //! moving redelivers at most the pages whose moves were in flight — three
 //! pages at most. Within a window the reader reads the next page while the
 //! current one publishes: the page read is the same whatever publishing
-//! does, since a window's events are fixed by its two snapshots. An event
+//! does, since a window's events are fixed by its two snapshots. When the
+//! pages run dense (a page of n events spanning n ids, as a log written by
+//! one partition's producers is), it reads the page after that too, on a
+//! second connection, from where the next page ends if it is dense as well
+//! — and drops that read unread when it is not (see [`Ahead`]). An event
 //! scheduled for later (`deliver_at` still ahead) is not published: it is
 //! handed to the outbox, due at its time, so the cursor never waits for it.
 //!
@@ -39,6 +43,7 @@ use crate::engine::{spawn, RunMode, Shared, DB_RETRY_BASE, DB_RETRY_MAX};
 use crate::redact::sanitize_error;
 use crate::telemetry::metrics as m;
 use postbox_store::{Handoff, Log, LogEvent, LogWindow};
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -168,7 +173,7 @@ pub(crate) async fn read_loop(
     let mut reader = Reader {
         held_until: None,
         window: None,
-        ahead: None,
+        ahead: VecDeque::new(),
         ordered: shared.router.claim_order().is_some(),
         moved_at: None,
         behind: None,
@@ -239,8 +244,9 @@ struct Reader {
     /// the lease nobody else moves it), so a window read page by page opens
     /// once rather than once per page.
     window: Option<LogWindow>,
-    /// The window's next page, read while the previous one was published.
-    ahead: Option<Vec<LogEvent>>,
+    /// The window's next pages being read (in id order), started while the
+    /// pages before them were published.
+    ahead: VecDeque<Ahead>,
     /// The router has ordered routes.
     ordered: bool,
     /// When this reader last moved the cursor.
@@ -283,11 +289,44 @@ struct Behind {
 /// At most this many cursor moves of one reader are in flight.
 const MOVES_IN_FLIGHT: usize = 2;
 
+/// At most this many pages of one reader are read ahead at once.
+const PAGES_AHEAD: usize = 2;
+
+/// A page of the open window read by a task of its own, so that its rows
+/// are decoded on another worker thread while this one publishes. A page
+/// after `after_id` is the same whenever it is read (the window's events
+/// are fixed by its snapshots), so a read is used when the page before it
+/// ended at `after_id`, and dropped (aborted) otherwise.
+struct Ahead {
+    window: LogWindow,
+    task: AbortOnDropHandle<Result<Vec<LogEvent>, sqlx::Error>>,
+}
+
+impl Ahead {
+    fn read(log: &Log, window: LogWindow, batch: i64) -> Self {
+        let task = {
+            let (log, window) = (log.clone(), window.clone());
+            AbortOnDropHandle::new(tokio::spawn(crate::telemetry::label::inherit(async move {
+                log.page(&window, batch).await
+            })))
+        };
+        Self { window, task }
+    }
+
+    /// The page; a failed read is read again.
+    async fn page(mut self, log: &Log, batch: i64) -> Result<Vec<LogEvent>, sqlx::Error> {
+        match (&mut self.task).await {
+            Ok(Ok(page)) => Ok(page),
+            _ => log.page(&self.window, batch).await,
+        }
+    }
+}
+
 impl Reader {
     fn forget(&mut self) {
         self.held_until = None;
         self.window = None;
-        self.ahead = None;
+        self.ahead.clear();
         self.next_lo = None;
     }
 
@@ -377,14 +416,17 @@ impl Reader {
         }
         let (window, page) = match self.window.take() {
             Some(w) => {
-                let page = match self.ahead.take() {
-                    Some(page) => page,
-                    None => log.page(&w, batch).await?,
+                let page = match self.ahead.pop_front() {
+                    Some(ahead) if ahead.window == w => ahead.page(log, batch).await?,
+                    _ => {
+                        self.ahead.clear();
+                        log.page(&w, batch).await?
+                    }
                 };
                 (w, page)
             }
             None => {
-                self.ahead = None;
+                self.ahead.clear();
                 // The window and its first page in one read; a window read
                 // from its start begins at its first event. It starts where
                 // the last one ended, or, when this reader does not know
@@ -424,32 +466,33 @@ impl Reader {
             ..window.clone()
         };
         // The next page of the window does not depend on how this one is
-        // published: read it meanwhile. A failed read-ahead is read again.
-        let (published, ahead) = if done {
-            (
-                publish_page(shared, log, d, &page, self.ordered).await,
-                None,
-            )
+        // published: it is read meanwhile (unless a read of it is under way
+        // already). When this page was dense (as many ids as events), the
+        // page after the next one is read too, from where the next one ends
+        // if it is dense as well, on a spare connection.
+        if done {
+            self.ahead.clear();
         } else {
-            // A task of its own, so that decoding the next page's rows runs
-            // on another worker thread while this one builds and sends the
-            // page's messages.
-            let reading = {
-                let (log, next) = (log.clone(), next.clone());
-                tokio::spawn(crate::telemetry::label::inherit(async move {
-                    log.page(&next, batch).await
-                }))
-            };
-            // Let the read start now. A task spawned from a worker waits in
+            if self.ahead.front().is_none_or(|a| a.window != next) {
+                self.ahead.clear();
+                self.ahead.push_back(Ahead::read(log, next.clone(), batch));
+            }
+            let dense = last - window.after_id == batch;
+            if dense && self.ahead.len() < PAGES_AHEAD && log.spare_connection() {
+                let guess = LogWindow {
+                    after_id: last + batch,
+                    ..window.clone()
+                };
+                self.ahead.push_back(Ahead::read(log, guess, batch));
+            }
+            // Let the reads start now. A task spawned from a worker waits in
             // that worker's own next-task slot, which the other worker does
             // not take from, so without this the read's query would leave
             // only when publishing first gives the thread up — after the
             // page's messages are built, about a millisecond a page later.
             tokio::task::yield_now().await;
-            let published = publish_page(shared, log, d, &page, self.ordered).await;
-            let ahead = reading.await.ok().and_then(Result::ok);
-            (published, ahead)
-        };
+        }
+        let published = publish_page(shared, log, d, &page, self.ordered).await;
         let Published {
             delivered,
             handoffs,
@@ -523,7 +566,6 @@ impl Reader {
         self.next_lo = done.then(|| window.hi.clone());
         if !done {
             self.window = Some(next);
-            self.ahead = ahead;
         }
         Ok(if !done {
             Round::More
