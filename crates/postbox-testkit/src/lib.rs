@@ -44,10 +44,16 @@ pub fn unique(prefix: &str) -> String {
 }
 
 /// One test's schema, migrated, with a pool on it.
+///
+/// A passing test ends with [`TestDb::drop_schema`]. A test that fails (or
+/// forgets to) is cleaned up when its `TestDb` is dropped: the schema, and the
+/// replication slots and publications named after it, go even then, unless
+/// `POSTBOX_TEST_KEEP` is set to keep them for inspection.
 pub struct TestDb {
     pub pool: PgPool,
     pub schema: Schema,
     pub url: String,
+    cleaned: bool,
 }
 
 impl TestDb {
@@ -66,7 +72,12 @@ impl TestDb {
         let url = database_url();
         let pool = pool(&url, 10).await;
         let schema = Schema::new(&unique("t_")).expect("valid schema name");
-        TestDb { pool, schema, url }
+        TestDb {
+            pool,
+            schema,
+            url,
+            cleaned: false,
+        }
     }
 
     /// Another pool on the same database (e.g. for a second relay).
@@ -112,16 +123,25 @@ impl TestDb {
         ids
     }
 
-    /// Drop the schema (call at the end of a passing test; a failing one leaves it to inspect).
+    /// Drop the schema and the replication slots and publications named
+    /// after it (`postbox_<schema>`, logical mode's default, and any name that
+    /// begins with it); call at the end of a passing test.
     ///
-    /// Then close the pool. sqlx's `Pool::close` waits until every checked-out
-    /// connection is back, so drop any `PoolConnection`, `Transaction` or
-    /// `PgListener` taken from `db.pool` before calling this. A test that
-    /// still holds one fails here (after [`CLOSE_PATIENCE`]) instead of hanging.
-    pub async fn drop_schema(self) {
+    /// A slot still read (a relay's stream winding down) is waited for, up to
+    /// [`CLOSE_PATIENCE`], then its reader is ended. Then the pool is closed.
+    /// sqlx's `Pool::close` waits until every checked-out connection is back,
+    /// so drop any `PoolConnection`, `Transaction` or `PgListener` taken from
+    /// `db.pool` before calling this. A test that still holds one fails here
+    /// (after [`CLOSE_PATIENCE`]) instead of hanging.
+    pub async fn drop_schema(mut self) {
+        self.cleaned = true;
+        let slots = drop_slots(&self.pool, &slot_prefix(&self.schema), CLOSE_PATIENCE).await;
         let _ = sqlx::raw_sql(trusted(&self.sql("DROP SCHEMA IF EXISTS {schema} CASCADE")))
             .execute(&self.pool)
             .await;
+        if let Err(e) = slots {
+            panic!("drop_schema: could not drop the schema's replication slots: {e}");
+        }
         if tokio::time::timeout(CLOSE_PATIENCE, self.pool.close())
             .await
             .is_err()
@@ -134,6 +154,125 @@ impl TestDb {
             );
         }
     }
+}
+
+impl Drop for TestDb {
+    /// A test that failed, or never called [`TestDb::drop_schema`], still
+    /// leaves nothing behind: on a connection of its own (the test's runtime
+    /// may be unwinding), end the backends that hold locks in the schema or
+    /// read its slots, then drop the slots, their publications and the schema.
+    fn drop(&mut self) {
+        if self.cleaned || std::env::var_os("POSTBOX_TEST_KEEP").is_some() {
+            return;
+        }
+        let url = self.url.clone();
+        let schema = self.schema.clone();
+        let outcome = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            runtime.block_on(async {
+                match tokio::time::timeout(CLOSE_PATIENCE, clean_up_after(&url, &schema)).await {
+                    Ok(done) => done.map_err(|e| e.to_string()),
+                    Err(_) => Err(format!("not done within {CLOSE_PATIENCE:?}")),
+                }
+            })
+        })
+        .join();
+        match outcome {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("testkit: could not clean up schema {}: {e}", self.schema),
+            Err(_) => eprintln!("testkit: cleaning up schema {} panicked", self.schema),
+        }
+    }
+}
+
+/// The prefix of the replication slots (and publications) named after `schema`.
+fn slot_prefix(schema: &Schema) -> String {
+    format!("postbox_{}", schema.name())
+}
+
+/// Drop every replication slot whose name begins with `prefix`, and the
+/// publications named like them (or beginning with `prefix`). A slot in use
+/// is waited for up to `patience`, then its reader is terminated.
+async fn drop_slots<'c, E>(executor: E, prefix: &str, patience: Duration) -> Result<(), sqlx::Error>
+where
+    E: sqlx::Executor<'c, Database = sqlx::Postgres> + Copy,
+{
+    let deadline = Instant::now() + patience;
+    loop {
+        let slots: Vec<(String, Option<i32>)> = sqlx::query_as(
+            "SELECT slot_name::text, active_pid FROM pg_replication_slots \
+             WHERE starts_with(slot_name::text, $1)",
+        )
+        .bind(prefix)
+        .fetch_all(executor)
+        .await?;
+        if slots.is_empty() {
+            break;
+        }
+        for (slot, reader) in slots {
+            match reader {
+                None => {
+                    // Taken again in between: the next round sees it.
+                    let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")
+                        .bind(&slot)
+                        .execute(executor)
+                        .await;
+                }
+                Some(pid) if Instant::now() >= deadline => {
+                    sqlx::query("SELECT pg_terminate_backend($1)")
+                        .bind(pid)
+                        .execute(executor)
+                        .await?;
+                }
+                Some(_) => {}
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let publications: Vec<String> = sqlx::query_scalar(
+        "SELECT pubname::text FROM pg_publication WHERE starts_with(pubname::text, $1)",
+    )
+    .bind(prefix)
+    .fetch_all(executor)
+    .await?;
+    for publication in publications {
+        let drop = format!(
+            "DROP PUBLICATION IF EXISTS \"{}\"",
+            publication.replace('"', "\"\"")
+        );
+        sqlx::raw_sql(trusted(&drop)).execute(executor).await?;
+    }
+    Ok(())
+}
+
+/// A failed test's cleanup, on a connection of its own: end the backends
+/// holding locks on the schema's relations (the test's own, left mid-way), then
+/// drop its slots at once, their publications and the schema.
+async fn clean_up_after(url: &str, schema: &Schema) -> Result<(), sqlx::Error> {
+    let options = PgConnectOptions::from_str(url)?;
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await?;
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM (SELECT DISTINCT l.pid FROM pg_locks l \
+         JOIN pg_class c ON c.oid = l.relation JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = $1 AND l.pid <> pg_backend_pid()) holders",
+    )
+    .bind(schema.name())
+    .execute(&pool)
+    .await?;
+    drop_slots(&pool, &slot_prefix(schema), Duration::ZERO).await?;
+    sqlx::raw_sql(trusted(
+        &schema.render("DROP SCHEMA IF EXISTS {schema} CASCADE"),
+    ))
+    .execute(&pool)
+    .await?;
+    pool.close().await;
+    Ok(())
 }
 
 /// How long [`TestDb::drop_schema`] waits for the pool to close: returning and
