@@ -140,8 +140,11 @@ SELECT * FROM {schema}.log_open($1, $2, $3, $4, $5) ORDER BY id NULLS FIRST;
 -- Up to $4 events of the window (lo $1, hi $2) after id $3, in id order,
 -- of partition $6 of a cursor split into $5 (migration 18's `log_page`,
 -- which reads along the id index from $3 with one plan for any
--- parameters: a page of a large window costs about a page of rows).
-SELECT * FROM {schema}.log_page($1, $2, $3, $4, $5, $6) ORDER BY id;
+-- parameters: a page of a large window costs about a page of rows). The
+-- columns are named in the order the relay decodes them, by position.
+SELECT id, event_id, event_type, aggregate_type, aggregate_id, schema_version,
+       payload, headers, created_at, sequence, attempts, scheduled
+FROM {schema}.log_page($1, $2, $3, $4, $5, $6) ORDER BY id;
 
 -- name: advance
 -- Record that partition $6 of cursor $1 (owner $2) published its window

@@ -128,12 +128,31 @@ pub struct LogEvent {
     pub scheduled: bool,
 }
 
-/// A page row: the event, and whether it is scheduled for later.
-#[derive(sqlx::FromRow)]
-struct PageRow {
-    #[sqlx(flatten)]
-    row: ClaimedRow,
-    scheduled: bool,
+/// A row of the page statement, decoded by position (its SELECT lists the
+/// columns in this order): a page is most of what a drain's relay decodes,
+/// and looking each column up by name was about 5 % of its samples.
+fn page_event(row: &sqlx::postgres::PgRow) -> Result<LogEvent, sqlx::Error> {
+    use sqlx::Row;
+    let claimed = ClaimedRow {
+        id: row.try_get(0)?,
+        event_id: row.try_get(1)?,
+        event_type: row.try_get(2)?,
+        aggregate_type: row.try_get(3)?,
+        aggregate_id: row.try_get(4)?,
+        schema_version: row.try_get(5)?,
+        payload: row.try_get(6)?,
+        headers: row.try_get(7)?,
+        created_at: row.try_get(8)?,
+        sequence: row.try_get(9)?,
+        attempts: row.try_get(10)?,
+    };
+    let scheduled = row.try_get(11)?;
+    let (id, event) = claimed.decode()?;
+    Ok(LogEvent {
+        id,
+        event,
+        scheduled,
+    })
 }
 
 /// A row of `open`: the window (first row), or one of its events.
@@ -513,25 +532,16 @@ impl Log {
 
     /// Up to `limit` events of `window` after its position, in id order.
     pub async fn page(&self, window: &LogWindow, limit: i64) -> Result<Vec<LogEvent>, sqlx::Error> {
-        let rows: Vec<PageRow> = sqlx::query_as(trusted(&self.sql.page))
+        sqlx::query(trusted(&self.sql.page))
             .bind(&window.lo)
             .bind(&window.hi)
             .bind(window.after_id)
             .bind(limit)
             .bind(window.parts)
             .bind(window.part)
+            .try_map(|row: sqlx::postgres::PgRow| page_event(&row))
             .fetch_all(&self.pool)
-            .await?;
-        rows.into_iter()
-            .map(|r| {
-                let scheduled = r.scheduled;
-                r.row.decode().map(|(id, event)| LogEvent {
-                    id,
-                    event,
-                    scheduled,
-                })
-            })
-            .collect()
+            .await
     }
 
     /// For ordered routes: of the aggregates `aggregates` (type, id), the

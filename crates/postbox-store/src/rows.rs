@@ -73,6 +73,10 @@ pub(crate) fn decode_error(column: &str, e: serde_json::Error) -> sqlx::Error {
 /// a `Value` stops at 128 levels, and a row that fails to decode fails the
 /// claim of its whole batch. A value too deep for `Value` travels verbatim.
 pub(crate) fn header_map(json: &str) -> Result<BTreeMap<String, String>, serde_json::Error> {
+    // Most events carry none (the columns' default, as jsonb prints it).
+    if json == "{}" {
+        return Ok(BTreeMap::new());
+    }
     let map: BTreeMap<String, Box<RawValue>> = serde_json::from_str(json)?;
     map.into_iter()
         .map(|(k, raw)| {
