@@ -1,0 +1,3 @@
+//! The test kit's own tests.
+
+mod cleanup;
