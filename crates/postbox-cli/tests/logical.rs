@@ -109,33 +109,6 @@ async fn scrape(addr: &str) -> String {
 }
 
 /// Whether a relay session holds the slot's advisory lock.
-/// Drops a test's slot when the test ends, passing or failing.
-struct DropSlot {
-    url: String,
-    schema: String,
-    slot: String,
-}
-
-impl Drop for DropSlot {
-    fn drop(&mut self) {
-        // Already dropped by a passing test: the second drop fails quietly.
-        let _ = output(&self.url, &self.schema, &["slot", "drop", &self.slot]);
-        // `postbox slot drop` needs the schema, which a passing test has
-        // dropped by now: drop the slot itself too, or it stays on the
-        // server (whose slots are few) after every run.
-        // (The name is the test's own `pbx_…` letters and digits.)
-        let _ = std::process::Command::new("psql")
-            .arg(&self.url)
-            .arg("-qAtc")
-            .arg(format!(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
-                 WHERE slot_name = '{}' AND NOT active",
-                self.slot
-            ))
-            .output();
-    }
-}
-
 async fn held(pool: &sqlx::PgPool, slot: &str) -> bool {
     sqlx::query_scalar::<_, bool>(
         "SELECT EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted \
@@ -315,11 +288,7 @@ async fn a_slot_no_relay_reads_for_longer_than_the_bound_is_reported() {
     let schema = db.schema.name().to_owned();
     let slot = postbox_testkit::unique("pbx_unread_");
     // The slot goes whatever happens to the test (a failing run used to leave it).
-    let _slot = DropSlot {
-        url: db.url.clone(),
-        schema: schema.clone(),
-        slot: slot.clone(),
-    };
+    let _slot = postbox_testkit::SlotGuard(slot.clone());
     let relay = Relay::start(&db.url, &schema, &["--slot", &slot]);
     wait_held(&db.pool, &slot, true).await;
     // Read now: nothing to say, whatever the bound. The relay holds the slot
@@ -399,11 +368,7 @@ async fn a_reader_that_keeps_failing_is_unready_until_it_reads_again() {
     let db = TestDb::new().await;
     let schema = db.schema.name().to_owned();
     let slot = postbox_testkit::unique("pbx_ready_");
-    let _slot = DropSlot {
-        url: db.url.clone(),
-        schema: schema.clone(),
-        slot: slot.clone(),
-    };
+    let _slot = postbox_testkit::SlotGuard(slot.clone());
     let o = output(&db.url, &schema, &["migrate", "--emit-sequence", "on"]);
     assert!(o.status.success(), "{o:?}");
     let relay = Relay::start(&db.url, &schema, &["--slot", &slot, "--ordered"]);

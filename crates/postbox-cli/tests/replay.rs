@@ -688,7 +688,7 @@ async fn a_destination_added_with_a_start_in_the_past(mode: &str) {
         }
         k
     };
-    let _slot = DropSlotOnExit(slot.clone());
+    let _slot = postbox_testkit::SlotGuard(slot.clone());
     cleanup.keys = write(&[("first", Some("beginning"))]);
     drain(&db, &cfg);
     commit(&db, "order.placed", 0, 10).await;
@@ -759,23 +759,6 @@ async fn a_destination_added_with_a_start_in_the_past(mode: &str) {
     );
     drop(cleanup);
     db.drop_schema().await;
-}
-
-/// Drops a logical test's slot when the test ends, passing or failing.
-struct DropSlotOnExit(String);
-
-impl Drop for DropSlotOnExit {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("psql")
-            .arg(postbox_testkit::database_url())
-            .arg("-qAtc")
-            .arg(format!(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
-                 WHERE slot_name = '{}' AND NOT active",
-                self.0
-            ))
-            .output();
-    }
 }
 
 #[tokio::test]

@@ -817,24 +817,6 @@ async fn the_overview_shows_consumer_groups() {
 /// reader that keeps failing, with its (masked) error, as the relay noted it.
 #[tokio::test]
 async fn the_overview_shows_a_failing_logical_reader() {
-    /// Drops the test's slot even when the test fails.
-    struct DropSlot(sqlx::PgPool, String);
-    impl Drop for DropSlot {
-        fn drop(&mut self) {
-            let (pool, slot) = (self.0.clone(), self.1.clone());
-            let _ = std::thread::spawn(move || {
-                tokio::runtime::Runtime::new()
-                    .unwrap()
-                    .block_on(async move {
-                        let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")
-                            .bind(&slot)
-                            .execute(&pool)
-                            .await;
-                    })
-            })
-            .join();
-        }
-    }
     let h = Harness::start().await;
     let mut a = h.signed_in("victor", Role::Viewer).await;
     assert!(
@@ -848,7 +830,7 @@ async fn the_overview_shows_a_failing_logical_reader() {
         .execute(&h.db.pool)
         .await
         .unwrap();
-    let _drop = DropSlot(h.db.pool.clone(), slot.clone());
+    let _drop = postbox_testkit::SlotGuard(slot.clone());
     let page = a.get("/").await;
     assert!(page.body.contains("id=\"slots\""), "{}", page.body);
     assert!(!page.body.contains("FAILING"), "{}", page.body);

@@ -167,24 +167,58 @@ impl Drop for TestDb {
         }
         let url = self.url.clone();
         let schema = self.schema.clone();
-        let outcome = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?;
-            runtime.block_on(async {
-                match tokio::time::timeout(CLOSE_PATIENCE, clean_up_after(&url, &schema)).await {
-                    Ok(done) => done.map_err(|e| e.to_string()),
-                    Err(_) => Err(format!("not done within {CLOSE_PATIENCE:?}")),
-                }
-            })
+        let what = format!("schema {}", self.schema);
+        aside(&what, async move { clean_up_after(&url, &schema).await });
+    }
+}
+
+/// Drops a replication slot and the publication named like it when it goes
+/// out of scope, passing or failing: for a test whose slot is not named
+/// after its schema (which [`TestDb`] cleans up itself). A stream still
+/// reading the slot is given a few seconds, then ended.
+pub struct SlotGuard(pub String);
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        let slot = self.0.clone();
+        let what = format!("slot {slot}");
+        aside(&what, async move {
+            let pool = PgPoolOptions::new()
+                .max_connections(1)
+                .connect_with(PgConnectOptions::from_str(&database_url())?)
+                .await?;
+            // The name is a test's own (`unique`): nothing else begins with it.
+            drop_slots(&pool, &slot, Duration::from_secs(5)).await?;
+            pool.close().await;
+            Ok(())
+        });
+    }
+}
+
+/// Run `cleanup` to its end on a thread and runtime of its own (a test's
+/// runtime may be unwinding), within [`CLOSE_PATIENCE`]; say on stderr when
+/// it could not.
+fn aside<F>(what: &str, cleanup: F)
+where
+    F: Future<Output = Result<(), sqlx::Error>> + Send + 'static,
+{
+    let outcome = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        runtime.block_on(async {
+            match tokio::time::timeout(CLOSE_PATIENCE, cleanup).await {
+                Ok(done) => done.map_err(|e| e.to_string()),
+                Err(_) => Err(format!("not done within {CLOSE_PATIENCE:?}")),
+            }
         })
-        .join();
-        match outcome {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => eprintln!("testkit: could not clean up schema {}: {e}", self.schema),
-            Err(_) => eprintln!("testkit: cleaning up schema {} panicked", self.schema),
-        }
+    })
+    .join();
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => eprintln!("testkit: could not clean up {what}: {e}"),
+        Err(_) => eprintln!("testkit: cleaning up {what} panicked"),
     }
 }
 
