@@ -229,7 +229,8 @@ fn slot_prefix(schema: &Schema) -> String {
 
 /// Drop every replication slot whose name begins with `prefix`, and the
 /// publications named like them (or beginning with `prefix`). A slot in use
-/// is waited for up to `patience`, then its reader is terminated.
+/// is waited for up to `patience`, then its reader is terminated; a slot
+/// still there 5 s after that is an error.
 async fn drop_slots<'c, E>(executor: E, prefix: &str, patience: Duration) -> Result<(), sqlx::Error>
 where
     E: sqlx::Executor<'c, Database = sqlx::Postgres> + Copy,
@@ -245,6 +246,12 @@ where
         .await?;
         if slots.is_empty() {
             break;
+        }
+        if Instant::now() >= deadline + Duration::from_secs(5) {
+            let names: Vec<&str> = slots.iter().map(|(name, _)| name.as_str()).collect();
+            return Err(sqlx::Error::Protocol(format!(
+                "replication slots {names:?} could not be dropped"
+            )));
         }
         for (slot, reader) in slots {
             match reader {
