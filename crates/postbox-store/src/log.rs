@@ -524,10 +524,16 @@ impl Log {
         Ok(Some((window, page)))
     }
 
-    /// The pool has a connection idle now, or room to open one: a read
-    /// that is only worth making when no other work waits for it.
-    pub fn spare_connection(&self) -> bool {
-        self.pool.num_idle() > 0 || self.pool.size() < self.pool.options().get_max_connections()
+    /// How many connections the pool has idle now or room to open: reads
+    /// that are only worth making when no other work waits for them take
+    /// no more than these.
+    pub fn spare_connections(&self) -> usize {
+        let room = self
+            .pool
+            .options()
+            .get_max_connections()
+            .saturating_sub(self.pool.size());
+        self.pool.num_idle() + room as usize
     }
 
     /// Up to `limit` events of `window` after its position, in id order.

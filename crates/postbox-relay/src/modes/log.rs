@@ -477,18 +477,23 @@ impl Reader {
         if done {
             self.ahead.clear();
         } else {
+            // Guessed reads take only connections nothing else waits for:
+            // not one the next page's read, started just now, is about to take.
+            let mut spare = log.spare_connections();
             if self.ahead.front().is_none_or(|a| a.window != next) {
                 self.ahead.clear();
                 self.ahead.push_back(Ahead::read(log, next.clone(), batch));
+                spare = spare.saturating_sub(1);
             }
             let dense = last - window.after_id == batch;
-            while dense && self.ahead.len() < PAGES_AHEAD && log.spare_connection() {
+            while dense && self.ahead.len() < PAGES_AHEAD && spare > 0 {
                 let after_id = self.ahead.back().map_or(last, |a| a.window.after_id) + batch;
                 let guess = LogWindow {
                     after_id,
                     ..window.clone()
                 };
                 self.ahead.push_back(Ahead::read(log, guess, batch));
+                spare -= 1;
             }
             // Let the reads start now. A task spawned from a worker waits in
             // that worker's own next-task slot, which the other worker does
