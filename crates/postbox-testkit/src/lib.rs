@@ -291,7 +291,8 @@ where
 
 /// A failed test's cleanup, on a connection of its own: end the backends
 /// holding locks on the schema's relations (the test's own, left mid-way), then
-/// drop its slots at once, their publications and the schema.
+/// drop the schema, and its slots (their readers ended at once) and their
+/// publications.
 async fn clean_up_after(url: &str, schema: &Schema) -> Result<(), sqlx::Error> {
     let options = PgConnectOptions::from_str(url)?;
     let pool = PgPoolOptions::new()
@@ -306,14 +307,17 @@ async fn clean_up_after(url: &str, schema: &Schema) -> Result<(), sqlx::Error> {
     .bind(schema.name())
     .execute(&pool)
     .await?;
-    drop_slots(&pool, &slot_prefix(schema), Duration::ZERO).await?;
-    sqlx::raw_sql(trusted(
+    // The schema first: a relay of the test still running cannot take its
+    // slot again without it, and a slot that will not go keeps no schema.
+    let schema_dropped = sqlx::raw_sql(trusted(
         &schema.render("DROP SCHEMA IF EXISTS {schema} CASCADE"),
     ))
     .execute(&pool)
-    .await?;
+    .await;
+    let slots_dropped = drop_slots(&pool, &slot_prefix(schema), Duration::ZERO).await;
     pool.close().await;
-    Ok(())
+    schema_dropped?;
+    slots_dropped
 }
 
 /// How long [`TestDb::drop_schema`] waits for the pool to close: returning and
