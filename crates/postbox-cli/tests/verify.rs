@@ -309,6 +309,37 @@ async fn verify_catches_a_relay_that_acknowledges_before_publishing() {
     }
 }
 
+/// Drop what a failing run on the test database kept for inspection (its
+/// schema, its Redis stream, the relays' logs), before the test asserts
+/// anything, so that a failing assertion leaves nothing behind either.
+async fn discard_kept(r: &serde_json::Value) {
+    if let Some(schema) = r["schema"].as_str() {
+        let pool = sqlx::PgPool::connect(&database_url())
+            .await
+            .expect("connect");
+        sqlx::query(trusted(&format!(
+            "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+            schema.replace('"', "\"\"")
+        )))
+        .execute(&pool)
+        .await
+        .expect("drop the kept schema");
+        let key = format!(
+            "postbox_verify:{}",
+            schema.trim_start_matches("postbox_verify_")
+        );
+        let mut redis = postbox_testkit::redis().await;
+        let _: () = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut redis)
+            .await
+            .expect("delete the kept stream");
+    }
+    if let Some(logs) = r["logs"].as_str() {
+        let _ = std::fs::remove_dir_all(logs);
+    }
+}
+
 fn crashes(r: &serde_json::Value) -> u64 {
     r["faults"]["db_crashes"]
         .as_u64()
@@ -632,6 +663,7 @@ async fn verify_catches_a_replay_that_skips_pages() {
     ])
     .await;
     let r = report(&o);
+    discard_kept(&r).await;
     assert_eq!(
         o.status.code(),
         Some(1),
@@ -639,9 +671,6 @@ async fn verify_catches_a_replay_that_skips_pages() {
     );
     assert!(n(&r["replay"], "missing_count") > 0, "{r}");
     assert_eq!(n(&r, "lost_count"), 0, "{r}");
-    if let Some(logs) = r["logs"].as_str() {
-        let _ = std::fs::remove_dir_all(logs);
-    }
     let o = verify(&["--replay", "--mode", "logical", "--duration", "1s"]).await;
     assert_eq!(o.status.code(), Some(2));
     assert!(
