@@ -290,23 +290,7 @@ async fn verify_catches_a_relay_that_acknowledges_before_publishing() {
     assert!(stdout.contains(&ids[0]), "the report names the lost events");
 
     // Clean up what the failing run kept.
-    sqlx::query(trusted(&format!("DROP SCHEMA {schema} CASCADE")))
-        .execute(&pool)
-        .await
-        .expect("drop the kept schema");
-    let key = format!(
-        "postbox_verify:{}",
-        schema.trim_start_matches("postbox_verify_")
-    );
-    let mut redis = postbox_testkit::redis().await;
-    let _: () = redis::cmd("DEL")
-        .arg(&key)
-        .query_async(&mut redis)
-        .await
-        .expect("delete the kept stream");
-    if let Some(logs) = r["logs"].as_str() {
-        let _ = std::fs::remove_dir_all(logs);
-    }
+    discard_kept(&r).await;
 }
 
 /// Drop what a failing run on the test database kept for inspection (its
@@ -324,6 +308,14 @@ async fn discard_kept(r: &serde_json::Value) {
         .execute(&pool)
         .await
         .expect("drop the kept schema");
+    }
+    discard_kept_stream(r).await;
+}
+
+/// Delete the Redis stream and the relays' logs a failing run kept (a run
+/// on its own cluster, whose schema went with it).
+async fn discard_kept_stream(r: &serde_json::Value) {
+    if let Some(schema) = r["schema"].as_str() {
         let key = format!(
             "postbox_verify:{}",
             schema.trim_start_matches("postbox_verify_")
@@ -470,20 +462,7 @@ async fn verify_catches_a_consumer_committing_without_flush_only_through_crashes
     assert_eq!(r["rolled_back_delivered"].as_array().map(Vec::len), Some(0));
 
     // Clean up what the failing run kept (its schema went with its cluster).
-    let schema = r["schema"].as_str().expect("schema in the report");
-    let key = format!(
-        "postbox_verify:{}",
-        schema.trim_start_matches("postbox_verify_")
-    );
-    let mut redis = postbox_testkit::redis().await;
-    let _: () = redis::cmd("DEL")
-        .arg(&key)
-        .query_async(&mut redis)
-        .await
-        .expect("delete the kept stream");
-    if let Some(logs) = r["logs"].as_str() {
-        let _ = std::fs::remove_dir_all(logs);
-    }
+    discard_kept_stream(&r).await;
 }
 
 /// verify never crashes a database it was pointed at unless told so.
