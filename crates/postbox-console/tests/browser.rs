@@ -246,6 +246,7 @@ async fn an_operator_finds_a_stuck_event_replays_it_and_sees_the_audit_entry() {
     h.db.enqueue_events(&others).await;
     let id = dead_letters(&h.db, "order.placed", 1).await[0];
     let stream = unique("console-e2e-");
+    let _stream = postbox_testkit::RedisKeyGuard(stream.clone());
     let relay = start_relay(&h, &stream);
     let base = h.url("");
 

@@ -30,12 +30,14 @@
 
 use async_trait::async_trait;
 use chrono::Utc;
+use futures::FutureExt;
 use postbox_relay::{Message, Outcome, Sink};
 use postbox_testkit::proxy::Proxy;
 use postbox_testkit::wait_for;
 use serde_json::value::RawValue;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -288,13 +290,23 @@ where
     F: FnOnce(String) -> Fut,
     Fut: Future<Output = Fixture>,
 {
-    let name = spec.name;
     let proxy = Proxy::start(&spec.broker).await;
     let fixture = make(proxy.host_port()).await;
-    let suite = Suite {
-        spec: &spec,
-        fixture: &fixture,
-    };
+    // What the broker kept is removed even when a check fails (the suite
+    // proving itself fails on purpose), then the failure goes on.
+    let checked = AssertUnwindSafe(checks(&spec, &fixture, &proxy))
+        .catch_unwind()
+        .await;
+    fixture.reader.cleanup().await;
+    if let Err(panic) = checked {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// The suite's checks, in order, on one fixture.
+async fn checks(spec: &Spec, fixture: &Fixture, proxy: &Proxy) {
+    let name = spec.name;
+    let suite = Suite { spec, fixture };
     suite.check_describe();
     fixture
         .sink
@@ -438,7 +450,6 @@ where
         }
     }
     suite.check_describe();
-    fixture.reader.cleanup().await;
 }
 
 /// Publish `total` small events (~100-byte payloads) in batches of `batch`

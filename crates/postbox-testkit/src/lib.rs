@@ -195,6 +195,31 @@ impl Drop for SlotGuard {
     }
 }
 
+/// Deletes a Redis key when it goes out of scope, passing or failing: for a
+/// test that publishes into a key of its own (`unique`) and would otherwise
+/// leave it behind when an assertion fails.
+pub struct RedisKeyGuard(pub String);
+
+impl Drop for RedisKeyGuard {
+    fn drop(&mut self) {
+        let key = self.0.clone();
+        let what = format!("Redis key {key}");
+        aside(&what, async move {
+            let client = redis::Client::open(redis_url())
+                .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
+            let mut conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
+            redis::cmd("DEL")
+                .arg(&key)
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(|e| sqlx::Error::Protocol(e.to_string()))
+        });
+    }
+}
+
 /// Run `cleanup` to its end on a thread and runtime of its own (a test's
 /// runtime may be unwinding), within [`CLOSE_PATIENCE`]; say on stderr when
 /// it could not.
