@@ -732,32 +732,42 @@ impl Plan {
         (node.single() && top(&node)).then_some(Plan(node))
     }
 
-    fn eval<T>(&self, m: &Message, f: impl FnOnce(&mut Eval<'_>, &Node) -> Option<T>) -> Option<T> {
-        let mut ev = Eval {
-            m,
-            read: Vec::new(),
-        };
-        f(&mut ev, &self.0)
-    }
-
     /// The filter's verdict on `m` (`None`: ask jaq).
+    #[cfg(test)]
     pub(crate) fn test(&self, m: &Message) -> Option<bool> {
-        self.eval(m, |ev, node| Some(ev.one(node, V::Event)?.truthy()))
+        self.test_in(&mut Reading::new(m))
     }
 
     /// The transform's output for `m`, as JSON text (`None`: ask jaq).
+    #[cfg(test)]
     pub(crate) fn json(&self, m: &Message) -> Option<String> {
-        self.eval(m, |ev, node| {
-            let v = ev.one(node, V::Event)?;
-            let mut out = String::new();
-            ev.write(&mut out, &v, 0)?;
-            Some(out)
-        })
+        self.json_in(&mut Reading::new(m))
     }
 
-    /// The headers expression's output for `m` (`None`: ask jaq): an object
-    /// of strings; `null` values leave the header out, as with jaq.
+    /// The headers expression's output for `m` (see [`Plan::headers_in`]).
+    #[cfg(test)]
     pub(crate) fn headers(&self, m: &Message) -> Option<BTreeMap<String, String>> {
+        self.headers_in(&mut Reading::new(m))
+    }
+
+    /// [`Plan::test`] of the event `reading` reads.
+    pub(crate) fn test_in(&self, reading: &mut Reading<'_>) -> Option<bool> {
+        Some(reading.0.one(&self.0, V::Event)?.truthy())
+    }
+
+    /// [`Plan::json`] of the event `reading` reads.
+    pub(crate) fn json_in(&self, reading: &mut Reading<'_>) -> Option<String> {
+        let ev = &mut reading.0;
+        let v = ev.one(&self.0, V::Event)?;
+        let mut out = String::new();
+        ev.write(&mut out, &v, 0)?;
+        Some(out)
+    }
+
+    /// The headers expression's output for the event `reading` reads
+    /// (`None`: ask jaq): an object of strings; `null` values leave the
+    /// header out, as with jaq.
+    pub(crate) fn headers_in(&self, reading: &mut Reading<'_>) -> Option<BTreeMap<String, String>> {
         fn fill<'a>(
             ev: &mut Eval<'a>,
             node: &Node,
@@ -793,20 +803,30 @@ impl Plan {
                 },
             }
         }
-        self.eval(m, |ev, node| {
-            let mut out = BTreeMap::new();
-            fill(ev, node, &mut out)?;
-            let mut headers = BTreeMap::new();
-            for (name, value) in out {
-                let Some(value) = value else { continue };
-                if !super::header_name_ok(&name)
-                    || value.chars().any(|c| c.is_control() && c != '\t')
-                {
-                    return None;
-                }
-                headers.insert(name, value);
+        let mut out = BTreeMap::new();
+        fill(&mut reading.0, &self.0, &mut out)?;
+        let mut headers = BTreeMap::new();
+        for (name, value) in out {
+            let Some(value) = value else { continue };
+            if !super::header_name_ok(&name) || value.chars().any(|c| c.is_control() && c != '\t') {
+                return None;
             }
-            Some(headers)
+            headers.insert(name, value);
+        }
+        Some(headers)
+    }
+}
+
+/// One event as the plans read it: the objects of its payload that one
+/// plan parsed are there for the next (a destination's filter, then its
+/// transform and headers, read the payload once).
+pub(crate) struct Reading<'a>(Eval<'a>);
+
+impl<'a> Reading<'a> {
+    pub(crate) fn new(m: &'a Message) -> Self {
+        Reading(Eval {
+            m,
+            read: Vec::new(),
         })
     }
 }
@@ -916,6 +936,23 @@ mod tests {
                 assert_eq!(Ok(ours), theirs, "{code} on {}", m.payload.get());
                 answered += 1;
             }
+        }
+        // One reading of the event for every expression, as a destination's
+        // filter, transform and headers share it: the same answers as a
+        // reading of its own for each.
+        let mut shared = Reading::new(m);
+        for code in FILTERS {
+            let plan = Expr::compile(code).unwrap().plan().cloned().unwrap();
+            assert_eq!(plan.test_in(&mut shared), plan.test(m), "{code}");
+        }
+        for code in TRANSFORMS {
+            let plan = Expr::compile(code).unwrap().plan().cloned().unwrap();
+            assert_eq!(plan.json_in(&mut shared), plan.json(m), "{code}");
+        }
+        for code in HEADERS {
+            let e = Expr::compile(code).unwrap().for_headers();
+            let plan = e.plan().cloned().unwrap();
+            assert_eq!(plan.headers_in(&mut shared), plan.headers(m), "{code}");
         }
         answered
     }

@@ -234,8 +234,11 @@ pub fn shape(
             .as_ref()
             .map_err(Clone::clone)
     };
+    // What the direct evaluator has parsed of the payload, for the next
+    // expression of this event.
+    let reading = std::cell::RefCell::new(fast::Reading::new(m));
     let passes = |e: &Expr| -> Result<bool, Fault> {
-        if let Some(yes) = e.plan().and_then(|p| p.test(m)) {
+        if let Some(yes) = e.plan().and_then(|p| p.test_in(&mut reading.borrow_mut())) {
             return Ok(yes);
         }
         Ok(e.first(jaq_input()?, steps)?
@@ -280,7 +283,7 @@ pub fn shape(
     let payload = match pick(&carried.transform, &own.transform, route) {
         None => None,
         Some((e, name)) => {
-            let text = match e.plan().and_then(|p| p.json(m)) {
+            let text = match e.plan().and_then(|p| p.json_in(&mut reading.borrow_mut())) {
                 Some(text) => Ok(text),
                 None => jaq_input()
                     .and_then(|input| e.first(input, steps))
@@ -302,7 +305,10 @@ pub fn shape(
     let headers = match pick(&carried.headers, &own.headers, route) {
         None => None,
         Some((e, name)) => {
-            let out = match e.plan().and_then(|p| p.headers(m)) {
+            let out = match e
+                .plan()
+                .and_then(|p| p.headers_in(&mut reading.borrow_mut()))
+            {
                 Some(headers) => Ok(headers),
                 None => jaq_input()
                     .and_then(|input| e.first(input, steps))
