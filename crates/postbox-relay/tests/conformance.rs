@@ -68,7 +68,8 @@ pub trait Reader: Send + Sync {
     /// Every message received so far, in arrival order (duplicates included).
     async fn received(&self) -> Vec<Received>;
 
-    /// Remove what the test created on the broker (called when the suite passes).
+    /// Remove what the test created on the broker (called once the suite
+    /// ends, passing or failing).
     async fn cleanup(&self) {}
 }
 
