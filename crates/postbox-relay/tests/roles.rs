@@ -1433,6 +1433,7 @@ async fn every_function_states_who_may_execute_it() {
         "inbox_apply: producer, relay, monitor, consumer, PUBLIC",
         "inbox_sequence: producer, relay, monitor, consumer, PUBLIC",
         "limits_payload_too_big: owner only",
+        "log_floor: relay",
         "log_handoff (owner's rights): relay",
         "log_open: producer, relay, monitor, consumer, PUBLIC",
         "log_page: producer, relay, monitor, consumer, PUBLIC",

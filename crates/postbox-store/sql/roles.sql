@@ -79,10 +79,12 @@ GRANT UPDATE (created_at) ON {schema}.idempotency_keys TO {relay};
 -- handing events it did not deliver to the outbox (copied from the log, so
 -- it needs no INSERT on the outbox and cannot make up an event).
 -- Its pages are read through log_page and log_open (migration 18), which
--- run with the caller's rights: this SELECT is what lets them read.
+-- run with the caller's rights: this SELECT is what lets them read; a new
+-- window's first page starts at log_floor's answer (migration 31).
 GRANT SELECT ON {schema}.log, {schema}.log_settings TO {relay};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.log_cursors, {schema}.log_readers TO {relay};
 GRANT EXECUTE ON FUNCTION
+    {schema}.log_floor(pg_snapshot, pg_snapshot),
     {schema}.log_rotate(interval),
     {schema}.log_truncate(integer, boolean),
     {schema}.log_handoff(text, bigint[], uuid[], boolean[], float8[], text[], boolean[],

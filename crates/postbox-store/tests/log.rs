@@ -704,3 +704,110 @@ struct Expected {
     sequence: Option<i64>,
     created_at: chrono::DateTime<chrono::Utc>,
 }
+
+/// A window's floor (migration 31's `log_floor`) is the lowest id of the
+/// window's events less one, whatever the transactions that wrote them:
+/// large ones it visits one by one, small ones it walks, a mix of both, a
+/// large one still in progress at the window's end (none of its ids
+/// count), one in progress at its start, one rolled back. Every pair of
+/// snapshots taken along the way is a window, and each answer is held to
+/// the plain definition.
+#[tokio::test]
+async fn a_windows_floor_is_its_lowest_event_id_whatever_wrote_it() {
+    let db = TestDb::new().await;
+    let pool = db.another_pool(3).await;
+    let insert = db.sql(
+        "INSERT INTO {schema}.log (event_id, event_type, aggregate_type, aggregate_id, payload) \
+         SELECT gen_random_uuid(), 'order.placed', 'order', 'o-1', '{}' \
+         FROM generate_series(1, $1)",
+    );
+    let append = |n: i32| {
+        let (pool, insert) = (pool.clone(), insert.clone());
+        async move {
+            sqlx::query(trusted(&insert))
+                .bind(n)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    };
+    let snapshot = || {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>("SELECT pg_current_snapshot()::text")
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let mut snapshots = vec![snapshot().await];
+
+    // Large transactions, then small ones after them.
+    for _ in 0..3 {
+        append(40).await;
+    }
+    snapshots.push(snapshot().await);
+    for _ in 0..5 {
+        append(1).await;
+    }
+    // Small ones, then a large one.
+    append(2).await;
+    append(60).await;
+    snapshots.push(snapshot().await);
+
+    // A large transaction takes the lowest ids and stays open across the
+    // next snapshots, while large ones commit after it.
+    let mut open = pool.begin().await.unwrap();
+    sqlx::query(trusted(&insert))
+        .bind(50)
+        .execute(&mut *open)
+        .await
+        .unwrap();
+    append(30).await;
+    append(30).await;
+    snapshots.push(snapshot().await);
+    // One rolled back among them.
+    let mut undone = pool.begin().await.unwrap();
+    sqlx::query(trusted(&insert))
+        .bind(45)
+        .execute(&mut *undone)
+        .await
+        .unwrap();
+    undone.rollback().await.unwrap();
+    append(25).await;
+    snapshots.push(snapshot().await);
+    open.commit().await.unwrap();
+    snapshots.push(snapshot().await);
+    append(1).await;
+    snapshots.push(snapshot().await);
+
+    let floor = db.sql("SELECT {schema}.log_floor($1::pg_snapshot, $2::pg_snapshot)");
+    let defined = db.sql(
+        "SELECT min(l.id) - 1 FROM {schema}.log l \
+         WHERE pg_visible_in_snapshot(l.txid, $2::pg_snapshot) \
+           AND (l.txid >= pg_snapshot_xmax($1::pg_snapshot) \
+                OR l.txid = ANY (ARRAY(SELECT pg_snapshot_xip($1::pg_snapshot))))",
+    );
+    let mut windows = 0;
+    for (i, lo) in snapshots.iter().enumerate() {
+        for hi in &snapshots[i..] {
+            let got: Option<i64> = sqlx::query_scalar(trusted(&floor))
+                .bind(lo)
+                .bind(hi)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+            let want: Option<i64> = sqlx::query_scalar(trusted(&defined))
+                .bind(lo)
+                .bind(hi)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+            assert_eq!(got, want, "window {lo} .. {hi}");
+            windows += 1;
+        }
+    }
+    assert_eq!(windows, 28);
+    drop(pool);
+    db.drop_schema().await;
+}

@@ -172,6 +172,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "destinations_seen",
         sql: include_str!("../migrations/0030_destinations_seen.sql"),
     },
+    Migration {
+        version: 31,
+        name: "log_floor",
+        sql: include_str!("../migrations/0031_log_floor.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.
