@@ -55,8 +55,10 @@ BEGIN
     IF pg_visible_in_snapshot(t, hi) THEN
       lowest := LEAST(lowest, first_id);
     END IF;
+    -- Its last id: the last entry up to it (`txid = t` would let the
+    -- planner walk the id index back from the log's end instead).
     SELECT l.id INTO last_id FROM {schema}.log l
-    WHERE l.txid = t ORDER BY l.txid DESC, l.id DESC LIMIT 1;
+    WHERE l.txid <= t ORDER BY l.txid DESC, l.id DESC LIMIT 1;
     visited := visited + 1;
     spanned := spanned + (last_id - first_id + 1);
     IF spanned < 16 * visited THEN
