@@ -721,15 +721,22 @@ async fn a_windows_floor_is_its_lowest_event_id_whatever_wrote_it() {
          SELECT gen_random_uuid(), 'order.placed', 'order', 'o-1', '{}' \
          FROM generate_series(1, $1)",
     );
-    let append = |n: i32| {
+    // A transaction that has appended `n` events, still open.
+    let begun = |n: i32| {
         let (pool, insert) = (pool.clone(), insert.clone());
         async move {
+            let mut tx = pool.begin().await.unwrap();
             sqlx::query(trusted(&insert))
                 .bind(n)
-                .execute(&pool)
+                .execute(&mut *tx)
                 .await
                 .unwrap();
+            tx
         }
+    };
+    let append = |n: i32| {
+        let begun = begun(n);
+        async move { begun.await.commit().await.unwrap() }
     };
     let snapshot = || {
         let pool = pool.clone();
@@ -757,23 +764,12 @@ async fn a_windows_floor_is_its_lowest_event_id_whatever_wrote_it() {
 
     // A large transaction takes the lowest ids and stays open across the
     // next snapshots, while large ones commit after it.
-    let mut open = pool.begin().await.unwrap();
-    sqlx::query(trusted(&insert))
-        .bind(50)
-        .execute(&mut *open)
-        .await
-        .unwrap();
+    let open = begun(50).await;
     append(30).await;
     append(30).await;
     snapshots.push(snapshot().await);
     // One rolled back among them.
-    let mut undone = pool.begin().await.unwrap();
-    sqlx::query(trusted(&insert))
-        .bind(45)
-        .execute(&mut *undone)
-        .await
-        .unwrap();
-    undone.rollback().await.unwrap();
+    begun(45).await.rollback().await.unwrap();
     append(25).await;
     snapshots.push(snapshot().await);
     open.commit().await.unwrap();
