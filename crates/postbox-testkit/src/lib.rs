@@ -139,8 +139,12 @@ impl TestDb {
         let _ = sqlx::raw_sql(trusted(&self.sql("DROP SCHEMA IF EXISTS {schema} CASCADE")))
             .execute(&self.pool)
             .await;
+        let roles = drop_roles(&self.pool, &self.schema).await;
         if let Err(e) = slots {
             panic!("drop_schema: could not drop the schema's replication slots: {e}");
+        }
+        if let Err(e) = roles {
+            panic!("drop_schema: could not drop the roles named after the schema: {e}");
         }
         if tokio::time::timeout(CLOSE_PATIENCE, self.pool.close())
             .await
@@ -340,9 +344,33 @@ async fn clean_up_after(url: &str, schema: &Schema) -> Result<(), sqlx::Error> {
     .execute(&pool)
     .await;
     let slots_dropped = drop_slots(&pool, &slot_prefix(schema), Duration::ZERO).await;
+    let roles_dropped = drop_roles(&pool, schema).await;
     pool.close().await;
     schema_dropped?;
-    slots_dropped
+    slots_dropped?;
+    roles_dropped
+}
+
+/// Drops the roles named after `schema` (`<schema>_relay` and the others
+/// of `postbox migrate --create-roles`, a test's own `<schema>_…` logins):
+/// roles belong to the cluster, so dropping the schema takes none of them.
+/// The schema's name is a test's own (`unique`): no other role begins with it.
+async fn drop_roles(pool: &PgPool, schema: &Schema) -> Result<(), sqlx::Error> {
+    let roles: Vec<String> = sqlx::query_scalar(
+        "SELECT rolname::text FROM pg_roles WHERE starts_with(rolname::text, $1)",
+    )
+    .bind(format!("{}_", schema.name()))
+    .fetch_all(pool)
+    .await?;
+    for role in roles {
+        let role = role.replace('"', "\"\"");
+        sqlx::raw_sql(trusted(&format!(
+            "DROP OWNED BY \"{role}\"; DROP ROLE IF EXISTS \"{role}\""
+        )))
+        .execute(pool)
+        .await?;
+    }
+    Ok(())
 }
 
 /// How long [`TestDb::drop_schema`] waits for the pool to close: returning and
