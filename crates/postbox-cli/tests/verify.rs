@@ -240,6 +240,22 @@ async fn verify_catches_a_relay_that_acknowledges_before_publishing() {
     ])
     .await;
     let r = report(&o);
+    let ids: Vec<String> = r["lost"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+
+    // What the failing run kept is read first and discarded next, so that
+    // a failing assertion below leaves nothing behind: the named events are
+    // real, committed, and marked sent by the relay without ever reaching
+    // the consumer.
+    let kept = read_lost_events(&r, &ids).await;
+    discard_kept(&r).await;
+
     assert_eq!(
         o.status.code(),
         Some(1),
@@ -249,55 +265,50 @@ async fn verify_catches_a_relay_that_acknowledges_before_publishing() {
     assert_eq!(r["passed"], false);
     let lost = n(&r, "lost_count");
     assert!(lost > 0, "{r}");
-    let ids: Vec<String> = r["lost"]
-        .as_array()
-        .expect("lost ids")
-        .iter()
-        .filter_map(|v| v.as_str().map(str::to_owned))
-        .collect();
     assert!(!ids.is_empty() && ids.len() as u64 <= lost, "{r}");
     // Nothing else is wrong: the inbox still applied what arrived exactly once.
     assert_eq!(r["effects_not_once"].as_array().map(Vec::len), Some(0));
     assert_eq!(r["rolled_back_delivered"].as_array().map(Vec::len), Some(0));
-
-    // The named events are real: committed, and marked sent by the relay
-    // without ever reaching the consumer. The failing run kept its schema.
-    let schema = r["schema"]
-        .as_str()
-        .expect("schema in the report")
-        .to_owned();
-    let pool = sqlx::PgPool::connect(&database_url())
-        .await
-        .expect("connect");
-    let uuids: Vec<uuid::Uuid> = ids.iter().map(|s| s.parse().expect("a uuid")).collect();
-    let sent: i64 = sqlx::query_scalar(trusted(&format!(
-        "SELECT count(*) FROM {schema}.outbox WHERE event_id = ANY($1) AND status = 'sent'"
-    )))
-    .bind(&uuids)
-    .fetch_one(&pool)
-    .await
-    .expect("read the kept schema");
-    assert_eq!(sent, uuids.len() as i64, "every lost event is marked sent");
-    let applied: i64 = sqlx::query_scalar(trusted(&format!(
-        "SELECT count(*) FROM {schema}.verify_effects WHERE event_id = ANY($1)"
-    )))
-    .bind(&uuids)
-    .fetch_one(&pool)
-    .await
-    .expect("read the kept schema");
+    let (sent, applied) = kept.unwrap_or_else(|e| panic!("read the kept schema: {e}\n{r}"));
+    assert_eq!(sent, ids.len() as i64, "every lost event is marked sent");
     assert_eq!(applied, 0);
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(stdout.contains(&ids[0]), "the report names the lost events");
+}
 
-    // Clean up what the failing run kept.
-    discard_kept(&r).await;
+/// How many of the events a failing run named as lost its kept schema holds
+/// as sent, and how many of them the consumer applied.
+async fn read_lost_events(r: &serde_json::Value, ids: &[String]) -> Result<(i64, i64), String> {
+    let schema = r["schema"].as_str().ok_or("no schema in the report")?;
+    let uuids = ids
+        .iter()
+        .map(|s| s.parse::<uuid::Uuid>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("a lost id is no uuid: {e}"))?;
+    let pool = sqlx::PgPool::connect(&database_url())
+        .await
+        .map_err(|e| e.to_string())?;
+    let count = |table: &str, extra: &str| {
+        format!("SELECT count(*) FROM {schema}.{table} WHERE event_id = ANY($1){extra}")
+    };
+    let sent: i64 = sqlx::query_scalar(trusted(&count("outbox", " AND status = 'sent'")))
+        .bind(&uuids)
+        .fetch_one(&pool)
+        .await
+        .map_err(|e| e.to_string())?;
+    let applied: i64 = sqlx::query_scalar(trusted(&count("verify_effects", "")))
+        .bind(&uuids)
+        .fetch_one(&pool)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((sent, applied))
 }
 
 /// Drop what a failing run on the test database kept for inspection (its
 /// schema, its Redis stream, the relays' logs). Called before the asserts
-/// where they do not read the kept schema, so that a failing assertion
-/// leaves nothing behind either; a schema the run dropped itself is no
-/// error.
+/// (once what they check of the kept schema is read), so that a failing
+/// assertion leaves nothing behind either; a schema the run dropped itself
+/// is no error.
 async fn discard_kept(r: &serde_json::Value) {
     if let Some(schema) = r["schema"].as_str() {
         let pool = sqlx::PgPool::connect(&database_url())
