@@ -1392,6 +1392,79 @@ async fn malformed_messages_are_set_aside_over_sql() {
     malformed_messages_are_set_aside_and_do_not_stall(LogicalTransport::Sql).await;
 }
 
+/// A slot whose publication did not exist when a change it still has to
+/// decode was written fails at that change on every read (pgoutput looks
+/// the publication up as of each change). The relay reads it once, then says
+/// what to do and backs off, and the failures the schema notes add up;
+/// before, every new session read and delivered the same events again at
+/// once and wiped the failures noted, forever.
+async fn a_slot_missing_its_publication_is_read_once_not_in_a_loop(transport: LogicalTransport) {
+    let db = TestDb::new().await;
+    let (pool, schema) = (db.pool.clone(), db.schema.clone());
+    with_slot(db, move |slot| async move {
+        // The slot made by hand, without the publication the relay makes
+        // first; then events, then a table change.
+        sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+            .bind(&slot)
+            .execute(&pool)
+            .await
+            .unwrap();
+        let ids = emit(&pool, &schema, 5, "order.created").await;
+        let table = format!("\"{}\".no_publication", schema.name());
+        for statement in [
+            format!("CREATE TABLE {table} (x int)"),
+            format!("INSERT INTO {table} VALUES (1)"),
+        ] {
+            sqlx::query(trusted(&statement))
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        let sink = ScriptedSink::delivering();
+        let stop = CancellationToken::new();
+        let config = RelayConfig {
+            logical_transport: transport,
+            ..config(&slot)
+        };
+        let relay = spawn_relay(&pool, &schema, sink.clone(), config, stop.clone());
+        let logical = postbox_relay::Store::new(pool.clone(), schema.clone()).logical();
+        wait_for(
+            "four failed reads in a row noted, saying what to do",
+            Duration::from_secs(60),
+            || async {
+                let status = logical.status(Some(&slot)).await.unwrap();
+                status.first().is_some_and(|s| {
+                    s.reader_failures >= 4
+                        && s.reader_error
+                            .as_deref()
+                            .is_some_and(|e| e.contains(&format!("postbox slot drop {slot}")))
+                })
+            },
+        )
+        .await;
+        stop.cancel();
+        relay.await.unwrap();
+        let delivered = sink.ids();
+        assert!(
+            delivered.len() <= ids.len() && delivered.iter().all(|id| ids.contains(id)),
+            "each event read once at most: {} deliveries of {} events",
+            delivered.len(),
+            ids.len()
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_slot_missing_its_publication_is_read_once_on_the_stream() {
+    a_slot_missing_its_publication_is_read_once_not_in_a_loop(LogicalTransport::Stream).await;
+}
+
+#[tokio::test]
+async fn a_slot_missing_its_publication_is_read_once_over_sql() {
+    a_slot_missing_its_publication_is_read_once_not_in_a_loop(LogicalTransport::Sql).await;
+}
+
 /// Filters and transforms in logical mode (see `shaping.rs`): billing
 /// gets only orders of at least 100, transformed, audit every event as
 /// emitted, and the event billing's transform fails on is a dead letter of

@@ -161,11 +161,126 @@ impl Refusals {
     }
 }
 
-/// The reader read again after failing: ready again.
-pub(crate) fn reading_again(shared: &Shared, slot: &str) {
-    shared.stats.reader_failures.store(0, Ordering::Relaxed);
-    metrics::gauge!(m::READER_FAILURES, "slot" => slot.to_owned()).set(0.0);
-    tracing::info!(%slot, "reading the replication slot again");
+/// The reader's reading sessions that failed in a row, and where the slot
+/// stood when they opened.
+///
+/// A session that reads and then fails before the slot has moved is no
+/// recovery: the next one reads the same WAL again, and would fail the same
+/// way. So the count starts over only once the slot has moved past where
+/// the last failed session opened (or a session that opened further on
+/// reads), or a session has read on for `READ_NOTE` without failing (an
+/// idle slot does not move), or a round over SQL completed — never merely
+/// because a message was read; the wait between sessions grows meanwhile,
+/// and the failures noted in the schema (`slot status`, `status`, the
+/// console) are not wiped by each new session.
+#[derive(Default)]
+pub(crate) struct Failures {
+    count: i32,
+    /// The slot's confirmed position when the current session opened.
+    opened_at: Option<Lsn>,
+    /// … when the last failed session opened.
+    failed_from: Option<Lsn>,
+    /// A slot that cannot be decoded past its confirmed position: that
+    /// position, and the server's error.
+    stuck: Option<(Lsn, String)>,
+}
+
+impl Failures {
+    /// Whether the last session failed and none has recovered since.
+    pub(crate) fn failing(&self) -> bool {
+        self.count > 0
+    }
+
+    /// A session opened at the slot's `confirmed` position. A slot known not
+    /// to decode past that very position is not read again (that would
+    /// deliver what it read before the failing change again, every time):
+    /// the error stands until the slot moves or is re-created.
+    pub(crate) fn opened(&mut self, slot: &str, confirmed: Lsn) -> Result<(), ReadError> {
+        self.opened_at = Some(confirmed);
+        match &self.stuck {
+            Some((at, error)) if *at == confirmed => Err(ReadError::Undecodable {
+                slot: slot.to_owned(),
+                at: at.to_string(),
+                error: error.clone(),
+            }),
+            _ => {
+                self.stuck = None;
+                Ok(())
+            }
+        }
+    }
+
+    /// The session read something: ready again, unless the last failed
+    /// session opened where this one did (it read too, then failed before
+    /// the slot moved).
+    pub(crate) async fn read(
+        &mut self,
+        shared: &Shared,
+        logical: &Logical,
+        conn: &mut PgConnection,
+        slot: &str,
+    ) -> Result<(), sqlx::Error> {
+        let moved = match (self.failed_from, self.opened_at) {
+            (Some(failed), Some(opened)) => opened > failed,
+            _ => true,
+        };
+        if self.count > 0 && moved {
+            self.recovered(shared, logical, conn, slot).await?;
+        }
+        Ok(())
+    }
+
+    /// The slot's confirmed position seen during a session (`None`: not
+    /// known): past where the session opened, the reader is ready again.
+    pub(crate) async fn seen(
+        &mut self,
+        position: Option<Lsn>,
+        shared: &Shared,
+        logical: &Logical,
+        conn: &mut PgConnection,
+        slot: &str,
+    ) -> Result<(), sqlx::Error> {
+        let moved = matches!((position, self.opened_at), (Some(now), Some(opened)) if now > opened);
+        if self.count > 0 && moved {
+            self.recovered(shared, logical, conn, slot).await?;
+        }
+        Ok(())
+    }
+
+    /// The reader reads again: ready.
+    pub(crate) async fn recovered(
+        &mut self,
+        shared: &Shared,
+        logical: &Logical,
+        conn: &mut PgConnection,
+        slot: &str,
+    ) -> Result<(), sqlx::Error> {
+        self.count = 0;
+        self.failed_from = None;
+        shared.stats.reader_failures.store(0, Ordering::Relaxed);
+        metrics::gauge!(m::READER_FAILURES, "slot" => slot.to_owned()).set(0.0);
+        tracing::info!(%slot, "reading the replication slot again");
+        logical.read_now(conn, slot).await
+    }
+
+    /// A session failed with `e`: how many have in a row. A slot found
+    /// undecodable is not read again where it stands.
+    fn failed(&mut self, e: &ReadError) -> i32 {
+        self.count += 1;
+        self.failed_from = self.opened_at;
+        if let ReadError::Undecodable { error, .. } = e {
+            if let Some(at) = self.opened_at {
+                self.stuck = Some((at, error.clone()));
+            }
+        }
+        self.count
+    }
+}
+
+/// Whether the server's error says the slot's publication does not exist
+/// (pgoutput looks it up as of each change it decodes, SQLSTATE 42704).
+fn publication_missing(error: &str) -> bool {
+    error.contains("publication \"") && error.contains("does not exist")
 }
 
 /// Why a reading session ended.
@@ -180,9 +295,10 @@ pub(crate) async fn read_loop(shared: Arc<Shared>, mode: RunMode) {
     let logical = shared.store.logical();
     let slot = shared.config.slot_name(shared.store.schema());
     let batches = Batches::new(&shared, &slot);
-    let mut failures = 0;
+    let mut failures = Failures::default();
     let mut standby_said = false;
     while !shared.shutdown.is_cancelled() {
+        failures.opened_at = None;
         let read = match shared.config.logical_transport {
             LogicalTransport::Stream => {
                 stream::session(&shared, &logical, &batches, &slot, mode, &mut failures).await
@@ -207,22 +323,38 @@ pub(crate) async fn read_loop(shared: Arc<Shared>, mode: RunMode) {
                 }
             }
             Err(e) => {
-                failures += 1;
+                let server = sanitize_error(&e.to_string());
+                // A missing publication fails every session at the same
+                // change: said as such, with what to do.
+                let e = match (e, failures.opened_at) {
+                    (ReadError::Stream(_) | ReadError::Db(_), Some(at))
+                        if publication_missing(&server) =>
+                    {
+                        ReadError::Undecodable {
+                            slot: slot.clone(),
+                            at: at.to_string(),
+                            error: server,
+                        }
+                    }
+                    (e, _) => e,
+                };
+                let error = sanitize_error(&e.to_string());
+                let count = failures.failed(&e);
                 shared
                     .stats
                     .reader_failures
-                    .store(failures as u64, Ordering::Relaxed);
-                metrics::gauge!(m::READER_FAILURES, "slot" => slot.clone())
-                    .set(f64::from(failures));
+                    .store(count as u64, Ordering::Relaxed);
+                metrics::gauge!(m::READER_FAILURES, "slot" => slot.clone()).set(f64::from(count));
                 standby_said = false;
-                let delay = backoff::full_jitter(failures, DB_RETRY_BASE, DB_RETRY_MAX);
-                let error = sanitize_error(&e.to_string());
+                let delay = backoff::full_jitter(count, DB_RETRY_BASE, DB_RETRY_MAX);
                 // Noted in the schema (best effort: the database may be what
                 // fails), so `slot status`, `status` and the console say so.
                 if let Err(note) = logical.read_failed(&slot, &error).await {
                     tracing::debug!(error = %sanitize_error(&note.to_string()), "could not note the failed read");
                 }
-                if let ReadError::Lost { .. } = e {
+                if let ReadError::Undecodable { .. } = e {
+                    tracing::error!(%slot, %error, retry_in = ?delay, "the replication slot cannot be decoded past its confirmed position: the relay does not read it again until it moves or is re-created");
+                } else if let ReadError::Lost { .. } = e {
                     metrics::gauge!(m::SLOT_INVALIDATED, "slot" => slot.clone()).set(1.0);
                     tracing::error!(%slot, %error, retry_in = ?delay, "the replication slot is invalidated: the relay does not read on until it is dropped and re-created");
                 } else if let ReadError::Unnumbered(_) = e {
@@ -257,6 +389,21 @@ pub(crate) enum ReadError {
     /// set.
     #[error("the server refused the replication connection ({error}): {what}")]
     Refused { error: String, what: String },
+    /// The server cannot decode the slot past `at`: its publication did
+    /// not exist as of a change there.
+    #[error(
+        "replication slot {slot} cannot be read past {at}: drop it and start the relay again \
+         (postbox slot drop {slot}; the relay then creates the publication and the slot), and \
+         reconcile the events emitted before that and not yet delivered from the application's \
+         own records. Its publication did not exist when a change after {at} was written \
+         (dropped, or the slot was created without it), and pgoutput looks it up as of each \
+         change it decodes, so creating it again does not help ({error})"
+    )]
+    Undecodable {
+        slot: String,
+        at: String,
+        error: String,
+    },
     #[error(
         "replication slot {slot} was invalidated (wal_status = lost): the server removed WAL it \
          still needed (max_slot_wal_keep_size), so {range}; see the README's operations section \
@@ -324,10 +471,15 @@ impl Default for SlotWatch {
 }
 
 impl SlotWatch {
-    pub(crate) async fn check(&mut self, logical: &Logical, slot: &str) -> Result<(), ReadError> {
+    /// Refresh the gauges; the slot's confirmed position, when known.
+    pub(crate) async fn check(
+        &mut self,
+        logical: &Logical,
+        slot: &str,
+    ) -> Result<Option<Lsn>, ReadError> {
         self.last = Instant::now();
         let Some(status) = logical.status(Some(slot)).await?.into_iter().next() else {
-            return Ok(());
+            return Ok(None);
         };
         if status.is_lost() {
             return Err(ReadError::Lost {
@@ -345,7 +497,7 @@ impl SlotWatch {
                 tracing::warn!(%slot, %reason, "the replication slot is close to being invalidated; its WAL is kept only up to max_slot_wal_keep_size");
             }
         }
-        Ok(())
+        Ok(status.confirmed_lsn.and_then(|l| l.parse().ok()))
     }
 }
 

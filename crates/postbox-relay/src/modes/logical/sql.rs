@@ -6,7 +6,8 @@
 //! `pg_replication_slot_advance`).
 
 use super::{
-    open, publish_batch, Batches, Ended, Opened, ReadError, Settled, READ_NOTE, SLOT_CHECK,
+    open, publish_batch, Batches, Ended, Failures, Opened, ReadError, Settled, READ_NOTE,
+    SLOT_CHECK,
 };
 use crate::engine::{RunMode, Shared};
 use futures::TryStreamExt;
@@ -30,7 +31,7 @@ pub(super) async fn session(
     batches: &Batches,
     slot: &str,
     mode: RunMode,
-    failures: &mut i32,
+    failures: &mut Failures,
 ) -> Result<Ended, ReadError> {
     let Some(Opened {
         mut conn,
@@ -40,7 +41,12 @@ pub(super) async fn session(
     else {
         return Ok(Ended::Standby);
     };
-    logical.read_now(&mut conn, slot).await?;
+    failures.opened(slot, confirmed)?;
+    // A reader still failing notes its read once it has recovered
+    // (`Failures`): noting it now would wipe the failures the schema shows.
+    if !failures.failing() {
+        logical.read_now(&mut conn, slot).await?;
+    }
     let mut noted = Instant::now();
     tracing::info!(%slot, transport = "sql", "reading the replication slot");
     let mut idle: u32 = 0;
@@ -52,15 +58,17 @@ pub(super) async fn session(
         else {
             return Ok(Ended::Shutdown);
         };
-        if *failures > 0 {
-            *failures = 0;
-            super::reading_again(shared, slot);
+        // A round read up to the flush position and confirmed the slot
+        // past it: the reader has recovered.
+        if failures.failing() {
+            failures.recovered(shared, logical, &mut conn, slot).await?;
         }
         if read.caught_up {
             watch.caught_up = Instant::now();
         }
         if watch.last.elapsed() >= SLOT_CHECK {
-            watch.check(logical, slot).await?;
+            let at = watch.check(logical, slot).await?;
+            failures.seen(at, shared, logical, &mut conn, slot).await?;
         }
         if noted.elapsed() >= READ_NOTE {
             logical.read_now(&mut conn, slot).await?;

@@ -19,8 +19,8 @@
 //! A crash redelivers at most what was read since the last confirmation.
 
 use super::{
-    open, publish_batch, Batches, Ended, Opened, ReadError, Settled, SlotWatch, READ_NOTE,
-    SLOT_CHECK,
+    open, publish_batch, Batches, Ended, Failures, Opened, ReadError, Settled, SlotWatch,
+    READ_NOTE, SLOT_CHECK,
 };
 use crate::engine::{RunMode, Shared};
 use crate::redact::sanitize_error;
@@ -56,7 +56,7 @@ pub(super) async fn session(
     batches: &Batches,
     slot: &str,
     mode: RunMode,
-    failures: &mut i32,
+    failures: &mut Failures,
 ) -> Result<Ended, ReadError> {
     let Some(Opened {
         mut conn,
@@ -66,6 +66,7 @@ pub(super) async fn session(
     else {
         return Ok(Ended::Standby);
     };
+    failures.opened(slot, confirmed)?;
     let upto = match mode {
         RunMode::Drain => Some(logical.flush_lsn(&mut conn).await?),
         _ => None,
@@ -73,7 +74,11 @@ pub(super) async fn session(
     if upto.is_some_and(|upto| confirmed >= upto) {
         return Ok(Ended::Drained);
     }
-    logical.read_now(&mut conn, slot).await?;
+    // A reader still failing notes its read once it has recovered
+    // (`Failures`): noting it now would wipe the failures the schema shows.
+    if !failures.failing() {
+        logical.read_now(&mut conn, slot).await?;
+    }
     let config = replication_config(
         shared.store.pool().connect_options().as_ref(),
         slot,
@@ -141,7 +146,7 @@ impl Reader<'_> {
         slot: &str,
         upto: Option<Lsn>,
         watch: &mut SlotWatch,
-        failures: &mut i32,
+        failures: &mut Failures,
     ) -> Result<Ended, ReadError> {
         let batch = self.shared.config.batch_size as usize;
         let mut noted = Instant::now();
@@ -162,10 +167,22 @@ impl Reader<'_> {
                         return Ok(Ended::Drained);
                     }
                     if watch.last.elapsed() >= SLOT_CHECK {
-                        watch.check(self.logical, slot).await?;
+                        let at = watch.check(self.logical, slot).await?;
+                        failures
+                            .seen(at, self.shared, self.logical, conn, slot)
+                            .await?;
                     }
+                    // Caught up, and this session has read for READ_NOTE
+                    // without failing: a reader still counted as failing
+                    // (the slot idle, so it has not moved) has recovered.
                     if noted.elapsed() >= READ_NOTE {
-                        self.logical.read_now(conn, slot).await?;
+                        if failures.failing() {
+                            failures
+                                .recovered(self.shared, self.logical, conn, slot)
+                                .await?;
+                        } else {
+                            self.logical.read_now(conn, slot).await?;
+                        }
                         noted = Instant::now();
                     }
                     if upto.is_some() && last_arrival.elapsed() >= DRAIN_IDLE {
@@ -180,9 +197,8 @@ impl Reader<'_> {
             };
             last_arrival = Instant::now();
             let event = received(next)?;
-            if *failures > 0 {
-                *failures = 0;
-                super::reading_again(self.shared, slot);
+            if failures.failing() {
+                failures.read(self.shared, self.logical, conn, slot).await?;
             }
             self.take(event, false);
             self.refuse_read().await;
