@@ -210,41 +210,24 @@ impl Failures {
         }
     }
 
-    /// The session read something: ready again, unless the last failed
-    /// session opened where this one did (it read too, then failed before
-    /// the slot moved).
-    pub(crate) async fn read(
-        &mut self,
-        shared: &Shared,
-        logical: &Logical,
-        conn: &mut PgConnection,
-        slot: &str,
-    ) -> Result<(), sqlx::Error> {
-        let moved = match (self.failed_from, self.opened_at) {
-            (Some(failed), Some(opened)) => opened > failed,
-            _ => true,
-        };
-        if self.count > 0 && moved {
-            self.recovered(shared, logical, conn, slot).await?;
-        }
-        Ok(())
+    /// Whether the session reading something means the reader has
+    /// recovered: it was failing, and the last failed session did not open
+    /// where this one did (then it read too, and failed before the slot
+    /// moved).
+    pub(crate) fn recovers_on_read(&self) -> bool {
+        self.count > 0
+            && match (self.failed_from, self.opened_at) {
+                (Some(failed), Some(opened)) => opened > failed,
+                _ => true,
+            }
     }
 
-    /// The slot's confirmed position seen during a session (`None`: not
-    /// known): past where the session opened, the reader is ready again.
-    pub(crate) async fn seen(
-        &mut self,
-        position: Option<Lsn>,
-        shared: &Shared,
-        logical: &Logical,
-        conn: &mut PgConnection,
-        slot: &str,
-    ) -> Result<(), sqlx::Error> {
-        let moved = matches!((position, self.opened_at), (Some(now), Some(opened)) if now > opened);
-        if self.count > 0 && moved {
-            self.recovered(shared, logical, conn, slot).await?;
-        }
-        Ok(())
+    /// Whether the slot's confirmed `position`, seen during a session
+    /// (`None`: not known), means the reader has recovered: it was failing,
+    /// and the slot moved past where the session opened.
+    pub(crate) fn recovers_at(&self, position: Option<Lsn>) -> bool {
+        self.count > 0
+            && matches!((position, self.opened_at), (Some(now), Some(opened)) if now > opened)
     }
 
     /// The reader reads again: ready.

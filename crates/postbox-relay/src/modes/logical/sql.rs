@@ -68,7 +68,9 @@ pub(super) async fn session(
         }
         if watch.last.elapsed() >= SLOT_CHECK {
             let at = watch.check(logical, slot).await?;
-            failures.seen(at, shared, logical, &mut conn, slot).await?;
+            if failures.recovers_at(at) {
+                failures.recovered(shared, logical, &mut conn, slot).await?;
+            }
         }
         if noted.elapsed() >= READ_NOTE {
             logical.read_now(&mut conn, slot).await?;

@@ -168,9 +168,11 @@ impl Reader<'_> {
                     }
                     if watch.last.elapsed() >= SLOT_CHECK {
                         let at = watch.check(self.logical, slot).await?;
-                        failures
-                            .seen(at, self.shared, self.logical, conn, slot)
-                            .await?;
+                        if failures.recovers_at(at) {
+                            failures
+                                .recovered(self.shared, self.logical, conn, slot)
+                                .await?;
+                        }
                     }
                     // Caught up, and this session has read for READ_NOTE
                     // without failing: a reader still counted as failing
@@ -197,8 +199,10 @@ impl Reader<'_> {
             };
             last_arrival = Instant::now();
             let event = received(next)?;
-            if failures.failing() {
-                failures.read(self.shared, self.logical, conn, slot).await?;
+            if failures.recovers_on_read() {
+                failures
+                    .recovered(self.shared, self.logical, conn, slot)
+                    .await?;
             }
             self.take(event, false);
             self.refuse_read().await;
