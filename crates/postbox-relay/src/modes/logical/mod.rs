@@ -186,6 +186,12 @@ pub(crate) struct Failures {
 }
 
 impl Failures {
+    /// A session is about to open: until it says where, its failure is
+    /// tied to no position.
+    fn opening(&mut self) {
+        self.opened_at = None;
+    }
+
     /// Whether the last session failed and none has recovered since.
     pub(crate) fn failing(&self) -> bool {
         self.count > 0
@@ -281,7 +287,7 @@ pub(crate) async fn read_loop(shared: Arc<Shared>, mode: RunMode) {
     let mut failures = Failures::default();
     let mut standby_said = false;
     while !shared.shutdown.is_cancelled() {
-        failures.opened_at = None;
+        failures.opening();
         let read = match shared.config.logical_transport {
             LogicalTransport::Stream => {
                 stream::session(&shared, &logical, &batches, &slot, mode, &mut failures).await

@@ -67,10 +67,7 @@ pub(super) async fn session(
             watch.caught_up = Instant::now();
         }
         if watch.last.elapsed() >= SLOT_CHECK {
-            let at = watch.check(logical, slot).await?;
-            if failures.recovers_at(at) {
-                failures.recovered(shared, logical, &mut conn, slot).await?;
-            }
+            watch.check(logical, slot).await?;
         }
         if noted.elapsed() >= READ_NOTE {
             logical.read_now(&mut conn, slot).await?;
