@@ -1465,6 +1465,94 @@ async fn a_slot_missing_its_publication_is_read_once_over_sql() {
     a_slot_missing_its_publication_is_read_once_not_in_a_loop(LogicalTransport::Sql).await;
 }
 
+/// After a server crash, PostgreSQL 15 can bring a slot back at a position
+/// older than the one its reader confirmed (it saves a logical slot's
+/// confirmed position only now and then), and the stream would start over
+/// from there, delivering again everything since. The reader notes where it
+/// confirmed the slot with its read notes, and a session that finds the
+/// slot behind its note moves it up first. Here the slot stands before 5
+/// events a note says were delivered (as after such a crash): only the 3
+/// after the note are delivered, and the reader notes its new position.
+async fn a_slot_behind_the_readers_note_is_moved_up_to_it(transport: LogicalTransport) {
+    let db = TestDb::new().await;
+    let (pool, schema) = (db.pool.clone(), db.schema.clone());
+    with_slot(db, move |slot| async move {
+        let quoted = format!("\"{}\"", schema.name());
+        for statement in [
+            format!("SELECT {quoted}.logical_ensure_publication($1)"),
+            format!("SELECT {quoted}.logical_ensure_slot($1)"),
+        ] {
+            sqlx::query(trusted(&statement))
+                .bind(&slot)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        let delivered_before = emit(&pool, &schema, 5, "order.created").await;
+        let noted = wal_now(&pool).await;
+        sqlx::query(trusted(&format!(
+            "SELECT {quoted}.logical_read_now($1, $2::text::pg_lsn)"
+        )))
+        .bind(&slot)
+        .bind(&noted)
+        .execute(&pool)
+        .await
+        .unwrap();
+        let after = emit(&pool, &schema, 3, "order.created").await;
+        let end = wal_now(&pool).await;
+
+        let sink = ScriptedSink::delivering();
+        let stop = CancellationToken::new();
+        let config = RelayConfig {
+            logical_transport: transport,
+            ..config(&slot)
+        };
+        let relay = spawn_relay(&pool, &schema, sink.clone(), config, stop.clone());
+        wait_for("the events after the note", Duration::from_secs(60), || {
+            let sink = sink.clone();
+            async move { sink.count() >= 3 }
+        })
+        .await;
+        let note = format!(
+            "SELECT coalesce(confirmed_lsn >= $2::text::pg_lsn, false) \
+             FROM {quoted}.logical_readers WHERE slot_name = $1"
+        );
+        wait_for(
+            "the reader to note its position past them",
+            Duration::from_secs(30),
+            || async {
+                sqlx::query_scalar::<_, bool>(trusted(&note))
+                    .bind(&slot)
+                    .bind(&end)
+                    .fetch_optional(&pool)
+                    .await
+                    .unwrap()
+                    .unwrap_or(false)
+            },
+        )
+        .await;
+        stop.cancel();
+        relay.await.unwrap();
+        let delivered = sink.ids();
+        assert!(
+            delivered_before.iter().all(|id| !delivered.contains(id)),
+            "the events before the note were delivered again"
+        );
+        assert_eq!(delivered, after, "the events after the note, once each");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_slot_behind_the_readers_note_is_moved_up_to_it_on_the_stream() {
+    a_slot_behind_the_readers_note_is_moved_up_to_it(LogicalTransport::Stream).await;
+}
+
+#[tokio::test]
+async fn a_slot_behind_the_readers_note_is_moved_up_to_it_over_sql() {
+    a_slot_behind_the_readers_note_is_moved_up_to_it(LogicalTransport::Sql).await;
+}
+
 /// Filters and transforms in logical mode (see `shaping.rs`): billing
 /// gets only orders of at least 100, transformed, audit every event as
 /// emitted, and the event billing's transform fails on is a dead letter of

@@ -52,8 +52,14 @@ SELECT pg_replication_slot_advance($1, $2::text::pg_lsn) IS NOT NULL AS advanced
 SELECT confirmed_flush_lsn::text AS lsn FROM pg_replication_slots WHERE slot_name = $1;
 
 -- name: read_now
--- The reader notes that it read the slot now (migration 15).
-SELECT {schema}.logical_read_now($1);
+-- The reader notes that it read the slot now (migration 15), and the
+-- position it confirmed the slot up to (migration 32).
+SELECT {schema}.logical_read_now($1, $2::text::pg_lsn);
+
+-- name: noted
+-- The position the reader last noted on this server (NULL when none was).
+SELECT confirmed_lsn::text AS lsn FROM {schema}.logical_readers
+ WHERE slot_name = $1 AND confirmed_on = (SELECT system_identifier FROM pg_control_system());
 
 -- name: read_failed
 -- The reader notes a failed reading session and its error (migration 22).

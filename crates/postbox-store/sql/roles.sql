@@ -110,8 +110,10 @@ GRANT EXECUTE ON FUNCTION
     {schema}.logical_handoff_verified(text, text[], bytea[], boolean[], float8[], text[],
                                       boolean[], integer[], uuid[], text[])
   TO {relay};
--- …and notes when it read its slot (migration 15).
-GRANT EXECUTE ON FUNCTION {schema}.logical_read_now(text) TO {relay};
+-- …and notes when it read its slot (migration 15), with where it confirmed
+-- the slot up to (migration 32: a position it confirms to the server anyway).
+GRANT EXECUTE ON FUNCTION {schema}.logical_read_now(text),
+    {schema}.logical_read_now(text, pg_lsn) TO {relay};
 -- …and each reading session that failed (migration 22).
 GRANT EXECUTE ON FUNCTION {schema}.logical_read_failed(text, text) TO {relay};
 -- …and reads those notes with its slot's status (lag, time unread).

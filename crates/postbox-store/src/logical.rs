@@ -329,6 +329,22 @@ pub struct LogicalHandoff<'a> {
     pub others: Vec<String>,
 }
 
+/// The position `query` answers for `slot` (one row of one text column, or
+/// none; NULL is `None`).
+async fn slot_lsn(
+    query: &str,
+    conn: &mut PgConnection,
+    slot: &str,
+) -> Result<Option<Lsn>, sqlx::Error> {
+    let text: Option<Option<String>> = sqlx::query_scalar(trusted(query))
+        .bind(slot)
+        .fetch_optional(conn)
+        .await?;
+    text.flatten()
+        .map(|t| t.parse().map_err(sqlx::Error::Protocol))
+        .transpose()
+}
+
 struct Queries {
     prefix: Vec<u8>,
     lock: String,
@@ -343,6 +359,7 @@ struct Queries {
     drop_slot: String,
     handoff: String,
     read_now: String,
+    noted: String,
     read_failed: String,
     numbered_emits: String,
     set_numbered_emits: String,
@@ -368,6 +385,7 @@ impl Queries {
             drop_slot: file.render("drop_slot", schema),
             handoff: file.render("handoff", schema),
             read_now: file.render("read_now", schema),
+            noted: file.render("noted", schema),
             read_failed: file.render("read_failed", schema),
             numbered_emits: file.render("numbered_emits", schema),
             set_numbered_emits: file.render("set_numbered_emits", schema),
@@ -482,13 +500,7 @@ impl Logical {
         conn: &mut PgConnection,
         slot: &str,
     ) -> Result<Option<Lsn>, sqlx::Error> {
-        let text: Option<Option<String>> = sqlx::query_scalar(trusted(&self.sql.confirmed))
-            .bind(slot)
-            .fetch_optional(conn)
-            .await?;
-        text.flatten()
-            .map(|t| t.parse().map_err(sqlx::Error::Protocol))
-            .transpose()
+        slot_lsn(&self.sql.confirmed, conn, slot).await
     }
 
     /// Confirm `slot` up to `lsn`, which must be past its confirmed position.
@@ -537,12 +549,32 @@ impl Logical {
         Ok(())
     }
 
-    pub async fn read_now(&self, conn: &mut PgConnection, slot: &str) -> Result<(), sqlx::Error> {
+    /// Note that the reader read `slot` now, and that it confirmed the slot
+    /// up to `confirmed` (every event before it delivered or handed off).
+    pub async fn read_now(
+        &self,
+        conn: &mut PgConnection,
+        slot: &str,
+        confirmed: Lsn,
+    ) -> Result<(), sqlx::Error> {
         sqlx::query(trusted(&self.sql.read_now))
             .bind(slot)
+            .bind(confirmed.to_string())
             .execute(conn)
             .await?;
         Ok(())
+    }
+
+    /// The position a reader last noted it confirmed `slot` up to (see
+    /// [`Logical::read_now`]), when one did. PostgreSQL 15 saves a slot's
+    /// confirmed position only now and then, so after a server crash the
+    /// slot can stand before it.
+    pub async fn noted(
+        &self,
+        conn: &mut PgConnection,
+        slot: &str,
+    ) -> Result<Option<Lsn>, sqlx::Error> {
+        slot_lsn(&self.sql.noted, conn, slot).await
     }
 
     /// The database's logical slots, or only `slot`.

@@ -177,6 +177,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "log_floor",
         sql: include_str!("../migrations/0031_log_floor.sql"),
     },
+    Migration {
+        version: 32,
+        name: "reader_position",
+        sql: include_str!("../migrations/0032_reader_position.sql"),
+    },
 ];
 
 /// Which migrations still need to run, given the (version, checksum) pairs applied.

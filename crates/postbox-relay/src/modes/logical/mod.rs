@@ -18,7 +18,10 @@
 //! alongside, retries them or keeps them as dead letters), so one poison event
 //! never holds the slot. Only then is the slot confirmed past the round's
 //! transactions. A crash before that redelivers what was read since the last
-//! confirmation, never less; a transaction of any size is never held in
+//! confirmation, never less (after a server crash, which can bring the slot
+//! back to an older position, at most what was confirmed since the reader's
+//! last read note: `open` moves the slot up to the note); a transaction of
+//! any size is never held in
 //! memory (its events pass through in batches, and it is confirmed at its
 //! commit). An event scheduled for later (`deliver_at` still ahead when it
 //! is read) is not published: it is handed to the outbox, due at its time,
@@ -236,20 +239,22 @@ impl Failures {
             && matches!((position, self.opened_at), (Some(now), Some(opened)) if now > opened)
     }
 
-    /// The reader reads again: ready.
+    /// The reader reads again: ready. `confirmed`: where it has confirmed
+    /// the slot up to.
     pub(crate) async fn recovered(
         &mut self,
         shared: &Shared,
         logical: &Logical,
         conn: &mut PgConnection,
         slot: &str,
+        confirmed: Lsn,
     ) -> Result<(), sqlx::Error> {
         self.count = 0;
         self.failed_from = None;
         shared.stats.reader_failures.store(0, Ordering::Relaxed);
         metrics::gauge!(m::READER_FAILURES, "slot" => slot.to_owned()).set(0.0);
         tracing::info!(%slot, "reading the replication slot again");
-        logical.read_now(conn, slot).await
+        logical.read_now(conn, slot, confirmed).await
     }
 
     /// A session failed with `e`: how many have in a row. A slot found
@@ -424,13 +429,31 @@ pub(crate) async fn open(
     if !logical.lock(&mut conn, slot).await? {
         return Ok(None);
     }
-    if logical.ensure_slot(&mut conn, slot).await? {
+    let created = logical.ensure_slot(&mut conn, slot).await?;
+    if created {
         tracing::info!(%slot, "created the replication slot; events emitted from now on are delivered");
     }
-    let confirmed = logical
+    let mut confirmed = logical
         .confirmed(&mut conn, slot)
         .await?
         .unwrap_or_default();
+    // PostgreSQL 15 saves a slot's confirmed position only now and then: a
+    // server crash can move the slot back to before what this relay noted
+    // it confirmed (all of it delivered). Move it up again rather than
+    // deliver all that twice. A slot just created owes nothing to a note.
+    if !created {
+        if let Some(noted) = logical.noted(&mut conn, slot).await? {
+            if noted > confirmed {
+                logical.advance(&mut conn, slot, noted).await?;
+                let now = logical
+                    .confirmed(&mut conn, slot)
+                    .await?
+                    .unwrap_or_default();
+                tracing::info!(%slot, from = %confirmed, to = %now, "moved the replication slot up to where this relay had confirmed it (the server restarted without saving that position): the events before it were delivered and are not read again");
+                confirmed = now;
+            }
+        }
+    }
     let mut watch = SlotWatch::default();
     watch.check(logical, slot).await?;
     metrics::gauge!(m::SLOT_INVALIDATED, "slot" => slot.to_owned()).set(0.0);

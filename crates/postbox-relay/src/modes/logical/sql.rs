@@ -45,7 +45,7 @@ pub(super) async fn session(
     // A reader still failing notes its read once it has recovered
     // (`Failures`): noting it now would wipe the failures the schema shows.
     if !failures.failing() {
-        logical.read_now(&mut conn, slot).await?;
+        logical.read_now(&mut conn, slot, confirmed).await?;
     }
     let mut noted = Instant::now();
     tracing::info!(%slot, transport = "sql", "reading the replication slot");
@@ -61,7 +61,9 @@ pub(super) async fn session(
         // A round read up to the flush position and confirmed the slot
         // past it: the reader has recovered.
         if failures.failing() {
-            failures.recovered(shared, logical, &mut conn, slot).await?;
+            failures
+                .recovered(shared, logical, &mut conn, slot, confirmed)
+                .await?;
         }
         if read.caught_up {
             watch.caught_up = Instant::now();
@@ -70,7 +72,7 @@ pub(super) async fn session(
             watch.check(logical, slot).await?;
         }
         if noted.elapsed() >= READ_NOTE {
-            logical.read_now(&mut conn, slot).await?;
+            logical.read_now(&mut conn, slot, confirmed).await?;
             noted = Instant::now();
         }
         if read.events == 0 && read.caught_up {

@@ -16,7 +16,9 @@
 //! published or handed off. A server keepalive read while no
 //! transaction is open and nothing is pending confirms up to its WAL
 //! position, so the slot follows the WAL while only other writes happen.
-//! A crash redelivers at most what was read since the last confirmation.
+//! A relay crash redelivers at most what was read since the last
+//! confirmation; a server crash, at most what was confirmed since the last
+//! read note (the session moves the slot up to the note, see `open`).
 
 use super::{
     open, publish_batch, Batches, Ended, Failures, Opened, ReadError, Settled, SlotWatch,
@@ -77,7 +79,7 @@ pub(super) async fn session(
     // A reader still failing notes its read once it has recovered
     // (`Failures`): noting it now would wipe the failures the schema shows.
     if !failures.failing() {
-        logical.read_now(&mut conn, slot).await?;
+        logical.read_now(&mut conn, slot, confirmed).await?;
     }
     let config = replication_config(
         shared.store.pool().connect_options().as_ref(),
@@ -101,6 +103,7 @@ pub(super) async fn session(
         last_commit: None,
         confirmed,
         raised: false,
+        noted: Instant::now(),
     };
     let ended = reader
         .run(&mut conn, slot, upto, &mut watch, failures)
@@ -137,6 +140,9 @@ struct Reader<'a> {
     confirmed: Lsn,
     /// Whether this session raised it (then closing waits for it to be sent).
     raised: bool,
+    /// When the reader last noted its read (and where it confirmed the slot
+    /// up to) in the schema.
+    noted: Instant,
 }
 
 impl Reader<'_> {
@@ -149,7 +155,6 @@ impl Reader<'_> {
         failures: &mut Failures,
     ) -> Result<Ended, ReadError> {
         let batch = self.shared.config.batch_size as usize;
-        let mut noted = Instant::now();
         let mut last_arrival = Instant::now();
         loop {
             // Take what is ready without waiting; when nothing is, settle
@@ -170,22 +175,22 @@ impl Reader<'_> {
                         let at = watch.check(self.logical, slot).await?;
                         if failures.recovers_at(at) {
                             failures
-                                .recovered(self.shared, self.logical, conn, slot)
+                                .recovered(self.shared, self.logical, conn, slot, self.confirmed)
                                 .await?;
                         }
                     }
                     // Caught up, and this session has read for READ_NOTE
                     // without failing: a reader still counted as failing
                     // (the slot idle, so it has not moved) has recovered.
-                    if noted.elapsed() >= READ_NOTE {
+                    if self.noted.elapsed() >= READ_NOTE {
                         if failures.failing() {
                             failures
-                                .recovered(self.shared, self.logical, conn, slot)
+                                .recovered(self.shared, self.logical, conn, slot, self.confirmed)
                                 .await?;
+                            self.noted = Instant::now();
                         } else {
-                            self.logical.read_now(conn, slot).await?;
+                            self.note(conn, slot).await?;
                         }
-                        noted = Instant::now();
                     }
                     if upto.is_some() && last_arrival.elapsed() >= DRAIN_IDLE {
                         return Ok(Ended::Drained);
@@ -201,7 +206,7 @@ impl Reader<'_> {
             let event = received(next)?;
             if failures.recovers_on_read() {
                 failures
-                    .recovered(self.shared, self.logical, conn, slot)
+                    .recovered(self.shared, self.logical, conn, slot, self.confirmed)
                     .await?;
             }
             self.take(event, false);
@@ -210,6 +215,10 @@ impl Reader<'_> {
                 if let Settled::Stopped = self.publish().await? {
                     return Ok(Ended::Shutdown);
                 }
+            }
+            // A stream that is never idle notes its position all the same.
+            if self.noted.elapsed() >= READ_NOTE && !failures.failing() {
+                self.note(conn, slot).await?;
             }
             if self.shared.shutdown.is_cancelled() {
                 return Ok(Ended::Shutdown);
@@ -314,6 +323,15 @@ impl Reader<'_> {
             self.confirm(commit);
         }
         Ok(Settled::Done)
+    }
+
+    /// Note in the schema that the slot was read, and where it is
+    /// confirmed up to: after a server crash moves the slot back, the next
+    /// session moves it up to there again (see `open`).
+    async fn note(&mut self, conn: &mut sqlx::PgConnection, slot: &str) -> Result<(), ReadError> {
+        self.logical.read_now(conn, slot, self.confirmed).await?;
+        self.noted = Instant::now();
+        Ok(())
     }
 
     /// Report `lsn` as flushed in the next status update.
