@@ -140,6 +140,11 @@ pub const LOG_CURSOR_UNREAD: &str = "postbox_log_cursor_unread";
 /// emit (by slot).
 pub const LOGICAL_REFUSED: &str = "postbox_logical_refused_total";
 
+/// Counter: times a reading session found its replication slot behind the
+/// position the relay had noted confirming (a server crash brought it back)
+/// and moved it up (by slot).
+pub const SLOT_MOVED_UP: &str = "postbox_slot_moved_up_total";
+
 /// Register help texts and units with the installed recorder, and create the
 /// counters at zero so that dashboards and `rate()` see them before the first event.
 pub fn describe() {
@@ -243,6 +248,10 @@ pub fn describe() {
     describe_counter!(
         LOGICAL_REFUSED,
         "Messages under the schema's logical prefix set aside instead of delivered (not events postbox can decode), by slot"
+    );
+    describe_counter!(
+        SLOT_MOVED_UP,
+        "Times logical mode's reader found its slot behind the position it had noted confirming (a server crash brought it back) and moved it up, by slot"
     );
     describe_health();
     for name in [LEASES_RECLAIMED, ACKS_LOST, DEAD_LETTERED] {

@@ -449,6 +449,7 @@ pub(crate) async fn open(
                     .confirmed(&mut conn, slot)
                     .await?
                     .unwrap_or_default();
+                metrics::counter!(m::SLOT_MOVED_UP, "slot" => slot.to_owned()).increment(1);
                 tracing::info!(%slot, from = %confirmed, to = %now, "moved the replication slot up to where this relay had confirmed it (the server restarted without saving that position): the events before it were delivered and are not read again");
                 confirmed = now;
             }
