@@ -4,10 +4,12 @@
 -- checkpoint after they did), so a server crash can move the slot back by
 -- tens of seconds of events, all of them delivered already: the stream
 -- starts over from there and delivers them again. The relay notes the
--- position it confirmed with each read note (every few seconds, the same row
--- update as before: no more dead tuples), and a reader that finds its slot
--- behind that note moves the slot up to it before it reads. A crash then
--- delivers again at most what was confirmed since the last note.
+-- position it confirmed with its read note, the same row update as before,
+-- made every second while the position moves (every 5 s otherwise): one
+-- dead row version a second at most, whatever the rate of events. A reader
+-- that finds its slot behind that note moves the slot up to it before it
+-- reads, so a crash delivers again at most what was confirmed since the
+-- last note.
 --
 -- The note is only ever a position the relay confirmed to the server itself,
 -- so it grants nothing new: the relay role can move its slot anyway. A slot

@@ -56,6 +56,44 @@ const SAFE_WAL_WARN_SHARE: f64 = 0.2;
 /// How often the reader notes in the schema that it reads the slot (what
 /// `status` and the health watch measure a slot's time unread by).
 pub(crate) const READ_NOTE: Duration = Duration::from_secs(5);
+/// How often, while the confirmed position moves, the reader notes it (a
+/// server crash redelivers at most what was confirmed since the last note).
+const POSITION_NOTE: Duration = Duration::from_secs(1);
+
+/// When the reader last noted its read in the schema (`logical_readers`),
+/// and the position it confirmed the slot up to then. A note is due every
+/// `READ_NOTE`, and every `POSITION_NOTE` while the position moves: one row
+/// update a second at most, whatever the rate of events.
+pub(crate) struct Note {
+    at: Instant,
+    position: Lsn,
+}
+
+impl Note {
+    /// Noted at `position` just now.
+    pub(crate) fn new(position: Lsn) -> Self {
+        Self {
+            at: Instant::now(),
+            position,
+        }
+    }
+
+    /// How long since the last note.
+    pub(crate) fn age(&self) -> Duration {
+        self.at.elapsed()
+    }
+
+    /// Whether a note is due, the slot confirmed up to `confirmed`.
+    pub(crate) fn due(&self, confirmed: Lsn) -> bool {
+        let age = self.age();
+        age >= READ_NOTE || (confirmed > self.position && age >= POSITION_NOTE)
+    }
+
+    /// The reader noted `confirmed` now.
+    pub(crate) fn noted(&mut self, confirmed: Lsn) {
+        *self = Self::new(confirmed);
+    }
+}
 
 /// Why a relay refuses to start (see [`Relay::check_start`](crate::Relay::check_start)).
 #[derive(Debug, thiserror::Error)]

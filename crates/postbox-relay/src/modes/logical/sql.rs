@@ -6,8 +6,7 @@
 //! `pg_replication_slot_advance`).
 
 use super::{
-    open, publish_batch, Batches, Ended, Failures, Opened, ReadError, Settled, READ_NOTE,
-    SLOT_CHECK,
+    open, publish_batch, Batches, Ended, Failures, Note, Opened, ReadError, Settled, SLOT_CHECK,
 };
 use crate::engine::{RunMode, Shared};
 use futures::TryStreamExt;
@@ -47,7 +46,7 @@ pub(super) async fn session(
     if !failures.failing() {
         logical.read_now(&mut conn, slot, confirmed).await?;
     }
-    let mut noted = Instant::now();
+    let mut note = Note::new(confirmed);
     tracing::info!(%slot, transport = "sql", "reading the replication slot");
     let mut idle: u32 = 0;
     loop {
@@ -71,9 +70,9 @@ pub(super) async fn session(
         if watch.last.elapsed() >= SLOT_CHECK {
             watch.check(logical, slot).await?;
         }
-        if noted.elapsed() >= READ_NOTE {
+        if note.due(confirmed) {
             logical.read_now(&mut conn, slot, confirmed).await?;
-            noted = Instant::now();
+            note.noted(confirmed);
         }
         if read.events == 0 && read.caught_up {
             if mode == RunMode::Drain {

@@ -21,7 +21,7 @@
 //! read note (the session moves the slot up to the note, see `open`).
 
 use super::{
-    open, publish_batch, Batches, Ended, Failures, Opened, ReadError, Settled, SlotWatch,
+    open, publish_batch, Batches, Ended, Failures, Note, Opened, ReadError, Settled, SlotWatch,
     READ_NOTE, SLOT_CHECK,
 };
 use crate::engine::{RunMode, Shared};
@@ -103,7 +103,7 @@ pub(super) async fn session(
         last_commit: None,
         confirmed,
         raised: false,
-        noted: Instant::now(),
+        note: Note::new(confirmed),
     };
     let ended = reader
         .run(&mut conn, slot, upto, &mut watch, failures)
@@ -142,7 +142,7 @@ struct Reader<'a> {
     raised: bool,
     /// When the reader last noted its read (and where it confirmed the slot
     /// up to) in the schema.
-    noted: Instant,
+    note: Note,
 }
 
 impl Reader<'_> {
@@ -182,15 +182,15 @@ impl Reader<'_> {
                     // Caught up, and this session has read for READ_NOTE
                     // without failing: a reader still counted as failing
                     // (the slot idle, so it has not moved) has recovered.
-                    if self.noted.elapsed() >= READ_NOTE {
-                        if failures.failing() {
+                    if failures.failing() {
+                        if self.note.age() >= READ_NOTE {
                             failures
                                 .recovered(self.shared, self.logical, conn, slot, self.confirmed)
                                 .await?;
-                            self.noted = Instant::now();
-                        } else {
-                            self.note(conn, slot).await?;
+                            self.note.noted(self.confirmed);
                         }
+                    } else if self.note.due(self.confirmed) {
+                        self.note(conn, slot).await?;
                     }
                     if upto.is_some() && last_arrival.elapsed() >= DRAIN_IDLE {
                         return Ok(Ended::Drained);
@@ -217,7 +217,7 @@ impl Reader<'_> {
                 }
             }
             // A stream that is never idle notes its position all the same.
-            if self.noted.elapsed() >= READ_NOTE && !failures.failing() {
+            if !failures.failing() && self.note.due(self.confirmed) {
                 self.note(conn, slot).await?;
             }
             if self.shared.shutdown.is_cancelled() {
@@ -330,7 +330,7 @@ impl Reader<'_> {
     /// session moves it up to there again (see `open`).
     async fn note(&mut self, conn: &mut sqlx::PgConnection, slot: &str) -> Result<(), ReadError> {
         self.logical.read_now(conn, slot, self.confirmed).await?;
-        self.noted = Instant::now();
+        self.note.noted(self.confirmed);
         Ok(())
     }
 
