@@ -538,7 +538,6 @@ impl Logical {
             .await
     }
 
-    /// Note that the caller (the slot's reader) read `slot` now.
     /// Note a failed reading session of `slot` with its (masked) error.
     pub async fn read_failed(&self, slot: &str, error: &str) -> Result<(), sqlx::Error> {
         sqlx::query(trusted(&self.sql.read_failed))

@@ -5,7 +5,7 @@
 -- tens of seconds of events, all of them delivered already: the stream
 -- starts over from there and delivers them again. The relay notes the
 -- position it confirmed with its read note, the same row update as before,
--- made every second while the position moves (every 5 s otherwise): one
+-- made every second while events are delivered (every 5 s otherwise): one
 -- dead row version a second at most, whatever the rate of events. A reader
 -- that finds its slot behind that note moves the slot up to it before it
 -- reads, so a crash delivers again at most what was confirmed since the
@@ -39,3 +39,23 @@ SET search_path = pg_catalog, pg_temp AS $fn$
 $fn$;
 
 REVOKE EXECUTE ON FUNCTION {schema}.logical_read_now(text, pg_lsn) FROM PUBLIC;
+
+-- Whoever may note a read today may note it with its position: a relay role
+-- made by an earlier `postbox migrate --create-roles` (which grants the new
+-- form from now on) keeps reading after the upgrade.
+DO $grant$
+DECLARE
+  g record;
+BEGIN
+  FOR g IN
+    SELECT DISTINCT a.grantee::regrole::text AS grantee
+    FROM pg_catalog.pg_proc p
+    CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) AS a
+    WHERE p.oid = '{schema}.logical_read_now(text)'::regprocedure
+      AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> p.proowner
+  LOOP
+    EXECUTE format('GRANT EXECUTE ON FUNCTION {schema}.logical_read_now(text, pg_lsn) TO %s',
+                   g.grantee);
+  END LOOP;
+END
+$grant$;

@@ -62,11 +62,16 @@ const POSITION_NOTE: Duration = Duration::from_secs(1);
 
 /// When the reader last noted its read in the schema (`logical_readers`),
 /// and the position it confirmed the slot up to then. A note is due every
-/// `READ_NOTE`, and every `POSITION_NOTE` while the position moves: one row
-/// update a second at most, whatever the rate of events.
+/// `READ_NOTE`, and every `POSITION_NOTE` while events are published and
+/// confirmed: one row update a second at most, whatever the rate of
+/// events. (A position raised by keepalives alone waits for `READ_NOTE`:
+/// each note writes WAL, which the next keepalive confirms, so noting every
+/// such move would write a row a second on an idle slot forever.)
 pub(crate) struct Note {
     at: Instant,
     position: Lsn,
+    /// Events were published (or handed off) since the last note.
+    published: bool,
 }
 
 impl Note {
@@ -75,7 +80,13 @@ impl Note {
         Self {
             at: Instant::now(),
             position,
+            published: false,
         }
+    }
+
+    /// Events were published or handed off, to be confirmed.
+    pub(crate) fn published(&mut self) {
+        self.published = true;
     }
 
     /// How long since the last note.
@@ -86,7 +97,7 @@ impl Note {
     /// Whether a note is due, the slot confirmed up to `confirmed`.
     pub(crate) fn due(&self, confirmed: Lsn) -> bool {
         let age = self.age();
-        age >= READ_NOTE || (confirmed > self.position && age >= POSITION_NOTE)
+        age >= READ_NOTE || (self.published && confirmed > self.position && age >= POSITION_NOTE)
     }
 
     /// The reader noted `confirmed` now.
@@ -471,36 +482,51 @@ pub(crate) async fn open(
     if created {
         tracing::info!(%slot, "created the replication slot; events emitted from now on are delivered");
     }
-    let mut confirmed = logical
+    let confirmed = logical
         .confirmed(&mut conn, slot)
         .await?
         .unwrap_or_default();
-    // PostgreSQL 15 saves a slot's confirmed position only now and then: a
-    // server crash can move the slot back to before what this relay noted
-    // it confirmed (all of it delivered). Move it up again rather than
-    // deliver all that twice. A slot just created owes nothing to a note.
-    if !created {
-        if let Some(noted) = logical.noted(&mut conn, slot).await? {
-            if noted > confirmed {
-                logical.advance(&mut conn, slot, noted).await?;
-                let now = logical
-                    .confirmed(&mut conn, slot)
-                    .await?
-                    .unwrap_or_default();
-                metrics::counter!(m::SLOT_MOVED_UP, "slot" => slot.to_owned()).increment(1);
-                tracing::info!(%slot, from = %confirmed, to = %now, "moved the replication slot up to where this relay had confirmed it (the server restarted without saving that position): the events before it were delivered and are not read again");
-                confirmed = now;
-            }
-        }
-    }
+    // An invalidated slot is said as such (`ReadError::Lost`) before
+    // anything else is asked of it.
     let mut watch = SlotWatch::default();
     watch.check(logical, slot).await?;
     metrics::gauge!(m::SLOT_INVALIDATED, "slot" => slot.to_owned()).set(0.0);
+    // A slot just created owes nothing to a note.
+    let confirmed = if created {
+        confirmed
+    } else {
+        move_up_to_note(logical, &mut conn, slot, confirmed).await?
+    };
     Ok(Some(Opened {
         conn,
         confirmed,
         watch,
     }))
+}
+
+/// PostgreSQL up to 16 saves a logical slot's confirmed position only now
+/// and then (when its restart position moves, at the next checkpoint): a
+/// server crash, or on PostgreSQL up to 16 any restart, can bring the slot
+/// back to before what this relay noted it confirmed, all of it delivered.
+/// Move the slot up to the note rather than deliver all that again; the
+/// slot's confirmed position after that.
+async fn move_up_to_note(
+    logical: &Logical,
+    conn: &mut PgConnection,
+    slot: &str,
+    confirmed: Lsn,
+) -> Result<Lsn, ReadError> {
+    let Some(noted) = logical.noted(conn, slot).await? else {
+        return Ok(confirmed);
+    };
+    if noted <= confirmed {
+        return Ok(confirmed);
+    }
+    logical.advance(conn, slot, noted).await?;
+    let now = logical.confirmed(conn, slot).await?.unwrap_or_default();
+    metrics::counter!(m::SLOT_MOVED_UP, "slot" => slot.to_owned()).increment(1);
+    tracing::info!(%slot, from = %confirmed, to = %now, "moved the replication slot up to where this relay had confirmed it (the server restarted without saving that position): the events before it were delivered and are not read again");
+    Ok(now)
 }
 
 /// The slot's gauges and warnings.

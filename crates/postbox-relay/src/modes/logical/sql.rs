@@ -9,6 +9,7 @@ use super::{
     open, publish_batch, Batches, Ended, Failures, Note, Opened, ReadError, Settled, SLOT_CHECK,
 };
 use crate::engine::{RunMode, Shared};
+use crate::redact::sanitize_error;
 use futures::TryStreamExt;
 use postbox_store::{Change, Logical, LogicalEvent, Lsn};
 use sqlx::PgConnection;
@@ -49,20 +50,24 @@ pub(super) async fn session(
     let mut note = Note::new(confirmed);
     tracing::info!(%slot, transport = "sql", "reading the replication slot");
     let mut idle: u32 = 0;
-    loop {
+    let ended = loop {
         if shared.shutdown.is_cancelled() {
-            return Ok(Ended::Shutdown);
+            break Ended::Shutdown;
         }
         let Some(read) = round(shared, logical, batches, &mut conn, slot, &mut confirmed).await?
         else {
-            return Ok(Ended::Shutdown);
+            break Ended::Shutdown;
         };
+        if read.events > 0 {
+            note.published();
+        }
         // A round read up to the flush position and confirmed the slot
         // past it: the reader has recovered.
         if failures.failing() {
             failures
                 .recovered(shared, logical, &mut conn, slot, confirmed)
                 .await?;
+            note.noted(confirmed);
         }
         if read.caught_up {
             watch.caught_up = Instant::now();
@@ -76,7 +81,7 @@ pub(super) async fn session(
         }
         if read.events == 0 && read.caught_up {
             if mode == RunMode::Drain {
-                return Ok(Ended::Drained);
+                break Ended::Drained;
             }
             // Every read decodes the WAL from the slot's restart position
             // (all of the database's writes, not only postbox's): an idle
@@ -89,12 +94,20 @@ pub(super) async fn session(
                 .min(IDLE_POLL_MAX.max(base));
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
-                _ = shared.shutdown.cancelled() => return Ok(Ended::Shutdown),
+                _ = shared.shutdown.cancelled() => break Ended::Shutdown,
             }
         } else {
             idle = 0;
         }
+    };
+    // A session that ends well notes where it got to: a server restart
+    // before the slot's position is saved then delivers nothing again.
+    if !failures.failing() {
+        if let Err(e) = logical.read_now(&mut conn, slot, confirmed).await {
+            tracing::debug!(error = %sanitize_error(&e.to_string()), "could not note the last position read");
+        }
     }
+    Ok(ended)
 }
 
 struct Read {

@@ -108,6 +108,13 @@ pub(super) async fn session(
     let ended = reader
         .run(&mut conn, slot, upto, &mut watch, failures)
         .await;
+    // A session that ends well notes where it got to: a server restart
+    // before the slot's position is saved then delivers nothing again.
+    if matches!(ended, Ok(Ended::Shutdown | Ended::Drained)) && !failures.failing() {
+        if let Err(e) = reader.note(&mut conn, slot).await {
+            tracing::debug!(error = %sanitize_error(&e.to_string()), "could not note the last position read");
+        }
+    }
     reader.close().await;
     drop(conn);
     ended
@@ -208,6 +215,7 @@ impl Reader<'_> {
                 failures
                     .recovered(self.shared, self.logical, conn, slot, self.confirmed)
                     .await?;
+                self.note.noted(self.confirmed);
             }
             self.take(event, false);
             self.refuse_read().await;
@@ -322,6 +330,7 @@ impl Reader<'_> {
         if let (true, Some(commit)) = (self.pending.is_empty(), self.last_commit) {
             self.confirm(commit);
         }
+        self.note.published();
         Ok(Settled::Done)
     }
 
