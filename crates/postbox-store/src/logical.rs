@@ -565,9 +565,9 @@ impl Logical {
     }
 
     /// The position a reader last noted it confirmed `slot` up to (see
-    /// [`Logical::read_now`]), when one did. PostgreSQL 15 saves a slot's
-    /// confirmed position only now and then, so after a server crash the
-    /// slot can stand before it.
+    /// [`Logical::read_now`]), when one did. PostgreSQL saves a slot's
+    /// confirmed position only now and then, so after a server crash (or,
+    /// up to PostgreSQL 16, any restart) the slot can stand before it.
     pub async fn noted(
         &self,
         conn: &mut PgConnection,

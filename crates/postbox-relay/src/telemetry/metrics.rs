@@ -141,8 +141,8 @@ pub const LOG_CURSOR_UNREAD: &str = "postbox_log_cursor_unread";
 pub const LOGICAL_REFUSED: &str = "postbox_logical_refused_total";
 
 /// Counter: times a reading session found its replication slot behind the
-/// position the relay had noted confirming (a server crash brought it back)
-/// and moved it up (by slot).
+/// position the relay had noted confirming (a server crash, or up to
+/// PostgreSQL 16 a restart, brought it back) and moved it up (by slot).
 pub const SLOT_MOVED_UP: &str = "postbox_slot_moved_up_total";
 
 /// Register help texts and units with the installed recorder, and create the
@@ -251,7 +251,7 @@ pub fn describe() {
     );
     describe_counter!(
         SLOT_MOVED_UP,
-        "Times logical mode's reader found its slot behind the position it had noted confirming (a server crash brought it back) and moved it up, by slot"
+        "Times logical mode's reader found its slot behind the position it had noted confirming (a server crash or restart brought it back) and moved it up, by slot"
     );
     describe_health();
     for name in [LEASES_RECLAIMED, ACKS_LOST, DEAD_LETTERED] {

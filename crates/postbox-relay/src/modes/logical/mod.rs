@@ -56,8 +56,9 @@ const SAFE_WAL_WARN_SHARE: f64 = 0.2;
 /// How often the reader notes in the schema that it reads the slot (what
 /// `status` and the health watch measure a slot's time unread by).
 pub(crate) const READ_NOTE: Duration = Duration::from_secs(5);
-/// How often, while the confirmed position moves, the reader notes it (a
-/// server crash redelivers at most what was confirmed since the last note).
+/// How often, while events are published and confirmed, the reader notes
+/// its position (a server crash redelivers at most what was confirmed since
+/// the last note).
 const POSITION_NOTE: Duration = Duration::from_secs(1);
 
 /// When the reader last noted its read in the schema (`logical_readers`),
