@@ -814,7 +814,8 @@ async fn the_overview_shows_consumer_groups() {
 }
 
 /// In logical mode the overview shows the schema's replication slot and a
-/// reader that keeps failing, with its (masked) error, as the relay noted it.
+/// reader that keeps failing, with its (masked) error, as the relay noted it,
+/// and a slot behind its reader's note.
 #[tokio::test]
 async fn the_overview_shows_a_failing_logical_reader() {
     let h = Harness::start().await;
@@ -848,6 +849,16 @@ async fn the_overview_shows_a_failing_logical_reader() {
         "{b}"
     );
     assert!(b.contains("the reader broke here"), "{b}");
+    assert!(!b.contains("delivered already"), "no note yet: {b}");
+
+    // A note ahead of the slot (what a server crash leaves): the part of
+    // its lag already delivered is shown under it.
+    h.db.exec(&format!(
+        "SELECT {{schema}}.logical_read_now('{slot}', pg_current_wal_lsn())"
+    ))
+    .await;
+    let b = a.get("/").await.body;
+    assert!(b.contains("of WAL were delivered already"), "{b}");
     h.finish().await;
 }
 

@@ -1518,6 +1518,27 @@ async fn slot_behind_a_note(transport: LogicalTransport, foreign: bool) {
             after.clone()
         };
         let end = wal_now(&pool).await;
+        // Every view says how much of the slot's lag was delivered already
+        // (the console and `slot status` render these fields).
+        let logical = postbox_relay::Store::new(pool.clone(), schema.clone()).logical();
+        let status = logical.status(Some(&slot)).await.unwrap().remove(0);
+        assert_eq!(
+            status.noted_lsn.is_some(),
+            !foreign,
+            "a note from this server only: {status:?}"
+        );
+        assert_eq!(
+            status.behind_note().is_some(),
+            !foreign,
+            "the slot behind its reader's note: {status:?}"
+        );
+        if !foreign {
+            assert!(
+                status.summary().contains("delivered already"),
+                "{}",
+                status.summary()
+            );
+        }
 
         let sink = ScriptedSink::delivering();
         let stop = CancellationToken::new();

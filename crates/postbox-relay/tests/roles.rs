@@ -600,6 +600,8 @@ async fn the_monitor_reads_status_gauges_and_health() {
     monitor.db_health().await.expect("database health");
     monitor.next_due().await.expect("next due");
     monitor.ping().await.expect("readiness ping");
+    // `slot status` and the console's slots (each with its reader's note).
+    monitor.logical().status(None).await.expect("slot status");
 
     // Read-only.
     assert_denied(

@@ -75,7 +75,12 @@ SELECT {schema}.logical_read_failed($1, $2);
 -- `active` only during each read. last_read_seconds_ago: since a relay last
 -- noted a read of it in this schema (NULL: never); reader_failures,
 -- failing_seconds, reader_error: its reading sessions that failed in a row
--- since (migration 22).
+-- since (migration 22). noted_lsn: the position a relay last noted it
+-- confirmed the slot up to on this server (migration 32; NULL: none, or the
+-- note came from another server); behind_note_bytes: how far the slot
+-- stands behind that note (NULL unless it does), WAL whose events were
+-- delivered and which a crash or restart brought back: the next relay to
+-- read the slot moves it up to the note.
 SELECT s.slot_name,
        s.plugin,
        s.active,
@@ -93,7 +98,10 @@ SELECT s.slot_name,
        extract(epoch FROM now() - r.read_at)::float8 AS last_read_seconds_ago,
        coalesce(r.failures, 0) AS reader_failures,
        extract(epoch FROM now() - r.failing_since)::float8 AS failing_seconds,
-       r.last_error AS reader_error
+       r.last_error AS reader_error,
+       n.lsn::text AS noted_lsn,
+       CASE WHEN n.lsn > s.confirmed_flush_lsn
+            THEN pg_wal_lsn_diff(n.lsn, s.confirmed_flush_lsn)::float8 END AS behind_note_bytes
 FROM pg_replication_slots s
 LEFT JOIN pg_locks l
   ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
@@ -101,6 +109,10 @@ LEFT JOIN pg_locks l
  AND l.classid::int8 = ((hashtextextended('postbox.logical.' || s.slot_name, 0) >> 32) & 4294967295)
  AND l.objid::int8 = (hashtextextended('postbox.logical.' || s.slot_name, 0) & 4294967295)
 LEFT JOIN {schema}.logical_readers r ON r.slot_name = s.slot_name
+LEFT JOIN LATERAL (
+  SELECT r.confirmed_lsn AS lsn
+   WHERE r.confirmed_on = (SELECT system_identifier FROM pg_control_system())
+) n ON true
 WHERE s.slot_type = 'logical' AND s.database = current_database()
   AND ($1::text IS NULL OR s.slot_name = $1)
 ORDER BY s.slot_name;

@@ -179,6 +179,13 @@ pub struct SlotStatus {
     pub failing_seconds: Option<f64>,
     /// The last failure's error, secrets masked.
     pub reader_error: Option<String>,
+    /// The position a relay last noted it confirmed the slot up to on this
+    /// server (migration 32; `None`: none noted, or noted on another server).
+    pub noted_lsn: Option<String>,
+    /// How far the slot stands behind that note (`None` unless it does):
+    /// WAL whose events were delivered, which a server crash or restart
+    /// brought back. The next relay to read the slot moves it up.
+    pub behind_note_bytes: Option<f64>,
 }
 
 /// Reading sessions failed in a row after which a reader counts as failing
@@ -250,6 +257,27 @@ impl SlotStatus {
         ))
     }
 
+    /// `Some(what to say)` when no relay reads the slot and it stands behind
+    /// its reader's note: that much of its lag was delivered already (the
+    /// console shows it under the slot; `summary` after its lag).
+    pub fn behind_note(&self) -> Option<String> {
+        let bytes = self.behind_note_bytes.filter(|b| *b > 0.0)?;
+        if self.read_now() {
+            // A relay moves it up when it opens the slot; while it reads, the
+            // slot's own position leads.
+            return None;
+        }
+        let amount = match bytes {
+            b if b < 1024.0 => format!("{b} bytes"),
+            b if b < 1048576.0 => format!("{:.1} kB", b / 1024.0),
+            b => format!("{:.1} MB", b / 1048576.0),
+        };
+        Some(format!(
+            "{amount} of WAL were delivered already: its reader noted {}, a server crash or restart brought the slot back, and the next relay to read it moves it up",
+            self.noted_lsn.as_deref().unwrap_or("a later position"),
+        ))
+    }
+
     /// What an invalidated slot lost: the events emitted from its last
     /// confirmed position on, up to where the WAL is now (and on, until the
     /// slot is re-created).
@@ -275,8 +303,12 @@ impl SlotStatus {
             }
             Some(Unread::Unknown) => "NOT READ (no relay holds it; no read noted)".to_owned(),
         };
+        let delivered = self
+            .behind_note()
+            .map(|b| format!(" ({b})"))
+            .unwrap_or_default();
         format!(
-            "{}: {}, lag {}, retains {}, wal_status {}, safe {}",
+            "{}: {}, lag {}{delivered}, retains {}, wal_status {}, safe {}",
             self.slot_name,
             reader,
             mb(self.lag_bytes),

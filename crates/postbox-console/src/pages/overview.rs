@@ -397,6 +397,7 @@ fn render(here: &Frame<'_>, v: &OverviewView<'_>) -> Markup {
                                             Some(Unread::For(d)) => { "NOT READ for " (rough_duration(d)) }
                                             Some(Unread::Unknown) => "NOT READ (no read noted)",
                                         }
+                                        @if let Some(delivered) = s.behind_note() { br; span.sub { "Of its lag, " (delivered) } }
                                     }
                                     td {
                                         @if let Some(failing) = s.failing() { "FAILING: " (failing) }
