@@ -31,15 +31,31 @@ pub fn source_of<'a>(message: &'a Message, default: &'a str) -> &'a str {
 /// string of its own first. The bytes are the same as `serde_json`'s compact
 /// form of the attributes in this order (a test holds the two together).
 pub fn to_json(message: &Message, source: &str) -> String {
+    let mut out = String::with_capacity(json_capacity(message, source));
+    encode(message, source, &mut out);
+    out
+}
+
+/// About how many bytes [`to_json`] writes for `message` (exact unless an
+/// attribute needs escapes or the event carries a trace context): for a sink
+/// that sizes one buffer for a whole batch of documents.
+pub fn json_capacity(message: &Message, source: &str) -> usize {
+    200 + message.payload.get().len()
+        + source_of(message, source).len()
+        + message.event_type.len()
+        + message.aggregate_id.len()
+        + message.aggregate_type.len()
+}
+
+/// [`to_json`]'s document appended to `out`: a sink that packs a batch into
+/// one buffer reuses one string for every document of the batch.
+pub fn push_json(message: &Message, source: &str, out: &mut String) {
+    out.reserve(json_capacity(message, source));
+    encode(message, source, out);
+}
+
+fn encode(message: &Message, source: &str, out: &mut String) {
     let source = source_of(message, source);
-    let data = message.payload.get();
-    let mut out = String::with_capacity(
-        200 + data.len()
-            + source.len()
-            + message.event_type.len()
-            + message.aggregate_id.len()
-            + message.aggregate_type.len(),
-    );
     out.push_str(r#"{"specversion":"1.0","id":""#);
     out.push_str(
         message
@@ -48,15 +64,15 @@ pub fn to_json(message: &Message, source: &str) -> String {
             .encode_lower(&mut uuid::Uuid::encode_buffer()),
     );
     out.push_str(r#"","source":"#);
-    push_json_str(&mut out, source);
+    put_json_str(out, source);
     out.push_str(r#","type":"#);
-    push_json_str(&mut out, &message.event_type);
+    put_json_str(out, &message.event_type);
     out.push_str(r#","subject":"#);
-    push_json_str(&mut out, &message.aggregate_id);
+    put_json_str(out, &message.aggregate_id);
     out.push_str(r#","time":""#);
-    push_time(&mut out, &message.created_at);
+    put_time(out, &message.created_at);
     out.push_str(r#"","datacontenttype":"application/json","aggregatetype":"#);
-    push_json_str(&mut out, &message.aggregate_type);
+    put_json_str(out, &message.aggregate_type);
     out.push_str(r#","schemaversion":"#);
     out.push_str(itoa::Buffer::new().format(message.schema_version));
     if let Some(sequence) = message.sequence {
@@ -68,18 +84,17 @@ pub fn to_json(message: &Message, source: &str) -> String {
             out.push_str(",\"");
             out.push_str(name);
             out.push_str("\":");
-            push_json_str(&mut out, value);
+            put_json_str(out, value);
         }
     }
     out.push_str(r#","data":"#);
-    out.push_str(data);
+    out.push_str(message.payload.get());
     out.push('}');
-    out
 }
 
 /// `text` as a JSON string. Most attribute values need no escape and are
 /// copied as they are; the rest are escaped as `serde_json` escapes them.
-fn push_json_str(out: &mut String, text: &str) {
+fn put_json_str(out: &mut String, text: &str) {
     if text.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
         // A `&str` always serializes.
         out.push_str(&serde_json::to_string(text).unwrap_or_default());
@@ -93,40 +108,46 @@ fn push_json_str(out: &mut String, text: &str) {
 /// `time` in RFC 3339 with microseconds and `Z`, exactly as chrono's
 /// `to_rfc3339_opts(SecondsFormat::Micros, true)` writes it (a test holds
 /// the two together), without a string of its own.
-fn push_time(out: &mut String, time: &DateTime<Utc>) {
+fn put_time(out: &mut String, time: &DateTime<Utc>) {
+    // "YYYY-MM-DDTHH:MM:SS.ffffff" is 26 bytes: written into one small
+    // buffer, then put at once.
+    let mut text = [0u8; 26];
     let year = time.year();
-    if (0..=9999).contains(&year) {
-        push_digits(out, year as u32, 4);
-    } else {
-        // Outside four digits, ISO 8601 wants the sign (chrono does the same).
-        out.push_str(&format!("{year:+05}"));
-    }
     let (mut second, mut nano) = (time.second(), time.nanosecond());
     if nano >= 1_000_000_000 {
         // A leap second: chrono writes it as second 60.
         second += 1;
         nano -= 1_000_000_000;
     }
-    out.push('-');
-    push_digits(out, time.month(), 2);
-    out.push('-');
-    push_digits(out, time.day(), 2);
-    out.push('T');
-    push_digits(out, time.hour(), 2);
-    out.push(':');
-    push_digits(out, time.minute(), 2);
-    out.push(':');
-    push_digits(out, second, 2);
-    out.push('.');
-    push_digits(out, nano / 1_000, 6);
+    if (0..=9999).contains(&year) {
+        put_digits(&mut text[0..4], year as u32);
+    } else {
+        // Outside four digits, ISO 8601 wants the sign (chrono does the same).
+        out.push_str(&format!("{year:+05}"));
+    }
+    text[4] = b'-';
+    put_digits(&mut text[5..7], time.month());
+    text[7] = b'-';
+    put_digits(&mut text[8..10], time.day());
+    text[10] = b'T';
+    put_digits(&mut text[11..13], time.hour());
+    text[13] = b':';
+    put_digits(&mut text[14..16], time.minute());
+    text[16] = b':';
+    put_digits(&mut text[17..19], second);
+    text[19] = b'.';
+    put_digits(&mut text[20..26], nano / 1_000);
+    let from = if (0..=9999).contains(&year) { 0 } else { 4 };
+    // Only ASCII digits and separators were written.
+    out.push_str(std::str::from_utf8(&text[from..]).unwrap_or_default());
     out.push('Z');
 }
 
-/// The last `width` decimal digits of `value`, zero-padded.
-fn push_digits(out: &mut String, value: u32, width: u32) {
-    for k in (0..width).rev() {
-        let digit = (value / 10u32.pow(k)) % 10;
-        out.push(char::from(b'0' + digit as u8));
+/// The last `digits.len()` decimal digits of `value`, zero-padded.
+fn put_digits(digits: &mut [u8], mut value: u32) {
+    for d in digits.iter_mut().rev() {
+        *d = b'0' + (value % 10) as u8;
+        value /= 10;
     }
 }
 
@@ -272,6 +293,9 @@ mod tests {
                 for source in ["shop", "src \"quoted\""] {
                     let ours = to_json(&m, source);
                     assert_eq!(ours, reference(&m, source));
+                    let mut pushed = "before ".to_owned();
+                    push_json(&m, source, &mut pushed);
+                    assert_eq!(pushed, format!("before {ours}"), "push_json appends");
                     serde_json::from_str::<serde_json::Value>(&ours).unwrap();
                     checked += 1;
                 }
