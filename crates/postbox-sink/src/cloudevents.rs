@@ -36,11 +36,20 @@ pub fn to_json(message: &Message, source: &str) -> String {
     out
 }
 
-/// About how many bytes [`to_json`] writes for `message` (exact unless an
-/// attribute needs escapes or the event carries a trace context): for a sink
-/// that sizes one buffer for a whole batch of documents.
+/// How many bytes [`to_json`] writes for `message`, or a few more (exact
+/// but for the digits of the numbers, and for attributes that need escapes):
+/// sized by this, the document's buffer never grows while it is written.
 pub fn json_capacity(message: &Message, source: &str) -> usize {
-    200 + message.payload.get().len()
+    // The attribute names, quotes and separators, the id (36), the time (27)
+    // and the two numbers at their longest (11 and 20 digits).
+    const FIXED: usize = 262;
+    let trace = ["traceparent", "tracestate"]
+        .iter()
+        .filter_map(|name| message.headers.get(*name).map(|v| name.len() + v.len() + 6))
+        .sum::<usize>();
+    FIXED
+        + trace
+        + message.payload.get().len()
         + source_of(message, source).len()
         + message.event_type.len()
         + message.aggregate_id.len()
@@ -293,6 +302,14 @@ mod tests {
                 for source in ["shop", "src \"quoted\""] {
                     let ours = to_json(&m, source);
                     assert_eq!(ours, reference(&m, source));
+                    if !text.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\')
+                        && !source.contains('"')
+                    {
+                        assert!(
+                            json_capacity(&m, source) >= ours.len(),
+                            "a document without escapes fits its capacity: {ours}"
+                        );
+                    }
                     let mut pushed = "before ".to_owned();
                     push_json(&m, source, &mut pushed);
                     assert_eq!(pushed, format!("before {ours}"), "push_json appends");
