@@ -1533,6 +1533,16 @@ async fn slot_behind_a_note(transport: LogicalTransport, foreign: bool) {
             "the slot behind its reader's note: {status:?}"
         );
         if !foreign {
+            assert_eq!(status.noted_lsn.as_deref(), Some(noted.as_str()));
+            let behind: f64 = sqlx::query_scalar(
+                "SELECT pg_wal_lsn_diff($1::text::pg_lsn, $2::text::pg_lsn)::float8",
+            )
+            .bind(&noted)
+            .bind(status.confirmed_lsn.as_deref().unwrap())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            assert_eq!(status.behind_note_bytes, Some(behind), "{status:?}");
             assert!(
                 status.summary().contains("delivered already"),
                 "{}",

@@ -36,13 +36,14 @@ pub fn to_json(message: &Message, source: &str) -> String {
     out
 }
 
-/// How many bytes [`to_json`] writes for `message`, or a few more (exact
-/// but for the digits of the numbers, and for attributes that need escapes):
-/// sized by this, the document's buffer never grows while it is written.
+/// How many bytes [`to_json`] writes for `message`, or a few more: sized by
+/// this, the document's buffer never grows while it is written, unless an
+/// attribute needs escapes.
 pub fn json_capacity(message: &Message, source: &str) -> usize {
-    // The attribute names, quotes and separators, the id (36), the time (27)
-    // and the two numbers at their longest (11 and 20 digits).
-    const FIXED: usize = 262;
+    // The attribute names, quotes and separators, the id (36), the time (27,
+    // or 30 with a signed six-digit year) and the two numbers at their
+    // longest (11 and 20 characters).
+    const FIXED: usize = 265;
     let trace = ["traceparent", "tracestate"]
         .iter()
         .filter_map(|name| message.headers.get(*name).map(|v| name.len() + v.len() + 6))
@@ -271,6 +272,10 @@ mod tests {
                 .with_ymd_and_hms(-4713, 11, 24, 0, 0, 0)
                 .unwrap(),
             chrono::Utc.with_ymd_and_hms(-1, 6, 30, 12, 0, 0).unwrap(),
+            // A leap second (chrono writes second 60).
+            chrono::Utc
+                .timestamp_opt(1_483_228_799, 1_500_000_000)
+                .unwrap(),
         ];
         let mut checked = 0;
         for (k, text) in hostile.iter().enumerate() {

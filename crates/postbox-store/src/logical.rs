@@ -262,9 +262,10 @@ impl SlotStatus {
     /// console shows it under the slot; `summary` after its lag).
     pub fn behind_note(&self) -> Option<String> {
         let bytes = self.behind_note_bytes.filter(|b| *b > 0.0)?;
-        if self.read_now() {
+        if self.read_now() || self.is_lost() {
             // A relay moves it up when it opens the slot; while it reads, the
-            // slot's own position leads.
+            // slot's own position leads. An invalidated slot is never moved
+            // up: what it lost is the news (`lost_range`).
             return None;
         }
         let amount = match bytes {
@@ -878,6 +879,65 @@ pub fn decode_event(content: &[u8]) -> Result<LogicalEvent, sqlx::Error> {
 
 #[cfg(test)]
 mod tests {
+
+    fn slot_behind_its_note(bytes: f64) -> SlotStatus {
+        SlotStatus {
+            slot_name: "s".into(),
+            plugin: Some("pgoutput".into()),
+            active: false,
+            active_pid: None,
+            wal_status: Some("reserved".into()),
+            confirmed_lsn: Some("0/100".into()),
+            lag_bytes: Some(bytes + 10.0),
+            retained_bytes: Some(bytes + 10.0),
+            safe_wal_bytes: None,
+            max_slot_wal_keep_bytes: None,
+            current_lsn: Some("0/9000000".into()),
+            reader_pid: None,
+            last_read_seconds_ago: Some(30.0),
+            reader_failures: 0,
+            failing_seconds: None,
+            reader_error: None,
+            noted_lsn: Some("0/8000000".into()),
+            behind_note_bytes: Some(bytes),
+        }
+    }
+
+    #[test]
+    fn a_slot_behind_its_note_says_so_only_while_no_relay_reads_it_and_it_is_not_lost() {
+        for (bytes, amount) in [
+            (512.0, "512 bytes of WAL"),
+            (3072.0, "3.0 kB of WAL"),
+            (5.5 * 1048576.0, "5.5 MB of WAL"),
+        ] {
+            let s = slot_behind_its_note(bytes);
+            let said = s.behind_note().expect("behind its note");
+            assert!(said.starts_with(amount), "{said}");
+            assert!(said.contains("0/8000000"), "{said}");
+            assert!(s.summary().contains(&said), "{}", s.summary());
+        }
+        let read = SlotStatus {
+            reader_pid: Some(7),
+            ..slot_behind_its_note(4096.0)
+        };
+        assert_eq!(read.behind_note(), None, "a relay reads it");
+        let lost = SlotStatus {
+            wal_status: Some("lost".into()),
+            ..slot_behind_its_note(4096.0)
+        };
+        assert_eq!(
+            lost.behind_note(),
+            None,
+            "an invalidated slot is not moved up"
+        );
+        for none in [None, Some(0.0)] {
+            let level = SlotStatus {
+                behind_note_bytes: none,
+                ..slot_behind_its_note(0.0)
+            };
+            assert_eq!(level.behind_note(), None);
+        }
+    }
     use super::*;
 
     #[test]

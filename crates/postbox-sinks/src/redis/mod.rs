@@ -140,9 +140,18 @@ impl RedisSink {
             }
             Mode::Stream => {
                 for (m, key) in batch.iter().zip(keys) {
+                    let headers = m
+                        .headers
+                        .iter()
+                        .map(|(name, value)| name.len() + value.len() + 2)
+                        .sum::<usize>();
                     let mut cmd = redis::Cmd::with_capacity(
-                        10 + 2 * m.headers.len(),
-                        cloudevents::json_capacity(m, source) + key.len() + 80,
+                        12 + 2 * m.headers.len(),
+                        cloudevents::json_capacity(m, source)
+                            + key.len()
+                            + m.event_type.len()
+                            + headers
+                            + 80,
                     );
                     cmd.arg("XADD").arg(key);
                     if let Some(n) = self.maxlen {
