@@ -319,6 +319,14 @@ fn demo_in_mode(mode: &str, says: &str) {
     assert!(sent >= committed && committed > 300, "{mode}: {text}");
 }
 
+/// The server's roles that creating the `pgq` extension makes.
+async fn pgq_roles(pool: &sqlx::PgPool) -> Vec<String> {
+    sqlx::query_scalar("SELECT rolname::text FROM pg_roles WHERE rolname LIKE 'pgq\\_%' ORDER BY 1")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
 /// One `postbox bench` at a time in this binary: two side by side on one
 /// server ended in `deadlock detected` (the pgq peer creates and drops its
 /// extension, a server-wide step), and their figures would mean nothing.
@@ -382,6 +390,7 @@ async fn bench_runs_on_tiny_inputs() {
     let schema = unique("bench_t_");
     let key = unique("test:bench:");
     let sink = format!("{}?key={key}", redis_url());
+    let pgq_roles_before = pgq_roles(&db.pool).await;
     let out = ok(postbox(
         &db,
         &[
@@ -546,6 +555,11 @@ async fn bench_runs_on_tiny_inputs() {
     assert_eq!(
         pgq, 0,
         "the extension the bench created is dropped afterwards"
+    );
+    assert_eq!(
+        pgq_roles(&db.pool).await,
+        pgq_roles_before,
+        "the roles the bench's extension made are dropped afterwards"
     );
     // The sustained run: producers, the relay with retention, samples, RSS.
     let out = ok(postbox(

@@ -4,8 +4,11 @@
 
 -- name: available
 -- Whether the server can create the extension.
+-- roles: which of the roles the extension makes exist already.
 SELECT EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'pgq') AS available,
-       EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pgq') AS installed;
+       EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pgq') AS installed,
+       ARRAY(SELECT rolname::text FROM pg_roles
+              WHERE rolname IN ('pgq_reader', 'pgq_writer', 'pgq_admin')) AS roles;
 
 -- name: create_extension
 CREATE EXTENSION IF NOT EXISTS pgq;
@@ -13,6 +16,19 @@ CREATE EXTENSION IF NOT EXISTS pgq;
 -- name: drop_extension
 -- Only when the bench created it.
 DROP EXTENSION IF EXISTS pgq CASCADE;
+
+-- Creating the extension makes these three roles (server-wide) when they do
+-- not exist, and dropping it leaves them: after the extension, each role the
+-- bench's extension made is dropped too.
+
+-- name: drop_role_pgq_reader
+DROP ROLE IF EXISTS pgq_reader;
+
+-- name: drop_role_pgq_writer
+DROP ROLE IF EXISTS pgq_writer;
+
+-- name: drop_role_pgq_admin
+DROP ROLE IF EXISTS pgq_admin;
 
 -- name: drop_queue
 -- An earlier run's queue, if any, with its consumers and events.

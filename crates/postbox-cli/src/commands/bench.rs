@@ -87,7 +87,7 @@ pub struct BenchArgs {
     /// Other systems the drain runs the same events through, into the same
     /// sink, when the server has them: pgq (PgQ's canonical consumer; needs
     /// the pgq extension, e.g. Debian's postgresql-15-pgq3; the bench
-    /// creates it and drops it again)
+    /// creates it and drops it again, with the roles it made)
     #[arg(long, value_enum, value_delimiter = ',')]
     pub peers: Vec<Peer>,
     /// Schema the benchmark creates and drops (never your outbox's)

@@ -24,12 +24,19 @@ pub struct PgqPeer {
     pool: PgPool,
     queue: String,
     created_extension: bool,
+    /// The extension's roles that did not exist before the bench created it.
+    created_roles: Vec<&'static str>,
     sql: Statements,
 }
+
+/// The roles creating the `pgq` extension makes when they do not exist.
+const PGQ_ROLES: [&str; 3] = ["pgq_reader", "pgq_writer", "pgq_admin"];
 
 struct Statements {
     create_extension: String,
     drop_extension: String,
+    /// `DROP ROLE` of each of [`PGQ_ROLES`], in that order.
+    drop_roles: [String; 3],
     drop_queue: String,
     create_queue: String,
     register_consumer: String,
@@ -49,6 +56,7 @@ impl Statements {
         let statements = Statements {
             create_extension: sql.take("create_extension").to_owned(),
             drop_extension: sql.take("drop_extension").to_owned(),
+            drop_roles: PGQ_ROLES.map(|role| sql.take(&format!("drop_role_{role}")).to_owned()),
             drop_queue: sql.take("drop_queue").to_owned(),
             create_queue: sql.take("create_queue").to_owned(),
             register_consumer: sql.take("register_consumer").to_owned(),
@@ -80,7 +88,7 @@ impl PgqPeer {
     /// extension takes a superuser, or a trusted extension).
     pub async fn open(pool: PgPool, queue: &str) -> Result<Result<Self, String>, AnyError> {
         let (available, statements) = Statements::from_file();
-        let (available, installed): (bool, bool) =
+        let (available, installed, roles): (bool, bool, Vec<String>) =
             sqlx::query_as(trusted(&available)).fetch_one(&pool).await?;
         if !available {
             return Ok(Err(
@@ -103,6 +111,14 @@ impl PgqPeer {
             pool,
             queue: queue.to_owned(),
             created_extension: !installed,
+            created_roles: if installed {
+                Vec::new()
+            } else {
+                PGQ_ROLES
+                    .into_iter()
+                    .filter(|role| !roles.iter().any(|r| r == role))
+                    .collect()
+            },
             sql: statements,
         }))
     }
@@ -185,13 +201,19 @@ impl PgqPeer {
         })
     }
 
-    /// Drop the queue, and the extension when the bench created it.
+    /// Drop the queue, and the extension when the bench created it, with
+    /// the roles it made.
     pub async fn close(self) -> Result<(), AnyError> {
         self.drop_queue().await?;
         if self.created_extension {
             sqlx::raw_sql(trusted(&self.sql.drop_extension))
                 .execute(&self.pool)
                 .await?;
+            for (role, drop) in PGQ_ROLES.iter().zip(&self.sql.drop_roles) {
+                if self.created_roles.contains(role) {
+                    sqlx::raw_sql(trusted(drop)).execute(&self.pool).await?;
+                }
+            }
         }
         Ok(())
     }
@@ -252,5 +274,8 @@ mod tests {
         let (available, sql) = Statements::from_file();
         assert!(available.contains("pg_available_extensions"));
         assert!(sql.next_batch.contains("pgq.next_batch"));
+        for (role, drop) in PGQ_ROLES.iter().zip(&sql.drop_roles) {
+            assert!(drop.contains(role), "{drop}");
+        }
     }
 }
